@@ -1,0 +1,159 @@
+//! Loading the eBPF object and attaching its programs (synchronous core).
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{SchedClassifier, TcAttachType, tc},
+    util::KernelVersion,
+};
+use aya_log::EbpfLogger;
+use cni_ebpf_common::program_names;
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::api::Attachment;
+
+/// The object built by `cargo xtask build`, embedded at compile time (see build.rs).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cni-ebpf.o"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    #[error("cannot load the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("the eBPF object has no program {0}")]
+    MissingProgram(&'static str),
+    #[error("program {program}: {source}")]
+    Program {
+        program: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("no interface {0} in the daemon's network namespace")]
+    NoInterface(String),
+    #[error("cannot add the clsact qdisc to {interface}: {source}")]
+    Clsact {
+        interface: String,
+        source: tc::TcError,
+    },
+}
+
+/// The loaded object and what is attached where. Dropping it detaches every program
+/// (maps stay pinned).
+pub struct Datapath {
+    ebpf: Ebpf,
+    bpf_dir: PathBuf,
+    attachments: Vec<Attachment>,
+}
+
+impl Datapath {
+    /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, and
+    /// starts forwarding aya-log records into `tracing` (must run inside tokio).
+    pub fn load(bpf_dir: &Path) -> Result<Self, DatapathError> {
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(bpf_dir)
+            .load(OBJECT)?;
+        spawn_log_forwarder(&mut ebpf);
+        let program = classifier(&mut ebpf, program_names::COUNT_BY_SOURCE)?;
+        program.load().map_err(|source| DatapathError::Program {
+            program: program_names::COUNT_BY_SOURCE,
+            source,
+        })?;
+        Ok(Self {
+            ebpf,
+            bpf_dir: bpf_dir.to_owned(),
+            attachments: Vec::new(),
+        })
+    }
+
+    /// Attaches the counting program to `interface`'s ingress: TCX where the kernel has it
+    /// (>= 6.6), else a clsact qdisc with a netlink filter.
+    pub fn attach_counter(&mut self, interface: &str) -> Result<&Attachment, DatapathError> {
+        let name = program_names::COUNT_BY_SOURCE;
+        let ifindex = nix::net::if_::if_nametoindex(interface)
+            .map_err(|_| DatapathError::NoInterface(interface.to_owned()))?;
+        let tcx = has_tcx();
+        if !tcx {
+            match tc::qdisc_add_clsact(interface) {
+                Ok(()) => {}
+                Err(tc::TcError::AlreadyAttached) => {}
+                Err(source) => {
+                    return Err(DatapathError::Clsact {
+                        interface: interface.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+        let program = classifier(&mut self.ebpf, name)?;
+        program
+            .attach(interface, TcAttachType::Ingress)
+            .map_err(|source| DatapathError::Program {
+                program: name,
+                source,
+            })?;
+        tracing::info!(interface, ifindex, program = name, "attached");
+        self.attachments.push(Attachment {
+            interface: interface.to_owned(),
+            ifindex,
+            program: name.to_owned(),
+            mode: if tcx { "tcx" } else { "clsact" }.to_owned(),
+        });
+        Ok(self.attachments.last().expect("just pushed"))
+    }
+
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attachments
+    }
+
+    pub fn bpf_dir(&self) -> &Path {
+        &self.bpf_dir
+    }
+}
+
+fn classifier<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut SchedClassifier, DatapathError> {
+    ebpf.program_mut(name)
+        .ok_or(DatapathError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| DatapathError::Program {
+            program: name,
+            source,
+        })
+}
+
+fn has_tcx() -> bool {
+    KernelVersion::current().is_ok_and(|version| version >= KernelVersion::new(6, 6, 0))
+}
+
+/// Forwards the programs' aya-log records into the daemon's `tracing` output (the
+/// `log` records are bridged by tracing-subscriber's log compatibility layer).
+fn spawn_log_forwarder(ebpf: &mut Ebpf) {
+    let logger = match EbpfLogger::init(ebpf) {
+        Ok(logger) => logger,
+        Err(error) => {
+            tracing::warn!(%error, "eBPF logs are not forwarded");
+            return;
+        }
+    };
+    // SAFETY: the logger owns the ring buffer's map fd and keeps it open, unchanged, for
+    // as long as it lives, and the AsyncFd owns the logger.
+    let registered = unsafe { AsyncFd::register_with_interest(logger, Interest::READABLE) };
+    let mut logger = match registered {
+        Ok(logger) => logger,
+        Err(error) => {
+            tracing::warn!(error = %error, "eBPF logs are not forwarded");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = logger.readable_mut().await else {
+                tracing::warn!("eBPF log ring buffer closed");
+                return;
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    });
+}

@@ -1,0 +1,143 @@
+//! `ebpf-cnid`: run the node daemon, or inspect and uninstall it.
+
+use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use cni_daemon::{
+    api::{self, Request, Response},
+    bpffs, inspect,
+    run::{self, RunConfig},
+};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "ebpf-cnid", version, about = "ebpf-cni node daemon")]
+struct Cli {
+    /// bpffs folder holding this instance's pinned maps.
+    #[arg(long, env = "EBPF_CNID_BPF_DIR", default_value = "/sys/fs/bpf/ebpf-cni", global = true)]
+    bpf_dir: PathBuf,
+    /// Unix socket the plugin talks to.
+    #[arg(long, env = "EBPF_CNID_SOCKET", default_value = "/run/ebpf-cni/ebpf-cnid.sock", global = true)]
+    socket: PathBuf,
+    /// Output of the inspection commands.
+    #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load and pin the datapath, attach it, serve the plugin until SIGTERM.
+    Run {
+        /// Interface (in the daemon's network namespace) to attach the counter to.
+        #[arg(long, env = "EBPF_CNID_ATTACH", value_delimiter = ',')]
+        attach: Vec<String>,
+    },
+    /// Ask the running daemon what it has loaded and attached.
+    Status,
+    /// Packets and bytes per source address, read from the pinned map.
+    Counters,
+    /// Remove every pin of this instance (the daemon must be stopped first).
+    Uninstall,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("EBPF_CNID_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match execute(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run { attach } => {
+            let config = RunConfig {
+                bpf_dir: cli.bpf_dir,
+                socket: cli.socket,
+                attach,
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(run::run(config))
+        }
+        Command::Status => {
+            let status = match api::call(&cli.socket, &Request::Status, Duration::from_secs(5))? {
+                Response::Status(status) => status,
+                Response::Error { message } => bail!("the daemon refused: {message}"),
+            };
+            match cli.output {
+                Output::Json => print_json(&status),
+                Output::Table => {
+                    let mut out = format!(
+                        "daemon {} (bpf dir {})\n{:<16} {:>8} {:<20} {}\n",
+                        status.daemon_version, status.bpf_dir, "INTERFACE", "IFINDEX", "PROGRAM", "MODE"
+                    );
+                    for a in &status.attachments {
+                        out.push_str(&format!(
+                            "{:<16} {:>8} {:<20} {}\n",
+                            a.interface, a.ifindex, a.program, a.mode
+                        ));
+                    }
+                    print(&out)
+                }
+            }
+        }
+        Command::Counters => {
+            let rows = inspect::source_counters(&cli.bpf_dir)?;
+            match cli.output {
+                Output::Json => print_json(&rows),
+                Output::Table => print(&inspect::counters_table(&rows)),
+            }
+        }
+        Command::Uninstall => {
+            if api::call(&cli.socket, &Request::Status, Duration::from_secs(2)).is_ok() {
+                bail!(
+                    "a daemon still answers on {}; stop it before uninstalling",
+                    cli.socket.display()
+                );
+            }
+            bpffs::remove(&cli.bpf_dir)?;
+            // The socket (and its folder, when nothing else is in it) goes too.
+            let _ = std::fs::remove_file(&cli.socket);
+            if let Some(folder) = cli.socket.parent() {
+                let _ = std::fs::remove_dir(folder);
+            }
+            tracing::info!(bpf_dir = %cli.bpf_dir.display(), "uninstalled");
+            Ok(())
+        }
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value).context("cannot encode JSON")?;
+    print(&format!("{text}\n"))
+}
+
+fn print(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .context("cannot write to stdout")
+}

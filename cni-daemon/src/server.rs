@@ -1,0 +1,88 @@
+//! The unix socket the plugin talks to: root-only (mode 0600), one request per
+//! connection, answered from the synchronous core under a mutex.
+
+use std::{
+    fs, io,
+    os::unix::fs::PermissionsExt,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{UnixListener, UnixStream},
+};
+
+use crate::{
+    api::{self, Envelope, PROTOCOL_VERSION, Request, Response, Status},
+    datapath::Datapath,
+};
+
+/// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600 and
+/// its folder created 0700.
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+        fs::set_permissions(parent, fs::Permissions::from_mode(0o700))?;
+    }
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    let listener = UnixListener::bind(path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Accepts connections until the listener fails.
+pub async fn serve(listener: UnixListener, datapath: Arc<Mutex<Datapath>>) -> io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let datapath = Arc::clone(&datapath);
+        tokio::spawn(async move {
+            if let Err(error) = handle(stream, &datapath).await {
+                tracing::warn!(%error, "request failed");
+            }
+        });
+    }
+}
+
+async fn handle(mut stream: UnixStream, datapath: &Mutex<Datapath>) -> anyhow::Result<()> {
+    let mut prefix = [0u8; 4];
+    stream.read_exact(&mut prefix).await?;
+    let mut body = vec![0u8; api::frame_len(prefix)?];
+    stream.read_exact(&mut body).await?;
+    let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
+        Ok(envelope) if envelope.version == PROTOCOL_VERSION => answer(&envelope.body, datapath),
+        Ok(envelope) => Response::Error {
+            message: format!(
+                "protocol version {} is not served (this daemon: {PROTOCOL_VERSION})",
+                envelope.version
+            ),
+        },
+        Err(error) => Response::Error {
+            message: format!("malformed request: {error}"),
+        },
+    };
+    let frame = api::encode(&Envelope {
+        version: PROTOCOL_VERSION,
+        body: response,
+    })?;
+    stream.write_all(&frame).await?;
+    Ok(())
+}
+
+fn answer(request: &Request, datapath: &Mutex<Datapath>) -> Response {
+    let datapath = match datapath.lock() {
+        Ok(datapath) => datapath,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    match request {
+        Request::Status => Response::Status(Status {
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            bpf_dir: datapath.bpf_dir().display().to_string(),
+            attachments: datapath.attachments().to_vec(),
+        }),
+    }
+}

@@ -1,0 +1,22 @@
+//! Types that cross the kernel boundary: every BPF map key and value, and the constants
+//! both sides agree on.
+//!
+//! Rules (see STYLE.md): `#[repr(C)]`, fixed-width integers only, no implicit padding, and a
+//! compile-time size assert per type so the kernel and user space cannot drift apart.
+#![no_std]
+
+pub mod stats;
+
+pub use stats::{SourceKey, TrafficCounters};
+
+/// Names of the maps in the eBPF object, used by the loader and for pin file names.
+pub mod map_names {
+    /// Per-CPU hash: [`crate::SourceKey`] -> [`crate::TrafficCounters`].
+    pub const SOURCE_STATS: &str = "SOURCE_STATS";
+}
+
+/// Names of the programs in the eBPF object.
+pub mod program_names {
+    /// TC classifier that counts packets per source IPv4 address.
+    pub const COUNT_BY_SOURCE: &str = "count_by_source";
+}

@@ -1,0 +1,1 @@
+pub fn run(_root: &std::path::Path) -> anyhow::Result<()> { todo!() }

@@ -1,0 +1,67 @@
+//! Project tasks: `cargo xtask setup | build | test | demo`.
+//!
+//! Every task that needs tools runs `setup` first, so a fresh machine needs nothing but
+//! the command itself (see README's Quick start).
+
+mod build;
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "ebpf-cni project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Make this machine ready: Debian packages, nightly rust-src, bpf-linker.
+    Setup,
+    /// Build the eBPF object once, then the user-space binaries that embed it.
+    Build {
+        /// Build the user-space binaries with the release profile.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Setup, then fmt, clippy, unit tests and the root integration tests.
+    Test {
+        /// Extra arguments for `cargo test` (for example a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// The main job: a simulated node in network namespaces, traffic through eBPF.
+    Demo,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.task {
+        Task::Setup => {
+            setup::full()?;
+        }
+        Task::Build { release } => {
+            let tools = setup::toolchain()?;
+            build::all(&root, &tools, build::Profile::from_release(release))?;
+        }
+        Task::Test { args } => test::run(&root, &args)?,
+        Task::Demo => demo::run(&root)?,
+    }
+    Ok(())
+}
+
+/// The workspace root: the parent of this crate's folder.
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or(manifest)
+}

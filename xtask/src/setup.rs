@@ -1,0 +1,182 @@
+//! Makes a fresh machine of the project's kind ready, idempotently (TOOLCHAIN.md):
+//! Debian packages for tests and demo, nightly rust-src, and bpf-linker built against
+//! rustc's own libLLVM. Nearly instant when everything is already there.
+
+use std::{
+    env, fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, bail};
+
+use crate::cmd;
+
+/// Debian packages the tests, demo and benchmarks use, with what for.
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip: namespaces, veths, addresses, routes"),
+    ("iputils-ping", "ping: real ICMP traffic"),
+    ("iperf3", "throughput measurements"),
+    ("containernetworking-plugins", "host-local IPAM and the reference bridge chain"),
+    ("bpftool", "inspecting programs and maps by hand"),
+    ("util-linux", "nsenter: start the daemon inside a node namespace"),
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Where the tools this project builds are kept: outside the clone, so a fresh clone on
+/// the same machine reuses them.
+pub struct Toolchain {
+    /// Folder holding `bpf-linker`; prepended to PATH for the eBPF build.
+    pub bin_dir: PathBuf,
+}
+
+/// Everything: packages, rust-src, bpf-linker.
+pub fn full() -> anyhow::Result<Toolchain> {
+    let mut installed = Vec::new();
+    apt_packages(&mut installed)?;
+    let tools = toolchain_into(&mut installed)?;
+    if installed.is_empty() {
+        eprintln!("setup: everything was already in place");
+    } else {
+        eprintln!("setup: installed {}", installed.join(", "));
+    }
+    Ok(tools)
+}
+
+/// Only what building the eBPF object needs: rust-src and bpf-linker.
+pub fn toolchain() -> anyhow::Result<Toolchain> {
+    toolchain_into(&mut Vec::new())
+}
+
+fn toolchain_into(installed: &mut Vec<String>) -> anyhow::Result<Toolchain> {
+    rust_src(installed)?;
+    bpf_linker(installed)
+}
+
+fn apt_packages(installed: &mut Vec<String>) -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !dpkg_installed(name))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !nix_is_root() {
+        bail!(
+            "missing Debian packages: {}; run `sudo cargo xtask setup` (or as root)",
+            missing.join(" ")
+        );
+    }
+    eprintln!("setup: installing Debian packages: {}", missing.join(" "));
+    cmd::run(cmd::clean("apt-get").args(["update", "-q"]))?;
+    cmd::run(
+        cmd::clean("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing),
+    )
+    .context("apt-get install failed; check the network and `apt-get update`")?;
+    installed.extend(missing.iter().map(|name| format!("apt:{name}")));
+    Ok(())
+}
+
+fn dpkg_installed(name: &str) -> bool {
+    cmd::output(cmd::clean("dpkg-query").args(["-W", "-f=${Status}", name]))
+        .is_some_and(|status| status.contains("install ok installed"))
+}
+
+fn nix_is_root() -> bool {
+    cmd::output(&mut cmd::clean("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
+}
+
+fn rust_src(installed: &mut Vec<String>) -> anyhow::Result<()> {
+    let components = cmd::output(cmd::clean("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .context("the `nightly` toolchain is missing: `rustup toolchain install nightly`")?;
+    if components.lines().any(|line| line.starts_with("rust-src")) {
+        return Ok(());
+    }
+    cmd::run(cmd::clean("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    installed.push("nightly rust-src".into());
+    Ok(())
+}
+
+/// bpf-linker 0.13 built against the nightly toolchain's own libLLVM (Debian's LLVM is
+/// too old, and the crate's default feature wants a newer LLVM), cached by LLVM major.
+fn bpf_linker(installed: &mut Vec<String>) -> anyhow::Result<Toolchain> {
+    let version = cmd::output(cmd::clean("rustc").args(["+nightly", "-vV"]))
+        .context("cannot run `rustc +nightly -vV`")?;
+    let major = version
+        .lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|llvm| llvm.split('.').next())
+        .context("`rustc +nightly -vV` prints no LLVM version")?
+        .to_owned();
+    let home = tools_home()?.join(format!("bpf-linker-{BPF_LINKER_VERSION}-llvm{major}"));
+    let bin_dir = home.join("bin");
+    let linker = bin_dir.join("bpf-linker");
+    if cmd::output(cmd::clean(linker.to_str().context("non-UTF-8 tools path")?).arg("--version"))
+        .is_some()
+    {
+        return Ok(Toolchain { bin_dir });
+    }
+
+    let llvm_dir = home.join("llvm");
+    link_rustc_llvm(&llvm_dir.join("lib"), &major)?;
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against rustc's LLVM {major} (about a minute)");
+    cmd::run(
+        cmd::clean("rustup")
+            .args(["run", "nightly", "cargo", "install"])
+            .arg(format!("bpf-linker@{BPF_LINKER_VERSION}"))
+            .args(["--locked", "--force", "--no-default-features", "--features"])
+            .arg(format!("llvm-{major}"))
+            .arg("--root")
+            .arg(&home)
+            .env("LLVM_PREFIX", &llvm_dir),
+    )?;
+    cmd::output(cmd::clean(linker.to_str().context("non-UTF-8 tools path")?).arg("--version"))
+        .with_context(|| format!("{} was built but does not run", linker.display()))?;
+    installed.push(format!("bpf-linker {BPF_LINKER_VERSION} (LLVM {major})"));
+    Ok(Toolchain { bin_dir })
+}
+
+/// Makes `lib_dir` hold `libLLVM.so` and the library's own name, both pointing at the
+/// nightly sysroot's `libLLVM.so.<major>.<minor>-rust-<version>`.
+fn link_rustc_llvm(lib_dir: &Path, major: &str) -> anyhow::Result<()> {
+    let sysroot = cmd::output(cmd::clean("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("cannot find the nightly sysroot")?;
+    let sysroot_lib = PathBuf::from(sysroot.trim()).join("lib");
+    let prefix = format!("libLLVM.so.{major}.");
+    let library = fs::read_dir(&sysroot_lib)
+        .with_context(|| format!("cannot list {}", sysroot_lib.display()))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .find(|name| name.starts_with(&prefix) && name.contains("-rust-"))
+        .with_context(|| format!("no {prefix}*-rust-* in {}", sysroot_lib.display()))?;
+    fs::create_dir_all(lib_dir)?;
+    for name in ["libLLVM.so", library.as_str()] {
+        let link = lib_dir.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(sysroot_lib.join(&library), &link)
+            .with_context(|| format!("cannot create {}", link.display()))?;
+    }
+    Ok(())
+}
+
+fn tools_home() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = env::var_os("EBPF_CNI_TOOLS_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let cache = env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .context("neither EBPF_CNI_TOOLS_DIR, XDG_CACHE_HOME nor HOME is set")?;
+    Ok(cache.join("ebpf-cni"))
+}

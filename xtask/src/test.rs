@@ -1,0 +1,1 @@
+pub fn run(_root: &std::path::Path, _args: &[String]) -> anyhow::Result<()> { todo!() }
