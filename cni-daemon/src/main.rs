@@ -15,10 +15,20 @@ use tracing_subscriber::EnvFilter;
 #[command(name = "ebpf-cnid", version, about = "ebpf-cni node daemon")]
 struct Cli {
     /// bpffs folder holding this instance's pinned maps.
-    #[arg(long, env = "EBPF_CNID_BPF_DIR", default_value = "/sys/fs/bpf/ebpf-cni", global = true)]
+    #[arg(
+        long,
+        env = "EBPF_CNID_BPF_DIR",
+        default_value = "/sys/fs/bpf/ebpf-cni",
+        global = true
+    )]
     bpf_dir: PathBuf,
     /// Unix socket the plugin talks to.
-    #[arg(long, env = "EBPF_CNID_SOCKET", default_value = "/run/ebpf-cni/ebpf-cnid.sock", global = true)]
+    #[arg(
+        long,
+        env = "EBPF_CNID_SOCKET",
+        default_value = "/run/ebpf-cni/ebpf-cnid.sock",
+        global = true
+    )]
     socket: PathBuf,
     /// Output of the inspection commands.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
@@ -91,7 +101,12 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Output::Table => {
                     let mut out = format!(
                         "daemon {} (bpf dir {})\n{:<16} {:>8} {:<20} {}\n",
-                        status.daemon_version, status.bpf_dir, "INTERFACE", "IFINDEX", "PROGRAM", "MODE"
+                        status.daemon_version,
+                        status.bpf_dir,
+                        "INTERFACE",
+                        "IFINDEX",
+                        "PROGRAM",
+                        "MODE"
                     );
                     for a in &status.attachments {
                         out.push_str(&format!(

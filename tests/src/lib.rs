@@ -1,1 +1,69 @@
-//! Shared helpers.
+//! Building blocks for tests and the demo: network namespaces, the daemon as a real
+//! process, and the project's binaries. Everything created has a per-process unique name
+//! and is removed on drop, also when a test panics.
+//!
+//! Nothing here touches the machine's own network namespace: links are created with
+//! `ip -n <ns>` directly inside the namespaces the caller made.
+
+pub mod bins;
+pub mod daemon;
+pub mod netns;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Prefix of every namespace, bpffs folder and socket folder this code creates, so that
+/// leftovers of a killed run are recognisable.
+pub const PREFIX: &str = "ecni";
+
+/// A name unique to this process and call: `ecni-<pid>-<n>-<tag>`.
+pub fn unique_name(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{PREFIX}-{}-{n}-{tag}", std::process::id())
+}
+
+/// Fails loudly (never skips) when not root: CI runs as root, so a skip would hide a
+/// test that never ran.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test builds network namespaces and loads eBPF: run it as root (`sudo cargo xtask test`)"
+    );
+}
+
+/// Removes namespaces, bpffs folders and socket folders left by runs that were killed
+/// before their guards ran (their pid no longer exists). Returns what it removed.
+pub fn sweep_stale() -> Vec<String> {
+    let mut removed = Vec::new();
+    let netns = std::fs::read_dir("/run/netns").into_iter().flatten();
+    let bpf = std::fs::read_dir("/sys/fs/bpf").into_iter().flatten();
+    let run = std::fs::read_dir("/run").into_iter().flatten();
+    for entry in netns.chain(bpf).chain(run).filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&format!("{PREFIX}-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if path.starts_with("/run/netns") {
+            std::process::Command::new("ip")
+                .args(["netns", "del", &name])
+                .status()
+                .is_ok_and(|status| status.success())
+        } else {
+            std::fs::remove_dir_all(&path).is_ok()
+        };
+        if gone {
+            removed.push(path.display().to_string());
+        }
+    }
+    removed
+}

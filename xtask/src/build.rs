@@ -43,7 +43,15 @@ pub struct Built {
 pub fn all(root: &Path, tools: &Toolchain, profile: Profile) -> anyhow::Result<Built> {
     let object = ebpf_object(root, tools)?;
     let mut build = host_cargo(root, &object);
-    build.args(["build", "--workspace", "--exclude", "cni-ebpf", "--bins"]);
+    build.args([
+        "build",
+        "--workspace",
+        "--exclude",
+        "cni-ebpf",
+        "--exclude",
+        "xtask",
+        "--bins",
+    ]);
     if profile == Profile::Release {
         build.arg("--release");
     }
@@ -65,15 +73,28 @@ pub fn host_cargo(root: &Path, object: &Path) -> Command {
 pub fn ebpf_object(root: &Path, tools: &Toolchain) -> anyhow::Result<PathBuf> {
     let target_dir = root.join("target").join("ebpf");
     let path = env::var_os("PATH").unwrap_or_default();
-    let path = env::join_paths(
-        std::iter::once(tools.bin_dir.clone()).chain(env::split_paths(&path)),
-    )
-    .context("PATH cannot hold the tools folder")?;
+    let path =
+        env::join_paths(std::iter::once(tools.bin_dir.clone()).chain(env::split_paths(&path)))
+            .context("PATH cannot hold the tools folder")?;
     cmd::run(
         cmd::clean("rustup")
             .current_dir(root)
-            .args(["run", "nightly", "cargo", "build", "--package", "cni-ebpf", "--bins"])
-            .args(["--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+            .args([
+                "run",
+                "nightly",
+                "cargo",
+                "build",
+                "--package",
+                "cni-ebpf",
+                "--bins",
+            ])
+            .args([
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+            ])
             .arg("--target-dir")
             .arg(&target_dir)
             .env(
@@ -86,6 +107,10 @@ pub fn ebpf_object(root: &Path, tools: &Toolchain) -> anyhow::Result<PathBuf> {
         .join("bpfel-unknown-none")
         .join("release")
         .join("cni-ebpf");
-    anyhow::ensure!(object.is_file(), "the eBPF build produced no {}", object.display());
+    anyhow::ensure!(
+        object.is_file(),
+        "the eBPF build produced no {}",
+        object.display()
+    );
     Ok(object)
 }

@@ -17,9 +17,15 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip: namespaces, veths, addresses, routes"),
     ("iputils-ping", "ping: real ICMP traffic"),
     ("iperf3", "throughput measurements"),
-    ("containernetworking-plugins", "host-local IPAM and the reference bridge chain"),
+    (
+        "containernetworking-plugins",
+        "host-local IPAM and the reference bridge chain",
+    ),
     ("bpftool", "inspecting programs and maps by hand"),
-    ("util-linux", "nsenter: start the daemon inside a node namespace"),
+    (
+        "util-linux",
+        "nsenter: start the daemon inside a node namespace",
+    ),
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -103,7 +109,13 @@ fn rust_src(installed: &mut Vec<String>) -> anyhow::Result<()> {
     if components.lines().any(|line| line.starts_with("rust-src")) {
         return Ok(());
     }
-    cmd::run(cmd::clean("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    cmd::run(cmd::clean("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))?;
     installed.push("nightly rust-src".into());
     Ok(())
 }
@@ -130,7 +142,9 @@ fn bpf_linker(installed: &mut Vec<String>) -> anyhow::Result<Toolchain> {
 
     let llvm_dir = home.join("llvm");
     link_rustc_llvm(&llvm_dir.join("lib"), &major)?;
-    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against rustc's LLVM {major} (about a minute)");
+    eprintln!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against rustc's LLVM {major} (about a minute)"
+    );
     cmd::run(
         cmd::clean("rustup")
             .args(["run", "nightly", "cargo", "install"])

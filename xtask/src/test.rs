@@ -1,1 +1,37 @@
-pub fn run(_root: &std::path::Path, _args: &[String]) -> anyhow::Result<()> { todo!() }
+//! `cargo xtask test`: setup, then everything CI checks, in one command.
+
+use std::path::Path;
+
+use crate::{
+    build::{self, Profile},
+    cmd, setup,
+};
+
+pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
+    let tools = setup::full()?;
+    cmd::run(
+        cmd::clean("cargo")
+            .current_dir(root)
+            .args(["fmt", "--all", "--check"]),
+    )?;
+    let built = build::all(root, &tools, Profile::Dev)?;
+    cmd::run(build::host_cargo(root, &built.object).args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "cni-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    for leftover in ebpf_cni_tests::sweep_stale() {
+        eprintln!("test: removed {leftover}, left by a killed run");
+    }
+    cmd::run(
+        build::host_cargo(root, &built.object)
+            .args(["test", "--workspace", "--exclude", "cni-ebpf"])
+            .args(extra)
+            .env("EBPF_CNI_BIN_DIR", &built.bin_dir),
+    )
+}

@@ -1,0 +1,180 @@
+//! `ebpf-cnid` as a real process inside a node namespace, with its own bpffs folder and
+//! socket, stopped and uninstalled on drop.
+
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{bins, netns::Netns, unique_name};
+
+/// How long a starting daemon may take to answer `status`.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The paths of one daemon instance; they outlive a restart of the process.
+pub struct Instance {
+    pub bpf_dir: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Instance {
+    pub fn new() -> Self {
+        let name = unique_name("d");
+        let run_dir = PathBuf::from("/run").join(&name);
+        Self {
+            bpf_dir: PathBuf::from("/sys/fs/bpf").join(&name),
+            socket: run_dir.join("ebpf-cnid.sock"),
+            log: std::env::temp_dir().join(format!("{name}.log")),
+        }
+    }
+
+    /// `ebpf-cnid --bpf-dir .. --socket .. <args>` (run from the caller's namespace).
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bins::path("ebpf-cnid"))
+            .arg("--bpf-dir")
+            .arg(&self.bpf_dir)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("cannot run ebpf-cnid")
+    }
+
+    /// Like [`Self::cli`] with `--output json`, parsed; panics when the command fails.
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["--output", "json"]);
+        let out = self.cli(&all);
+        assert!(
+            out.status.success(),
+            "ebpf-cnid {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|error| {
+            panic!(
+                "ebpf-cnid {args:?} printed no JSON ({error}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// Everything the daemon logged so far (all of its runs).
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Default for Instance {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.cli(&["uninstall"]);
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+/// A running daemon process; killed on drop if still running.
+pub struct Daemon {
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts `ebpf-cnid run --attach <attach>` inside `node` and waits until it answers.
+    pub fn start(node: &Netns, instance: &Instance, attach: &[&str]) -> Self {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&instance.log)
+            .expect("cannot open the daemon log");
+        let mut command = node.command(bins::path("ebpf-cnid"));
+        command
+            .arg("--bpf-dir")
+            .arg(&instance.bpf_dir)
+            .arg("--socket")
+            .arg(&instance.socket)
+            .arg("run")
+            .env("EBPF_CNID_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        if !attach.is_empty() {
+            command.arg("--attach").arg(attach.join(","));
+        }
+        let child = command.spawn().expect("cannot start ebpf-cnid");
+        let mut daemon = Self { child: Some(child) };
+        daemon.wait_ready(instance);
+        daemon
+    }
+
+    fn wait_ready(&mut self, instance: &Instance) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if instance.cli(&["status"]).status.success() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "ebpf-cnid exited ({status}) before it was ready:\n{}",
+                    instance.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ebpf-cnid did not answer within {READY_TIMEOUT:?}:\n{}",
+                instance.log()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then waits for the exit; returns whether it exited cleanly.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let pid = i32::try_from(child.id()).expect("pid fits i32");
+        // SAFETY: kill has no memory-safety preconditions; pid is our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        child.wait().is_ok_and(|status| status.success())
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits up to `timeout` for `check` to hold, polling.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}

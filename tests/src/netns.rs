@@ -1,0 +1,108 @@
+//! A network namespace that exists as long as its guard.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use crate::unique_name;
+
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `ecni-<pid>-<n>-<tag>` with its loopback up.
+    pub fn new(tag: &str) -> Self {
+        let name = unique_name(tag);
+        run_ok(Command::new("ip").args(["netns", "add", &name]));
+        let netns = Self { name };
+        netns.ip(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The namespace's file, for `nsenter --net=` and setns.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// `ip -n <ns> <args>`; panics with ip's message when it fails.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let out = run_ok(Command::new("ip").args(["-n", &self.name]).args(args));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `program` to run inside the namespace. Uses nsenter, which (unlike
+    /// `ip netns exec`) keeps the caller's mounts, so bpffs stays visible.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(program);
+        command
+    }
+
+    /// Runs `program args` inside the namespace and returns its output, whatever its exit.
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|error| panic!("cannot run {program} in {}: {error}", self.name))
+    }
+
+    /// Joins this namespace to `other` with a veth pair: `here` in this one, `there` in
+    /// the other, both up, with the given addresses (CIDR notation).
+    pub fn link_veth(
+        &self,
+        here: &str,
+        here_addr: &str,
+        other: &Netns,
+        there: &str,
+        there_addr: &str,
+    ) {
+        self.ip(&[
+            "link",
+            "add",
+            here,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            there,
+            "netns",
+            other.name(),
+        ]);
+        self.ip(&["addr", "add", here_addr, "dev", here]);
+        self.ip(&["link", "set", here, "up"]);
+        other.ip(&["addr", "add", there_addr, "dev", there]);
+        other.ip(&["link", "set", there, "up"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace also removes every link inside it.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Runs `command`, panicking with its stderr when it fails.
+pub fn run_ok(command: &mut Command) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|error| panic!("cannot start {command:?}: {error}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
