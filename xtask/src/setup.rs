@@ -69,7 +69,7 @@ fn apt_packages(installed: &mut Vec<String>) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    if !nix_is_root() {
+    if !is_root() {
         bail!(
             "missing Debian packages: {}; run `sudo cargo xtask setup` (or as root)",
             missing.join(" ")
@@ -93,8 +93,8 @@ fn dpkg_installed(name: &str) -> bool {
         .is_some_and(|status| status.contains("install ok installed"))
 }
 
-fn nix_is_root() -> bool {
-    cmd::output(&mut cmd::clean("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
+fn is_root() -> bool {
+    cmd::output(cmd::clean("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
 }
 
 fn rust_src(installed: &mut Vec<String>) -> anyhow::Result<()> {

@@ -28,10 +28,18 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
     for leftover in ebpf_cni_tests::sweep_stale() {
         eprintln!("test: removed {leftover}, left by a killed run");
     }
-    cmd::run(
+    let totals = cmd::run_counting_tests(
         build::host_cargo(root, &built.object)
             .args(["test", "--workspace", "--exclude", "cni-ebpf"])
             .args(extra)
             .env("EBPF_CNI_BIN_DIR", &built.bin_dir),
-    )
+    )?;
+    // One closing line over every test binary (cargo prints one per binary, the last
+    // of which is often an empty doc-test run).
+    #[expect(clippy::print_stdout, reason = "the closing summary belongs on stdout")]
+    {
+        println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    }
+    anyhow::ensure!(totals.passed > 0, "no test ran");
+    Ok(())
 }
