@@ -30,19 +30,85 @@ pub struct Envelope<T> {
 pub enum Request {
     /// Is the datapath loaded, and where is it attached?
     Status,
+    /// Record a pod's endpoint and write it into the datapath (replaces an earlier record
+    /// of the same id, so a retried ADD is harmless).
+    Attach(Endpoint),
+    /// Forget a pod's endpoint; an unknown id is not an error.
+    Detach(EndpointId),
+    /// One endpoint's record, for CHECK.
+    Get(EndpointId),
+    /// Every endpoint record.
+    List,
+    /// Forget every endpoint of `network` whose id is not in `keep`.
+    Gc {
+        network: String,
+        keep: Vec<EndpointId>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "response", rename_all = "snake_case")]
 pub enum Response {
     Status(Status),
+    Attached,
+    Detached { existed: bool },
+    Endpoint { endpoint: Option<Endpoint> },
+    Endpoints { endpoints: Vec<Endpoint> },
+    Collected { removed: Vec<Endpoint> },
     Error { message: String },
+}
+
+/// What identifies an attachment, as in the CNI spec: (container id, interface name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EndpointId {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// A pod's interface as the daemon records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    /// The CNI network name (GC works per network).
+    pub network: String,
+    pub netns: String,
+    pub host_veth: String,
+    pub host_ifindex: u32,
+    /// The pod interface's MAC, `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+    pub ips: Vec<ipnet::IpNet>,
+    pub masquerade: bool,
+    #[serde(default)]
+    pub port_mappings: Vec<PortMapping>,
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortMapping {
+    pub host_port: u16,
+    pub container_port: u16,
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    pub host_ip: Option<std::net::IpAddr>,
+}
+
+/// Rates in bits per second, bursts in bits, as Kubernetes passes them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bandwidth {
+    pub ingress_rate: Option<u64>,
+    pub ingress_burst: Option<u64>,
+    pub egress_rate: Option<u64>,
+    pub egress_burst: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub daemon_version: String,
     pub bpf_dir: String,
+    /// The eBPF object is loaded and its maps are pinned: the datapath can take pods.
+    pub datapath_loaded: bool,
+    pub endpoints: usize,
     pub attachments: Vec<Attachment>,
 }
 

@@ -4,11 +4,12 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
+    maps::{HashMap, MapData},
     programs::{SchedClassifier, TcAttachType, tc},
     util::KernelVersion,
 };
 use aya_log::EbpfLogger;
-use cni_ebpf_common::program_names;
+use cni_ebpf_common::{EndpointInfo, EndpointKey, map_names, program_names};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::api::Attachment;
@@ -27,6 +28,10 @@ pub enum DatapathError {
         program: &'static str,
         source: aya::programs::ProgramError,
     },
+    #[error("the eBPF object has no map {0}")]
+    MissingMap(&'static str),
+    #[error("map: {0}")]
+    Map(#[from] aya::maps::MapError),
     #[error("no interface {0} in the daemon's network namespace")]
     NoInterface(String),
     #[error("cannot add the clsact qdisc to {interface}: {source}")]
@@ -98,6 +103,17 @@ impl Datapath {
             mode: if tcx { "tcx" } else { "clsact" }.to_owned(),
         });
         Ok(self.attachments.last().expect("just pushed"))
+    }
+
+    /// Hands the endpoints map to its owner ([`crate::endpoints::Endpoints`]).
+    pub fn take_endpoints_map(
+        &mut self,
+    ) -> Result<HashMap<MapData, EndpointKey, EndpointInfo>, DatapathError> {
+        let map = self
+            .ebpf
+            .take_map(map_names::ENDPOINTS)
+            .ok_or(DatapathError::MissingMap(map_names::ENDPOINTS))?;
+        Ok(HashMap::try_from(map)?)
     }
 
     pub fn attachments(&self) -> &[Attachment] {

@@ -6,7 +6,7 @@ use aya::maps::{Map, MapData, PerCpuHashMap};
 use cni_ebpf_common::{SourceKey, TrafficCounters, map_names};
 use serde::Serialize;
 
-use crate::bpffs;
+use crate::{api::Endpoint, bpffs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -61,6 +61,28 @@ pub fn counters_table(rows: &[SourceCounters]) -> String {
             row.source.to_string(),
             row.packets,
             row.bytes
+        ));
+    }
+    out
+}
+
+/// A readable table of endpoint records.
+pub fn endpoints_table(endpoints: &[Endpoint]) -> String {
+    let mut out = format!(
+        "{:<20} {:<8} {:<18} {:<18} {:<16} {:>7}\n",
+        "CONTAINER", "IFNAME", "IP", "MAC", "HOST VETH", "IFINDEX"
+    );
+    for endpoint in endpoints {
+        let ips: Vec<String> = endpoint.ips.iter().map(ToString::to_string).collect();
+        let container: String = endpoint.id.container_id.chars().take(20).collect();
+        out.push_str(&format!(
+            "{:<20} {:<8} {:<18} {:<18} {:<16} {:>7}\n",
+            container,
+            endpoint.id.ifname,
+            ips.join(","),
+            endpoint.mac,
+            endpoint.host_veth,
+            endpoint.host_ifindex
         ));
     }
     out

@@ -30,6 +30,14 @@ struct Cli {
         global = true
     )]
     socket: PathBuf,
+    /// Folder of the endpoint records, which survive restarts.
+    #[arg(
+        long,
+        env = "EBPF_CNID_STATE_DIR",
+        default_value = "/var/lib/ebpf-cni",
+        global = true
+    )]
+    state_dir: PathBuf,
     /// Output of the inspection commands.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -49,7 +57,9 @@ enum Command {
     Status,
     /// Packets and bytes per source address, read from the pinned map.
     Counters,
-    /// Remove every pin of this instance (the daemon must be stopped first).
+    /// The pods' endpoints the running daemon knows.
+    Endpoints,
+    /// Remove every pin and endpoint record of this instance (stop the daemon first).
     Uninstall,
 }
 
@@ -83,6 +93,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             let config = RunConfig {
                 bpf_dir: cli.bpf_dir,
                 socket: cli.socket,
+                state_dir: cli.state_dir,
                 attach,
             };
             tokio::runtime::Builder::new_multi_thread()
@@ -95,6 +106,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             let status = match api::call(&cli.socket, &Request::Status, Duration::from_secs(5))? {
                 Response::Status(status) => status,
                 Response::Error { message } => bail!("the daemon refused: {message}"),
+                other => bail!("unexpected answer from the daemon: {other:?}"),
             };
             match cli.output {
                 Output::Json => print_json(&status),
@@ -118,6 +130,16 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Endpoints => {
+            let endpoints = match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
+                Response::Endpoints { endpoints } => endpoints,
+                other => bail!("unexpected answer from the daemon: {other:?}"),
+            };
+            match cli.output {
+                Output::Json => print_json(&endpoints),
+                Output::Table => print(&inspect::endpoints_table(&endpoints)),
+            }
+        }
         Command::Counters => {
             let rows = inspect::source_counters(&cli.bpf_dir)?;
             match cli.output {
@@ -133,6 +155,14 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 );
             }
             bpffs::remove(&cli.bpf_dir)?;
+            match std::fs::remove_dir_all(&cli.state_dir) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(error)
+                        .with_context(|| format!("cannot remove {}", cli.state_dir.display()));
+                }
+            }
             // The socket (and its folder, when nothing else is in it) goes too.
             let _ = std::fs::remove_file(&cli.socket);
             if let Some(folder) = cli.socket.parent() {

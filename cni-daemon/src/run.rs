@@ -8,13 +8,20 @@ use std::{
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{bpffs, datapath::Datapath, server};
+use crate::{
+    bpffs,
+    datapath::Datapath,
+    endpoints::Endpoints,
+    server::{self, Node},
+};
 
 /// What `run` needs; every path is a flag so several simulated nodes can share a machine.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub bpf_dir: PathBuf,
     pub socket: PathBuf,
+    /// Folder of the endpoint records (survives restarts).
+    pub state_dir: PathBuf,
     pub attach: Vec<String>,
 }
 
@@ -26,7 +33,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .attach_counter(interface)
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
-    let datapath = Arc::new(Mutex::new(datapath));
+    let endpoints = Endpoints::open(&config.state_dir, datapath.take_endpoints_map()?)?;
+    tracing::info!(endpoints = endpoints.len(), "endpoint records loaded");
+    let node = Arc::new(Mutex::new(Node {
+        datapath,
+        endpoints,
+    }));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
     tracing::info!(
@@ -38,7 +50,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let outcome = tokio::select! {
-        served = server::serve(listener, Arc::clone(&datapath)) => served.context("socket failed"),
+        served = server::serve(listener, Arc::clone(&node)) => served.context("socket failed"),
         _ = terminate.recv() => Ok(()),
         _ = interrupt.recv() => Ok(()),
     };

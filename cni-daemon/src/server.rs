@@ -16,7 +16,15 @@ use tokio::{
 use crate::{
     api::{self, Envelope, PROTOCOL_VERSION, Request, Response, Status},
     datapath::Datapath,
+    endpoints::Endpoints,
 };
+
+/// Everything requests act on, behind one mutex: requests are short map and file
+/// operations, so serializing them is simpler than finer locks and fast enough.
+pub struct Node {
+    pub datapath: Datapath,
+    pub endpoints: Endpoints,
+}
 
 /// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600 and
 /// its folder created 0700.
@@ -36,25 +44,25 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 }
 
 /// Accepts connections until the listener fails.
-pub async fn serve(listener: UnixListener, datapath: Arc<Mutex<Datapath>>) -> io::Result<()> {
+pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>) -> io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
-        let datapath = Arc::clone(&datapath);
+        let node = Arc::clone(&node);
         tokio::spawn(async move {
-            if let Err(error) = handle(stream, &datapath).await {
+            if let Err(error) = handle(stream, &node).await {
                 tracing::warn!(%error, "request failed");
             }
         });
     }
 }
 
-async fn handle(mut stream: UnixStream, datapath: &Mutex<Datapath>) -> anyhow::Result<()> {
+async fn handle(mut stream: UnixStream, node: &Mutex<Node>) -> anyhow::Result<()> {
     let mut prefix = [0u8; 4];
     stream.read_exact(&mut prefix).await?;
     let mut body = vec![0u8; api::frame_len(prefix)?];
     stream.read_exact(&mut body).await?;
     let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
-        Ok(envelope) if envelope.version == PROTOCOL_VERSION => answer(&envelope.body, datapath),
+        Ok(envelope) if envelope.version == PROTOCOL_VERSION => answer(envelope.body, node),
         Ok(envelope) => Response::Error {
             message: format!(
                 "protocol version {} is not served (this daemon: {PROTOCOL_VERSION})",
@@ -73,16 +81,37 @@ async fn handle(mut stream: UnixStream, datapath: &Mutex<Datapath>) -> anyhow::R
     Ok(())
 }
 
-fn answer(request: &Request, datapath: &Mutex<Datapath>) -> Response {
-    let datapath = match datapath.lock() {
-        Ok(datapath) => datapath,
+fn answer(request: Request, node: &Mutex<Node>) -> Response {
+    let mut node = match node.lock() {
+        Ok(node) => node,
         Err(poisoned) => poisoned.into_inner(),
     };
-    match request {
-        Request::Status => Response::Status(Status {
+    let node = &mut *node;
+    let outcome = match request {
+        Request::Status => Ok(Response::Status(Status {
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
-            bpf_dir: datapath.bpf_dir().display().to_string(),
-            attachments: datapath.attachments().to_vec(),
+            bpf_dir: node.datapath.bpf_dir().display().to_string(),
+            datapath_loaded: true,
+            endpoints: node.endpoints.len(),
+            attachments: node.datapath.attachments().to_vec(),
+        })),
+        Request::Attach(endpoint) => node.endpoints.attach(endpoint).map(|()| Response::Attached),
+        Request::Detach(id) => node
+            .endpoints
+            .detach(&id)
+            .map(|existed| Response::Detached { existed }),
+        Request::Get(id) => Ok(Response::Endpoint {
+            endpoint: node.endpoints.get(&id).cloned(),
         }),
-    }
+        Request::List => Ok(Response::Endpoints {
+            endpoints: node.endpoints.list().cloned().collect(),
+        }),
+        Request::Gc { network, keep } => node
+            .endpoints
+            .collect(&network, &keep)
+            .map(|removed| Response::Collected { removed }),
+    };
+    outcome.unwrap_or_else(|error| Response::Error {
+        message: error.to_string(),
+    })
 }

@@ -5,14 +5,18 @@
 //! compile-time size assert per type so the kernel and user space cannot drift apart.
 #![no_std]
 
+pub mod endpoint;
 pub mod stats;
 
+pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
 pub mod map_names {
     /// Per-CPU hash: [`crate::SourceKey`] -> [`crate::TrafficCounters`].
     pub const SOURCE_STATS: &str = "SOURCE_STATS";
+    /// Hash: [`crate::EndpointKey`] -> [`crate::EndpointInfo`], one entry per pod IPv4.
+    pub const ENDPOINTS: &str = "ENDPOINTS";
 }
 
 /// Names of the programs in the eBPF object.

@@ -6,6 +6,7 @@
 #![no_main]
 
 mod count_by_source;
+mod endpoints;
 mod stats;
 
 #[cfg(not(test))]

@@ -2,6 +2,7 @@
 //! socket, stopped and uninstalled on drop.
 
 use std::{
+    ffi::OsString,
     fs,
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
@@ -18,6 +19,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Instance {
     pub bpf_dir: PathBuf,
     pub socket: PathBuf,
+    pub state_dir: PathBuf,
     pub log: PathBuf,
 }
 
@@ -28,17 +30,27 @@ impl Instance {
         Self {
             bpf_dir: PathBuf::from("/sys/fs/bpf").join(&name),
             socket: run_dir.join("ebpf-cnid.sock"),
+            state_dir: run_dir.join("state"),
             log: std::env::temp_dir().join(format!("{name}.log")),
         }
     }
 
-    /// `ebpf-cnid --bpf-dir .. --socket .. <args>` (run from the caller's namespace).
+    /// The flags that select this instance: bpffs folder, socket, state folder.
+    pub fn flags(&self) -> Vec<OsString> {
+        vec![
+            "--bpf-dir".into(),
+            self.bpf_dir.clone().into(),
+            "--socket".into(),
+            self.socket.clone().into(),
+            "--state-dir".into(),
+            self.state_dir.clone().into(),
+        ]
+    }
+
+    /// `ebpf-cnid <instance flags> <args>` (run from the caller's namespace).
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(bins::path("ebpf-cnid"))
-            .arg("--bpf-dir")
-            .arg(&self.bpf_dir)
-            .arg("--socket")
-            .arg(&self.socket)
+            .args(self.flags())
             .args(args)
             .output()
             .expect("cannot run ebpf-cnid")
@@ -96,10 +108,7 @@ impl Daemon {
             .expect("cannot open the daemon log");
         let mut command = node.command(bins::path("ebpf-cnid"));
         command
-            .arg("--bpf-dir")
-            .arg(&instance.bpf_dir)
-            .arg("--socket")
-            .arg(&instance.socket)
+            .args(instance.flags())
             .arg("run")
             .env("EBPF_CNID_LOG", "info")
             .stdin(Stdio::null())

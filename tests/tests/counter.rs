@@ -130,10 +130,7 @@ fn daemon_refuses_to_attach_to_a_missing_interface() {
     let instance = Instance::new();
     let out = node
         .command(ebpf_cni_tests::bins::path("ebpf-cnid"))
-        .arg("--bpf-dir")
-        .arg(&instance.bpf_dir)
-        .arg("--socket")
-        .arg(&instance.socket)
+        .args(instance.flags())
         .args(["run", "--attach", "nosuch0"])
         .output()
         .expect("runs ebpf-cnid");

@@ -9,7 +9,7 @@ mod demo;
 mod setup;
 mod test;
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
@@ -40,8 +40,19 @@ enum Task {
     Demo,
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    match execute(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` gives the context chain without anyhow's backtrace, which
+            // RUST_BACKTRACE=1 would otherwise print and bury the message under.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(cli: Cli) -> anyhow::Result<()> {
     let root = workspace_root();
     match cli.task {
         Task::Setup => {

@@ -1,0 +1,36 @@
+//! Pod endpoints as the datapath sees them: keyed by pod IPv4 address.
+
+/// Key of the endpoints map: the pod's IPv4 address in network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointKey {
+    pub addr: [u8; 4],
+}
+
+/// Where a pod address lives on this node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// Index of the pod's host-side veth in the node's network namespace.
+    pub host_ifindex: u32,
+    /// MAC of the pod's interface (destination MAC when delivering to the pod).
+    pub pod_mac: [u8; 6],
+    /// [`endpoint_flags`] bits.
+    pub flags: u16,
+}
+
+/// Bits of [`EndpointInfo::flags`].
+pub mod endpoint_flags {
+    /// Traffic from this pod to outside the cluster ranges is source-NATed.
+    pub const MASQUERADE: u16 = 1 << 0;
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointKey>() == 4);
+const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 12);
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], fixed-width fields, no padding (sizes asserted above).
+unsafe impl aya::Pod for EndpointKey {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for EndpointInfo {}
