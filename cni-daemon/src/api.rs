@@ -32,7 +32,7 @@ pub enum Request {
     Status,
     /// Record a pod's endpoint and write it into the datapath (replaces an earlier record
     /// of the same id, so a retried ADD is harmless).
-    Attach(Endpoint),
+    Attach(Box<Endpoint>),
     /// Forget a pod's endpoint; an unknown id is not an error.
     Detach(EndpointId),
     /// One endpoint's record, for CHECK.

@@ -95,7 +95,10 @@ fn answer(request: Request, node: &Mutex<Node>) -> Response {
             endpoints: node.endpoints.len(),
             attachments: node.datapath.attachments().to_vec(),
         })),
-        Request::Attach(endpoint) => node.endpoints.attach(endpoint).map(|()| Response::Attached),
+        Request::Attach(endpoint) => node
+            .endpoints
+            .attach(*endpoint)
+            .map(|()| Response::Attached),
         Request::Detach(id) => node
             .endpoints
             .detach(&id)

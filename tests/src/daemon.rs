@@ -90,6 +90,10 @@ impl Drop for Instance {
     fn drop(&mut self) {
         let _ = self.cli(&["uninstall"]);
         let _ = fs::remove_file(&self.log);
+        // The run folder also holds what the test put there (host-local's data).
+        if let Some(run_dir) = self.socket.parent() {
+            let _ = fs::remove_dir_all(run_dir);
+        }
     }
 }
 

@@ -6,8 +6,10 @@
 //! `ip -n <ns>` directly inside the namespaces the caller made.
 
 pub mod bins;
+pub mod cni;
 pub mod daemon;
 pub mod netns;
+pub mod node;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -1,0 +1,287 @@
+//! ADD: IPAM, the veth pair (peer created inside the pod), addresses and routes, the
+//! daemon hand-off, the result. Any failure after a change undoes every change.
+
+use std::{
+    fs::File,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use cni_daemon::api::{self, Endpoint};
+use ipnet::{IpNet, Ipv4Net};
+
+use crate::{
+    commands::{
+        Invocation, block_on,
+        teardown::{self, Failures, setup_error},
+    },
+    ipam::Ipam,
+    link::{LinkError, LinkInfo, Netlink, format_mac},
+    naming, netns,
+    spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, NetConf, Route},
+};
+
+pub fn run(inv: &Invocation) -> Result<String, CniError> {
+    let version = inv.conf.version()?;
+    let container_id = inv.container_id()?;
+    let ifname = inv.ifname()?;
+    let netns_path = inv.netns()?;
+
+    // Validate everything before the first change.
+    let pod_netns = netns::open(netns_path).map_err(|error| {
+        CniError::new(
+            ErrorCode::UnknownContainer,
+            format!(
+                "cannot open the network namespace {}: {error}",
+                netns_path.display()
+            ),
+        )
+    })?;
+    if pod_link(&pod_netns, ifname)?.is_some() {
+        return Err(CniError::new(
+            ErrorCode::InterfaceExists,
+            format!("{ifname} already exists in {}", netns_path.display()),
+        ));
+    }
+    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path)?;
+    let daemon = inv.daemon();
+    daemon.require_ready()?;
+    let pod_mac = inv.conf.runtime_mac()?;
+    let host_veth = naming::host_veth(container_id, ifname);
+
+    let mut applied = Applied::default();
+    let outcome = apply(inv, &ipam, &pod_netns, &host_veth, pod_mac, &mut applied);
+    match outcome {
+        Ok(result) => Ok(result.to_json(version).to_string()),
+        Err(error) => Err(applied.roll_back(inv, &ipam, &host_veth, error)),
+    }
+}
+
+/// Which steps have changed the system, so a failure undoes exactly those.
+#[derive(Default)]
+struct Applied {
+    ipam: bool,
+    veth: bool,
+    daemon: bool,
+}
+
+impl Applied {
+    fn roll_back(
+        &self,
+        inv: &Invocation,
+        ipam: &Ipam,
+        host_veth: &str,
+        error: CniError,
+    ) -> CniError {
+        let mut failures = Failures::default();
+        if let (true, Ok(id)) = (self.daemon, inv.endpoint_id()) {
+            failures.record("daemon detach", teardown::detach(&inv.daemon(), id));
+        }
+        if self.veth {
+            failures.record("veth removal", teardown::delete_host_veth(host_veth));
+        }
+        if self.ipam {
+            let (Ok(container_id), Ok(ifname)) = (inv.container_id(), inv.ifname()) else {
+                return error;
+            };
+            let netns = inv.env.netns.as_deref();
+            failures.record(
+                "IPAM release",
+                teardown::ipam_del(ipam, inv.raw(), container_id, ifname, netns),
+            );
+        }
+        match failures.into_result("rollback") {
+            Ok(()) => error,
+            Err(rollback) => CniError {
+                details: format!(
+                    "{}; rollback: {} ({})",
+                    error.details, rollback.msg, rollback.details
+                ),
+                ..error
+            },
+        }
+    }
+}
+
+fn apply(
+    inv: &Invocation,
+    ipam: &Ipam,
+    pod_netns: &File,
+    host_veth: &str,
+    pod_mac: Option<[u8; 6]>,
+    applied: &mut Applied,
+) -> Result<CniResult, CniError> {
+    let container_id = inv.container_id()?;
+    let ifname = inv.ifname()?;
+    let mut result = ipam.add(inv.raw())?;
+    applied.ipam = true;
+    if result.ips.is_empty() {
+        return Err(CniError::new(
+            ErrorCode::IpamFailed,
+            "the IPAM plugin returned no address",
+        ));
+    }
+
+    let alias = naming::host_alias(&inv.conf.name, container_id, ifname);
+    let mtu = inv.conf.mtu;
+    block_on(async {
+        let netlink = Netlink::connect().map_err(setup_error)?;
+        let created = netlink
+            .create_veth(host_veth, &alias, ifname, pod_netns, mtu, pod_mac)
+            .await;
+        created.map_err(|error| match error {
+            LinkError::Exists(what) => CniError::new(
+                ErrorCode::InterfaceExists,
+                format!("cannot create the veth pair: {what} already exists"),
+            ),
+            other => setup_error(other),
+        })
+    })??;
+    applied.veth = true;
+
+    let routes = pod_routes(&result);
+    let pod = configure_pod(pod_netns, ifname, &result.ips, &routes)?;
+    let host = block_on(async {
+        let netlink = Netlink::connect().map_err(setup_error)?;
+        let host = netlink.require(host_veth).await.map_err(setup_error)?;
+        netlink.set_up(host.index).await.map_err(setup_error)?;
+        Ok::<_, CniError>(host)
+    })??;
+    let pod_mac = pod
+        .mac
+        .ok_or_else(|| CniError::new(ErrorCode::InterfaceSetup, "the pod interface has no MAC"))?;
+
+    inv.daemon().attach(Endpoint {
+        id: inv.endpoint_id()?,
+        network: inv.conf.name.clone(),
+        netns: inv.netns()?.display().to_string(),
+        host_veth: host_veth.to_owned(),
+        host_ifindex: host.index,
+        mac: format_mac(pod_mac),
+        ips: result.ips.iter().map(|ip| ip.address).collect(),
+        masquerade: inv.conf.ip_masq,
+        port_mappings: port_mappings(&inv.conf),
+        bandwidth: bandwidth(&inv.conf),
+    })?;
+    applied.daemon = true;
+
+    result.interfaces = vec![
+        Interface {
+            name: host_veth.to_owned(),
+            mac: host.mac.map(format_mac).unwrap_or_default(),
+            mtu: host.mtu,
+            ..Interface::default()
+        },
+        Interface {
+            name: ifname.to_owned(),
+            mac: format_mac(pod_mac),
+            mtu: pod.mtu,
+            sandbox: Some(inv.netns()?.display().to_string()),
+            ..Interface::default()
+        },
+    ];
+    for ip in &mut result.ips {
+        ip.interface = Some(1);
+    }
+    result.routes = routes
+        .iter()
+        .map(|(dst, gw)| Route {
+            dst: IpNet::V4(*dst),
+            gw: gw.map(IpAddr::V4),
+            ..Route::default()
+        })
+        .collect();
+    Ok(result)
+}
+
+/// The IPv4 routes the pod gets: the IPAM result's, with a route without `gw` sent via
+/// the first IPv4 gateway (the spec leaves the default to the plugin), plus a default
+/// route via that gateway when IPAM gave none.
+fn pod_routes(result: &CniResult) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
+    let gateway = result.ips.iter().find_map(|ip| match ip.gateway {
+        Some(IpAddr::V4(gateway)) => Some(gateway),
+        _ => None,
+    });
+    let mut routes: Vec<(Ipv4Net, Option<Ipv4Addr>)> = result
+        .routes
+        .iter()
+        .filter_map(|route| match (route.dst, route.gw) {
+            (IpNet::V4(dst), Some(IpAddr::V4(gw))) => Some((dst, Some(gw))),
+            (IpNet::V4(dst), None) => Some((dst, gateway)),
+            _ => None,
+        })
+        .collect();
+    let has_default = routes.iter().any(|(dst, _)| dst.prefix_len() == 0);
+    if let (false, Some(gateway)) = (has_default, gateway) {
+        routes.push((Ipv4Net::default(), Some(gateway)));
+    }
+    routes
+}
+
+/// Inside the pod: `lo` and the interface up, addresses, routes; returns the interface.
+fn configure_pod(
+    pod_netns: &File,
+    ifname: &str,
+    ips: &[IpConfig],
+    routes: &[(Ipv4Net, Option<Ipv4Addr>)],
+) -> Result<LinkInfo, CniError> {
+    let ifname = ifname.to_owned();
+    let addresses: Vec<IpNet> = ips.iter().map(|ip| ip.address).collect();
+    let routes = routes.to_vec();
+    let in_pod = netns::run_in(pod_netns, move || {
+        block_on(async move {
+            let netlink = Netlink::connect()?;
+            if let Some(lo) = netlink.get("lo").await? {
+                netlink.set_up(lo.index).await?;
+            }
+            let pod = netlink.require(&ifname).await?;
+            for address in addresses {
+                netlink.add_address(pod.index, address).await?;
+            }
+            netlink.set_up(pod.index).await?;
+            for (dst, gateway) in routes {
+                netlink.add_route_v4(dst, gateway, pod.index).await?;
+            }
+            Ok::<_, crate::link::LinkError>(pod)
+        })
+    });
+    in_pod
+        .map_err(|error| CniError::new(ErrorCode::InterfaceSetup, error.to_string()))??
+        .map_err(setup_error)
+}
+
+/// The pod's link named `ifname`, if any.
+pub fn pod_link(pod_netns: &File, ifname: &str) -> Result<Option<LinkInfo>, CniError> {
+    let ifname = ifname.to_owned();
+    netns::run_in(pod_netns, move || {
+        block_on(async move { Netlink::connect()?.get(&ifname).await })
+    })
+    .map_err(|error| CniError::new(ErrorCode::InterfaceSetup, error.to_string()))??
+    .map_err(setup_error)
+}
+
+/// runtimeConfig.portMappings in the daemon's terms.
+fn port_mappings(conf: &NetConf) -> Vec<api::PortMapping> {
+    conf.runtime_config
+        .port_mappings
+        .iter()
+        .map(|mapping| api::PortMapping {
+            host_port: mapping.host_port,
+            container_port: mapping.container_port,
+            protocol: mapping.protocol.to_string(),
+            host_ip: mapping.host_ip,
+        })
+        .collect()
+}
+
+/// runtimeConfig.bandwidth in the daemon's terms.
+fn bandwidth(conf: &NetConf) -> Option<api::Bandwidth> {
+    conf.runtime_config
+        .bandwidth
+        .as_ref()
+        .map(|bandwidth| api::Bandwidth {
+            ingress_rate: bandwidth.ingress_rate,
+            ingress_burst: bandwidth.ingress_burst,
+            egress_rate: bandwidth.egress_rate,
+            egress_burst: bandwidth.egress_burst,
+        })
+}

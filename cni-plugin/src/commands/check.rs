@@ -1,0 +1,130 @@
+//! CHECK: the attachment still looks as prevResult says: the container interface, its
+//! MAC, addresses and routes, the host veth, the daemon's endpoint; then IPAM's CHECK.
+
+use std::net::IpAddr;
+
+use crate::{
+    commands::{Invocation, add::pod_link, block_on, teardown::setup_error},
+    ipam::{CallEnv, Ipam},
+    link::{Netlink, format_mac},
+    naming, netns,
+    spec::{CniError, CniResult, ErrorCode},
+};
+
+pub fn run(inv: &Invocation) -> Result<(), CniError> {
+    let container_id = inv.container_id()?;
+    let ifname = inv.ifname()?;
+    let netns_path = inv.netns()?;
+    let prev = inv.conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::new(
+            ErrorCode::InvalidConfig,
+            "CHECK needs prevResult in the config",
+        )
+    })?;
+    let prev = CniResult::parse(prev)?;
+
+    let pod_netns = netns::open(netns_path).map_err(|error| {
+        CniError::new(
+            ErrorCode::UnknownContainer,
+            format!(
+                "cannot open the network namespace {}: {error}",
+                netns_path.display()
+            ),
+        )
+    })?;
+    let pod = pod_link(&pod_netns, ifname)?
+        .ok_or_else(|| failed(format!("{ifname} is missing from {}", netns_path.display())))?;
+    if let Some(expected) = prev
+        .interfaces
+        .iter()
+        .find(|interface| interface.name == ifname && interface.sandbox.is_some())
+    {
+        let actual = pod.mac.map(format_mac).unwrap_or_default();
+        if !expected.mac.eq_ignore_ascii_case(&actual) {
+            return Err(failed(format!(
+                "{ifname} has MAC {actual}, prevResult says {}",
+                expected.mac
+            )));
+        }
+    }
+    check_pod_addresses_and_routes(&pod_netns, pod.index, &prev)?;
+
+    let host_veth = naming::host_veth(container_id, ifname);
+    let host = block_on(async {
+        let netlink = Netlink::connect().map_err(setup_error)?;
+        netlink.get(&host_veth).await.map_err(setup_error)
+    })??;
+    if host.is_none() {
+        return Err(failed(format!("the host veth {host_veth} is missing")));
+    }
+
+    let endpoint = inv
+        .daemon()
+        .get(inv.endpoint_id()?)?
+        .ok_or_else(|| failed("the node daemon has no endpoint for this attachment"))?;
+    for ip in &prev.ips {
+        if !endpoint.ips.contains(&ip.address) {
+            return Err(failed(format!(
+                "the node daemon does not route {}",
+                ip.address
+            )));
+        }
+    }
+
+    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path)?;
+    let env = CallEnv {
+        command: "CHECK",
+        ..CallEnv::default()
+    };
+    ipam.run(&env, inv.raw())
+}
+
+fn check_pod_addresses_and_routes(
+    pod_netns: &std::fs::File,
+    index: u32,
+    prev: &CniResult,
+) -> Result<(), CniError> {
+    let (addresses, routes) = netns::run_in(pod_netns, move || {
+        block_on(async move {
+            let netlink = Netlink::connect()?;
+            Ok::<_, crate::link::LinkError>((
+                netlink.addresses(index).await?,
+                netlink.routes_v4().await?,
+            ))
+        })
+    })
+    .map_err(|error| CniError::new(ErrorCode::InterfaceSetup, error.to_string()))??
+    .map_err(setup_error)?;
+    for ip in &prev.ips {
+        if !addresses.contains(&ip.address) {
+            return Err(failed(format!(
+                "address {} is missing from the pod",
+                ip.address
+            )));
+        }
+    }
+    for route in prev
+        .routes
+        .iter()
+        .filter(|route| route.dst.addr().is_ipv4())
+    {
+        let present = routes.iter().any(|actual| {
+            actual.dst == route.dst && route.gw.is_none_or(|gw| actual.gateway == Some(gw))
+        });
+        if !present {
+            let via = route
+                .gw
+                .map(|gw: IpAddr| format!(" via {gw}"))
+                .unwrap_or_default();
+            return Err(failed(format!(
+                "route {}{via} is missing from the pod",
+                route.dst
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn failed(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::CheckFailed, msg)
+}

@@ -1,0 +1,94 @@
+//! One module per CNI verb. Each validates everything it can before changing anything.
+
+mod add;
+mod check;
+mod del;
+mod gc;
+mod status;
+mod teardown;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::{
+    daemon::Daemon,
+    spec::{self, CniError, Command, Environment, ErrorCode, NetConf},
+};
+
+/// What every verb gets: the parsed environment and config (which keeps the config
+/// exactly as the runtime gave it, for IPAM).
+pub struct Invocation {
+    pub env: Environment,
+    pub conf: NetConf,
+}
+
+impl Invocation {
+    /// The config as received: what IPAM gets on stdin.
+    pub fn raw(&self) -> &Value {
+        self.conf.raw()
+    }
+}
+
+impl Invocation {
+    pub fn daemon(&self) -> Daemon {
+        Daemon::new(self.conf.daemon_socket.clone())
+    }
+
+    pub fn container_id(&self) -> Result<&str, CniError> {
+        self.env
+            .container_id
+            .as_deref()
+            .ok_or_else(|| missing("CNI_CONTAINERID"))
+    }
+
+    pub fn ifname(&self) -> Result<&str, CniError> {
+        self.env
+            .ifname
+            .as_deref()
+            .ok_or_else(|| missing("CNI_IFNAME"))
+    }
+
+    pub fn netns(&self) -> Result<&PathBuf, CniError> {
+        self.env.netns.as_ref().ok_or_else(|| missing("CNI_NETNS"))
+    }
+
+    pub fn endpoint_id(&self) -> Result<cni_daemon::api::EndpointId, CniError> {
+        Ok(cni_daemon::api::EndpointId {
+            container_id: self.container_id()?.to_owned(),
+            ifname: self.ifname()?.to_owned(),
+        })
+    }
+}
+
+fn missing(var: &str) -> CniError {
+    CniError::new(ErrorCode::InvalidEnvironment, format!("{var} is required"))
+}
+
+/// Runs the verb named by the environment; `Ok(Some(json))` is printed on stdout.
+pub fn dispatch(env: Environment, stdin: &[u8]) -> Result<Option<String>, CniError> {
+    if env.command == Command::Version {
+        let requested = spec::parse_version_request(stdin)?;
+        return Ok(Some(spec::version_reply(&requested)));
+    }
+    let conf = NetConf::parse(stdin)?;
+    conf.validate_for(env.command)?;
+    let invocation = Invocation { env, conf };
+    match invocation.env.command {
+        Command::Add => add::run(&invocation).map(Some),
+        Command::Del => del::run(&invocation).map(|()| None),
+        Command::Check => check::run(&invocation).map(|()| None),
+        Command::Status => status::run(&invocation).map(|()| None),
+        Command::Gc => gc::run(&invocation).map(|()| None),
+        Command::Version => unreachable!("handled above"),
+    }
+}
+
+/// Runs `future` on a small runtime of its own (the plugin is a short-lived process).
+pub fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CniError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| CniError::internal(format!("cannot start a runtime: {error}")))?;
+    Ok(runtime.block_on(future))
+}

@@ -1,0 +1,34 @@
+//! STATUS: ready when the daemon answers with its datapath loaded; forwarded to IPAM
+//! when the IPAM plugin speaks 1.1.0 (older plugins have no STATUS and are skipped).
+
+use crate::{
+    commands::Invocation,
+    ipam::{CallEnv, Ipam},
+    spec::{CniError, CniVersion, ErrorCode},
+};
+
+pub fn run(inv: &Invocation) -> Result<(), CniError> {
+    let status = inv.daemon().status().map_err(|error| {
+        CniError::new(
+            ErrorCode::PluginNotAvailable,
+            format!("the node daemon is not available: {}", error.msg),
+        )
+        .with_details(error.details)
+    })?;
+    if !status.datapath_loaded {
+        return Err(CniError::new(
+            ErrorCode::PluginNotAvailable,
+            "the node daemon runs but its datapath is not loaded",
+        ));
+    }
+    // The config is validated to have ipam.type: ADD cannot work without it.
+    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path)?;
+    if ipam.supports(CniVersion::V1_1_0)? {
+        let env = CallEnv {
+            command: "STATUS",
+            ..CallEnv::default()
+        };
+        ipam.run(&env, inv.raw())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The plugin's side of the daemon hand-off, with the daemon's failures mapped to CNI
+//! codes: unreachable is 11 (try again later), a refusal is 104.
+
+use std::{path::PathBuf, time::Duration};
+
+use cni_daemon::api::{self, ClientError, Endpoint, EndpointId, Request, Response, Status};
+
+use crate::spec::{CniError, ErrorCode};
+
+/// Where `ebpf-cnid` listens unless the network config says `daemonSocket`.
+pub const DEFAULT_SOCKET: &str = "/run/ebpf-cni/ebpf-cnid.sock";
+
+/// Requests are small map and file operations; a daemon that takes longer is stuck.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Daemon {
+    socket: PathBuf,
+}
+
+impl Daemon {
+    pub fn new(socket: Option<PathBuf>) -> Self {
+        Self {
+            socket: socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+        }
+    }
+
+    pub fn status(&self) -> Result<Status, CniError> {
+        match self.call(&Request::Status)? {
+            Response::Status(status) => Ok(status),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Fails with 11 unless the daemon answers and its datapath is loaded: checked
+    /// before ADD changes anything.
+    pub fn require_ready(&self) -> Result<(), CniError> {
+        let status = self.status()?;
+        if status.datapath_loaded {
+            Ok(())
+        } else {
+            Err(CniError::try_again_later(
+                "ebpf-cnid runs but its datapath is not loaded yet",
+            ))
+        }
+    }
+
+    pub fn attach(&self, endpoint: Endpoint) -> Result<(), CniError> {
+        match self.call(&Request::Attach(Box::new(endpoint)))? {
+            Response::Attached => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Returns whether the daemon knew the endpoint.
+    pub fn detach(&self, id: EndpointId) -> Result<bool, CniError> {
+        match self.call(&Request::Detach(id))? {
+            Response::Detached { existed } => Ok(existed),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn get(&self, id: EndpointId) -> Result<Option<Endpoint>, CniError> {
+        match self.call(&Request::Get(id))? {
+            Response::Endpoint { endpoint } => Ok(endpoint),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Forgets this network's endpoints not in `keep`; returns them.
+    pub fn gc(&self, network: &str, keep: Vec<EndpointId>) -> Result<Vec<Endpoint>, CniError> {
+        let request = Request::Gc {
+            network: network.to_owned(),
+            keep,
+        };
+        match self.call(&request)? {
+            Response::Collected { removed } => Ok(removed),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn call(&self, request: &Request) -> Result<Response, CniError> {
+        match api::call(&self.socket, request, TIMEOUT) {
+            Ok(Response::Error { message }) => Err(CniError::new(
+                ErrorCode::DaemonRefused,
+                format!("ebpf-cnid refused: {message}"),
+            )),
+            Ok(response) => Ok(response),
+            Err(error @ ClientError::Unreachable { .. }) => Err(CniError::try_again_later(
+                "ebpf-cnid is not running on this node",
+            )
+            .with_details(error.to_string())),
+            Err(error) => Err(
+                CniError::try_again_later("ebpf-cnid did not answer properly")
+                    .with_details(error.to_string()),
+            ),
+        }
+    }
+}
+
+/// Whether `error` means the daemon could not be reached (as opposed to a refusal).
+pub fn is_unreachable(error: &CniError) -> bool {
+    error.code == ErrorCode::TryAgainLater
+}
+
+fn unexpected(response: &Response) -> CniError {
+    CniError::internal(format!("ebpf-cnid answered with {response:?}"))
+}

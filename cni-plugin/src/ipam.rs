@@ -1,0 +1,223 @@
+//! IPAM delegation, as the spec says: the plugin named in `ipam.type` is executed from
+//! CNI_PATH with our environment and the same network configuration on stdin.
+//!
+//! Version negotiation: the delegate gets the config's cniVersion. If it answers "1"
+//! (incompatible version), we ask it for VERSION and retry once with the highest version
+//! both sides support (Debian's host-local 1.1.1 stops at 1.0.0, so a 1.1.0 network still
+//! gets addresses). Its result is read in whatever version it printed.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::spec::{CniError, CniResult, CniVersion, ErrorCode};
+
+/// An IPAM plugin found in CNI_PATH.
+pub struct Ipam {
+    plugin: PathBuf,
+    name: String,
+}
+
+/// Environment overrides for one call; everything else is inherited from our own
+/// environment (which the runtime set for us).
+#[derive(Default)]
+pub struct CallEnv<'a> {
+    pub command: &'a str,
+    /// For calls on behalf of another attachment (GC's per-endpoint DEL).
+    pub container_id: Option<&'a str>,
+    pub ifname: Option<&'a str>,
+    pub netns: Option<&'a str>,
+}
+
+impl Ipam {
+    /// Finds `plugin_type` in CNI_PATH. A name with a path separator is refused: the spec
+    /// names plugins, it does not take paths.
+    pub fn find(plugin_type: &str, cni_path: &[PathBuf]) -> Result<Self, CniError> {
+        if plugin_type.is_empty() || plugin_type.contains('/') || plugin_type == ".." {
+            return Err(CniError::new(
+                ErrorCode::InvalidConfig,
+                format!("ipam.type {plugin_type:?} is not a plugin name"),
+            ));
+        }
+        cni_path
+            .iter()
+            .map(|dir| dir.join(plugin_type))
+            .find(|candidate| candidate.is_file())
+            .map(|plugin| Self {
+                plugin,
+                name: plugin_type.to_owned(),
+            })
+            .ok_or_else(|| {
+                CniError::new(
+                    ErrorCode::IpamFailed,
+                    format!("IPAM plugin {plugin_type:?} not found in CNI_PATH"),
+                )
+                .with_details(format!("searched {cni_path:?}"))
+            })
+    }
+
+    /// ADD: the addresses (and routes, DNS) for the pod.
+    pub fn add(&self, config: &Value) -> Result<CniResult, CniError> {
+        let output = self
+            .call(
+                &CallEnv {
+                    command: "ADD",
+                    ..CallEnv::default()
+                },
+                config,
+            )?
+            .ok_or_else(|| self.failed("printed no result for ADD"))?;
+        CniResult::parse(&output).map_err(|error| {
+            self.failed("printed a result we cannot read")
+                .with_details(error.msg)
+        })
+    }
+
+    /// Any verb without a result (DEL, CHECK, GC, STATUS).
+    pub fn run(&self, env: &CallEnv<'_>, config: &Value) -> Result<(), CniError> {
+        self.call(env, config).map(drop)
+    }
+
+    /// Whether the plugin speaks `version` (asks it with VERSION).
+    pub fn supports(&self, version: CniVersion) -> Result<bool, CniError> {
+        Ok(self.supported_versions()?.contains(&version))
+    }
+
+    fn call(&self, env: &CallEnv<'_>, config: &Value) -> Result<Option<Value>, CniError> {
+        match self.exec(env, config) {
+            Err(error) if error.code == ErrorCode::IncompatibleVersion => {
+                let config = self.downgraded(config)?.ok_or(error)?;
+                self.exec(env, &config)
+            }
+            other => other,
+        }
+    }
+
+    /// `config` with the highest cniVersion the plugin supports below the requested one,
+    /// or `None` when there is nothing lower to try.
+    fn downgraded(&self, config: &Value) -> Result<Option<Value>, CniError> {
+        let requested: Option<CniVersion> = config["cniVersion"]
+            .as_str()
+            .and_then(|version| version.parse().ok());
+        let Some(requested) = requested else {
+            return Ok(None);
+        };
+        let best = self
+            .supported_versions()?
+            .into_iter()
+            .filter(|version| *version < requested)
+            .max();
+        Ok(best.map(|version| {
+            let mut config = config.clone();
+            config["cniVersion"] = Value::String(version.to_string());
+            config
+        }))
+    }
+
+    fn supported_versions(&self) -> Result<Vec<CniVersion>, CniError> {
+        let request = serde_json::json!({ "cniVersion": CniVersion::V1_1_0.to_string() });
+        let env = CallEnv {
+            command: "VERSION",
+            ..CallEnv::default()
+        };
+        let reply = self
+            .exec(&env, &request)?
+            .ok_or_else(|| self.failed("printed nothing for VERSION"))?;
+        Ok(reply["supportedVersions"]
+            .as_array()
+            .map(|versions| {
+                versions
+                    .iter()
+                    .filter_map(|version| version.as_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// One execution: stdin is `config`, stdout is parsed as JSON (empty is `None`), a
+    /// non-zero exit is the plugin's error result with its code kept.
+    fn exec(&self, env: &CallEnv<'_>, config: &Value) -> Result<Option<Value>, CniError> {
+        let stdin = serde_json::to_vec(config)
+            .map_err(|error| CniError::internal(format!("cannot encode the config: {error}")))?;
+        let mut command = Command::new(&self.plugin);
+        command
+            .env("CNI_COMMAND", env.command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (var, value) in [
+            ("CNI_CONTAINERID", env.container_id),
+            ("CNI_IFNAME", env.ifname),
+            ("CNI_NETNS", env.netns),
+        ] {
+            if let Some(value) = value {
+                command.env(var, value);
+            }
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|error| self.failed(format!("cannot be started: {error}")))?;
+        if let Some(mut pipe) = child.stdin.take() {
+            // A plugin that exits without reading stdin closes the pipe; its exit status
+            // tells what happened, so a write error here is not the story.
+            let _ = pipe.write_all(&stdin);
+        }
+        let output = child
+            .wait_with_output()
+            .map_err(|error| self.failed(format!("did not finish: {error}")))?;
+        let parsed: Option<Value> = if output.stdout.iter().all(u8::is_ascii_whitespace) {
+            None
+        } else {
+            Some(serde_json::from_slice(&output.stdout).map_err(|error| {
+                self.failed("printed something that is not JSON")
+                    .with_details(format!(
+                        "{error}: {}",
+                        String::from_utf8_lossy(&output.stdout)
+                    ))
+            })?)
+        };
+        if output.status.success() {
+            return Ok(parsed);
+        }
+        Err(
+            match parsed.as_ref().and_then(CniError::from_plugin_output) {
+                // The spec's own codes (below 100) mean the same from any plugin: kept.
+                Some(error) if error.code.code() < 100 => {
+                    let msg = format!("IPAM plugin {}: {}", self.name, error.msg);
+                    CniError { msg, ..error }
+                }
+                // 100 and above are each plugin's own (host-local says 999 for a bad
+                // subnet); under our name they would read as our table's codes, so they
+                // become 101 with the delegate's code in the details.
+                Some(error) => self
+                    .failed(format!("failed: {}", error.msg))
+                    .with_details(format!(
+                        "code {} from {}{}{}",
+                        error.code.code(),
+                        self.name,
+                        if error.details.is_empty() { "" } else { ": " },
+                        error.details
+                    )),
+                None => self.failed(format!(
+                    "failed ({}) without an error result",
+                    output.status
+                )),
+            },
+        )
+    }
+
+    fn failed(&self, what: impl std::fmt::Display) -> CniError {
+        CniError::new(
+            ErrorCode::IpamFailed,
+            format!("IPAM plugin {} {what}", self.name),
+        )
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.plugin
+    }
+}

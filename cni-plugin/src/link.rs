@@ -1,0 +1,312 @@
+//! Netlink operations on links, addresses and routes (rtnetlink), for one namespace: the
+//! namespace in which the [`Netlink`] connection was opened.
+
+use std::{
+    fs::File,
+    net::{IpAddr, Ipv4Addr},
+    os::fd::AsRawFd,
+};
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::{
+    Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
+    packet_route::{
+        address::AddressAttribute,
+        link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
+        route::{RouteAddress, RouteAttribute, RouteMessage},
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("cannot open a netlink socket: {0}")]
+    Socket(#[from] std::io::Error),
+    #[error("{what}: {source}")]
+    Netlink {
+        what: String,
+        source: rtnetlink::Error,
+    },
+    #[error("{0} already exists")]
+    Exists(String),
+    #[error("no link named {0}")]
+    NotFound(String),
+}
+
+impl LinkError {
+    fn netlink(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Self {
+        let what = what.into();
+        move |source| Self::Netlink { what, source }
+    }
+}
+
+/// What the plugin needs to know of a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub name: String,
+    pub index: u32,
+    pub mac: Option<[u8; 6]>,
+    pub mtu: Option<u32>,
+    pub up: bool,
+    pub alias: Option<String>,
+    pub is_veth: bool,
+}
+
+/// A route as the plugin checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteInfo {
+    pub dst: IpNet,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+}
+
+/// Errno of a netlink error, positive (EEXIST = 17).
+fn errno(error: &rtnetlink::Error) -> Option<i32> {
+    match error {
+        rtnetlink::Error::NetlinkError(message) => message.code.map(|code| -code.get()),
+        _ => None,
+    }
+}
+
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    /// Opens a connection in the calling thread's namespace; must run inside tokio.
+    pub fn connect() -> Result<Self, LinkError> {
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(connection);
+        Ok(Self { handle })
+    }
+
+    /// Creates the pair in one request: `host` here, `pod` directly inside `pod_netns`
+    /// (never visible in this namespace), both with `mtu`, the pod side with `pod_mac`.
+    pub async fn create_veth(
+        &self,
+        host: &str,
+        alias: &str,
+        pod: &str,
+        pod_netns: &File,
+        mtu: Option<u32>,
+        pod_mac: Option<[u8; 6]>,
+    ) -> Result<(), LinkError> {
+        let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(pod.to_owned())
+            .setns_by_fd(pod_netns.as_raw_fd());
+        let mut link = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
+            .name(host.to_owned())
+            .alias(alias.to_owned());
+        if let Some(mtu) = mtu {
+            peer = peer.mtu(mtu);
+            link = link.mtu(mtu);
+        }
+        if let Some(mac) = pod_mac {
+            peer = peer.address(mac.to_vec());
+        }
+        let message = link
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+            .build();
+        self.handle
+            .link()
+            .add(message)
+            .execute()
+            .await
+            .map_err(|source| {
+                if errno(&source) == Some(libc::EEXIST) {
+                    LinkError::Exists(format!(
+                        "a link named {host} (host side) or {pod} (pod side)"
+                    ))
+                } else {
+                    LinkError::netlink(format!("creating the veth pair {host}/{pod}"))(source)
+                }
+            })
+    }
+
+    /// The link named `name`, if any.
+    pub async fn get(&self, name: &str) -> Result<Option<LinkInfo>, LinkError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
+        match links.try_next().await {
+            Ok(Some(message)) => Ok(Some(link_info(&message))),
+            Ok(None) => Ok(None),
+            Err(error) if errno(&error) == Some(libc::ENODEV) => Ok(None),
+            Err(error) => Err(LinkError::netlink(format!("looking up {name}"))(error)),
+        }
+    }
+
+    /// Like [`Self::get`], but a missing link is an error.
+    pub async fn require(&self, name: &str) -> Result<LinkInfo, LinkError> {
+        self.get(name)
+            .await?
+            .ok_or_else(|| LinkError::NotFound(name.to_owned()))
+    }
+
+    /// Every link of the namespace.
+    pub async fn list(&self) -> Result<Vec<LinkInfo>, LinkError> {
+        let messages: Vec<LinkMessage> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(LinkError::netlink("listing links"))?;
+        Ok(messages.iter().map(link_info).collect())
+    }
+
+    pub async fn set_up(&self, index: u32) -> Result<(), LinkError> {
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(LinkError::netlink(format!("setting link {index} up")))
+    }
+
+    /// Deletes the link named `name`; returns false when there was none.
+    pub async fn delete(&self, name: &str) -> Result<bool, LinkError> {
+        let Some(link) = self.get(name).await? else {
+            return Ok(false);
+        };
+        match self.handle.link().del(link.index).execute().await {
+            Ok(()) => Ok(true),
+            // Gone in between (its peer's namespace was deleted): the goal is reached.
+            Err(error) if errno(&error) == Some(libc::ENODEV) => Ok(false),
+            Err(error) => Err(LinkError::netlink(format!("deleting {name}"))(error)),
+        }
+    }
+
+    pub async fn add_address(&self, index: u32, address: IpNet) -> Result<(), LinkError> {
+        self.handle
+            .address()
+            .add(index, address.addr(), address.prefix_len())
+            .execute()
+            .await
+            .map_err(LinkError::netlink(format!("adding {address}")))
+    }
+
+    /// The addresses of link `index`.
+    pub async fn addresses(&self, index: u32) -> Result<Vec<IpNet>, LinkError> {
+        let messages: Vec<_> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(LinkError::netlink("listing addresses"))?;
+        Ok(messages
+            .iter()
+            .filter_map(|message| {
+                message
+                    .attributes
+                    .iter()
+                    .find_map(|attribute| match attribute {
+                        AddressAttribute::Address(addr) => {
+                            IpNet::new(*addr, message.header.prefix_len).ok()
+                        }
+                        _ => None,
+                    })
+            })
+            .collect())
+    }
+
+    /// Adds an IPv4 route to `dst` through link `index`, via `gateway` when given.
+    pub async fn add_route_v4(
+        &self,
+        dst: ipnet::Ipv4Net,
+        gateway: Option<Ipv4Addr>,
+        index: u32,
+    ) -> Result<(), LinkError> {
+        let mut route = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst.addr(), dst.prefix_len())
+            .output_interface(index);
+        if let Some(gateway) = gateway {
+            route = route.gateway(gateway);
+        }
+        self.handle
+            .route()
+            .add(route.build())
+            .execute()
+            .await
+            .map_err(LinkError::netlink(format!("adding the route to {dst}")))
+    }
+
+    /// The IPv4 routes of the main table.
+    pub async fn routes_v4(&self) -> Result<Vec<RouteInfo>, LinkError> {
+        let messages: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .map_err(LinkError::netlink("listing routes"))?;
+        Ok(messages.iter().filter_map(route_info).collect())
+    }
+}
+
+fn link_info(message: &LinkMessage) -> LinkInfo {
+    let mut info = LinkInfo {
+        name: String::new(),
+        index: message.header.index,
+        mac: None,
+        mtu: None,
+        up: message.header.flags.contains(LinkFlags::Up),
+        alias: None,
+        is_veth: false,
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            LinkAttribute::IfName(name) => info.name.clone_from(name),
+            LinkAttribute::Address(bytes) => info.mac = bytes.as_slice().try_into().ok(),
+            LinkAttribute::Mtu(mtu) => info.mtu = Some(*mtu),
+            LinkAttribute::IfAlias(alias) => info.alias = Some(alias.clone()),
+            LinkAttribute::LinkInfo(infos) => {
+                info.is_veth = infos.iter().any(|i| {
+                    matches!(
+                        i,
+                        rtnetlink::packet_route::link::LinkInfo::Kind(InfoKind::Veth)
+                    )
+                });
+            }
+            _ => {}
+        }
+    }
+    info
+}
+
+fn route_info(message: &RouteMessage) -> Option<RouteInfo> {
+    let mut dst = None;
+    let mut gateway = None;
+    let mut oif = None;
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Destination(RouteAddress::Inet(addr)) => dst = Some(*addr),
+            RouteAttribute::Gateway(RouteAddress::Inet(addr)) => gateway = Some(IpAddr::V4(*addr)),
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            _ => {}
+        }
+    }
+    let dst = IpNet::new(
+        IpAddr::V4(dst.unwrap_or(Ipv4Addr::UNSPECIFIED)),
+        message.header.destination_prefix_length,
+    )
+    .ok()?;
+    // Only the main table: local and broadcast routes live in the local table.
+    (message.header.table == libc::RT_TABLE_MAIN).then_some(RouteInfo { dst, gateway, oif })
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

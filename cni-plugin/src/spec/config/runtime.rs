@@ -1,0 +1,107 @@
+//! `runtimeConfig`: the per-pod capability arguments the runtime fills in (CONVENTIONS.md:
+//! `portMappings`, `bandwidth`, `ips`, `mac`).
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::spec::serde_helpers::{empty_as_none, null_as_default};
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeConfig {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub port_mappings: Vec<PortMapping>,
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+    /// Requested pod IPs, each an address or a CIDR; checked by `validate_for`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub ips: Vec<String>,
+    /// Requested MAC of the pod interface; checked by `validate_for`.
+    #[serde(default)]
+    pub mac: Option<String>,
+    /// Capabilities this plugin does not use, kept as given.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One hostPort mapping. Port 0 is rejected by `validate_for`; above 65535 by parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapping {
+    pub host_port: u16,
+    pub container_port: u16,
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Absent or "" means every host address.
+    #[serde(
+        rename = "hostIP",
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub host_ip: Option<IpAddr>,
+}
+
+/// Lower-case on the wire, as Kubernetes sends it; anything else (e.g. "sctp", "TCP") is
+/// rejected rather than guessed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// The wire spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Rates in bits per second, bursts in bits (CONVENTIONS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Bandwidth {
+    pub ingress_rate: Option<u64>,
+    pub ingress_burst: Option<u64>,
+    pub egress_rate: Option<u64>,
+    pub egress_burst: Option<u64>,
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (either case) and requires a unicast, non-zero address: a
+/// multicast source MAC is invalid on Ethernet and the kernel refuses it.
+pub fn parse_unicast_mac(text: &str) -> Result<[u8; 6], &'static str> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next().ok_or("expected six ':'-separated octets")?;
+        // Checked by hand: from_str_radix would also accept a sign, as in "+f".
+        if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("each octet must be two hex digits");
+        }
+        *byte = u8::from_str_radix(part, 16).map_err(|_| "each octet must be two hex digits")?;
+    }
+    if parts.next().is_some() {
+        return Err("expected six ':'-separated octets");
+    }
+    if mac[0] & 1 == 1 {
+        return Err("is a multicast address");
+    }
+    if mac == [0; 6] {
+        return Err("is the all-zero address");
+    }
+    Ok(mac)
+}
