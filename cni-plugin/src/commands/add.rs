@@ -27,15 +27,7 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
     let netns_path = inv.netns()?;
 
     // Validate everything before the first change.
-    let pod_netns = netns::open(netns_path).map_err(|error| {
-        CniError::new(
-            ErrorCode::UnknownContainer,
-            format!(
-                "cannot open the network namespace {}: {error}",
-                netns_path.display()
-            ),
-        )
-    })?;
+    let pod_netns = inv.open_netns()?;
     if pod_link(&pod_netns, ifname)?.is_some() {
         return Err(CniError::new(
             ErrorCode::InterfaceExists,

@@ -23,15 +23,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     })?;
     let prev = CniResult::parse(prev)?;
 
-    let pod_netns = netns::open(netns_path).map_err(|error| {
-        CniError::new(
-            ErrorCode::UnknownContainer,
-            format!(
-                "cannot open the network namespace {}: {error}",
-                netns_path.display()
-            ),
-        )
-    })?;
+    let pod_netns = inv.open_netns()?;
     let pod = pod_link(&pod_netns, ifname)?
         .ok_or_else(|| failed(format!("{ifname} is missing from {}", netns_path.display())))?;
     if let Some(expected) = prev

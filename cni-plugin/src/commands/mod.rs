@@ -53,6 +53,20 @@ impl Invocation {
         self.env.netns.as_ref().ok_or_else(|| missing("CNI_NETNS"))
     }
 
+    /// The pod's namespace; one that cannot be opened is "container unknown" (code 3).
+    pub fn open_netns(&self) -> Result<std::fs::File, CniError> {
+        let path = self.netns()?;
+        crate::netns::open(path).map_err(|error| {
+            CniError::new(
+                ErrorCode::UnknownContainer,
+                format!(
+                    "cannot open the network namespace {}: {error}",
+                    path.display()
+                ),
+            )
+        })
+    }
+
     pub fn endpoint_id(&self) -> Result<cni_daemon::api::EndpointId, CniError> {
         Ok(cni_daemon::api::EndpointId {
             container_id: self.container_id()?.to_owned(),
