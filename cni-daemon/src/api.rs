@@ -74,6 +74,8 @@ pub struct Endpoint {
     pub netns: String,
     pub host_veth: String,
     pub host_ifindex: u32,
+    /// The host-side veth's MAC: the pod's ARP requests are answered with it.
+    pub host_mac: String,
     /// The pod interface's MAC, `aa:bb:cc:dd:ee:ff`.
     pub mac: String,
     pub ips: Vec<ipnet::IpNet>,

@@ -46,16 +46,18 @@ pub struct Endpoints {
 impl Endpoints {
     /// Reads the records in `dir`, forgets those whose host veth no longer exists, and
     /// makes `map` hold exactly the remaining endpoints.
+    /// Returns the records and the endpoints dropped because their veth is gone.
     pub fn open(
         dir: &Path,
         map: HashMap<MapData, EndpointKey, EndpointInfo>,
-    ) -> Result<Self, EndpointError> {
+    ) -> Result<(Self, Vec<Endpoint>), EndpointError> {
         fs::create_dir_all(dir).map_err(|source| state_error(dir, source))?;
         let mut endpoints = Self {
             dir: dir.to_owned(),
             records: BTreeMap::new(),
             map,
         };
+        let mut gone = Vec::new();
         for entry in fs::read_dir(dir).map_err(|source| state_error(dir, source))? {
             let path = entry.map_err(|source| state_error(dir, source))?.path();
             if path.extension().is_none_or(|ext| ext != "json") {
@@ -72,10 +74,11 @@ impl Endpoints {
                     "forgetting an endpoint whose veth is gone"
                 );
                 remove_file(&path)?;
+                gone.push(record);
             }
         }
         endpoints.rewrite_map()?;
-        Ok(endpoints)
+        Ok((endpoints, gone))
     }
 
     /// Records `endpoint` (replacing a record with the same id) and writes its addresses
@@ -109,34 +112,25 @@ impl Endpoints {
         Ok(())
     }
 
-    /// Forgets `id`; returns whether it was known.
-    pub fn detach(&mut self, id: &EndpointId) -> Result<bool, EndpointError> {
+    /// Forgets `id`; returns its record when it was known.
+    pub fn detach(&mut self, id: &EndpointId) -> Result<Option<Endpoint>, EndpointError> {
         let Some(endpoint) = self.records.get(id).cloned() else {
-            return Ok(false);
+            return Ok(None);
         };
         self.unmap(&endpoint)?;
         remove_file(&self.record_path(id))?;
         self.records.remove(id);
         tracing::info!(container = %id.container_id, ifname = %id.ifname, "endpoint detached");
-        Ok(true)
+        Ok(Some(endpoint))
     }
 
-    /// Forgets every endpoint of `network` not in `keep`; returns what was removed.
-    pub fn collect(
-        &mut self,
-        network: &str,
-        keep: &[EndpointId],
-    ) -> Result<Vec<Endpoint>, EndpointError> {
-        let stale: Vec<Endpoint> = self
-            .records
+    /// The ids of `network`'s endpoints that are not in `keep`.
+    pub fn stale(&self, network: &str, keep: &[EndpointId]) -> Vec<EndpointId> {
+        self.records
             .values()
             .filter(|endpoint| endpoint.network == network && !keep.contains(&endpoint.id))
-            .cloned()
-            .collect();
-        for endpoint in &stale {
-            self.detach(&endpoint.id)?;
-        }
-        Ok(stale)
+            .map(|endpoint| endpoint.id.clone())
+            .collect()
     }
 
     pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {
@@ -163,10 +157,7 @@ impl Endpoints {
 
     fn unmap(&mut self, endpoint: &Endpoint) -> Result<(), EndpointError> {
         for key in ipv4_keys(endpoint) {
-            match self.map.remove(&key) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(error) => return Err(error.into()),
-            }
+            crate::maps::removed(self.map.remove(&key))?;
         }
         Ok(())
     }
@@ -203,7 +194,9 @@ fn endpoint_info(endpoint: &Endpoint) -> Result<EndpointInfo, EndpointError> {
     Ok(EndpointInfo {
         host_ifindex: endpoint.host_ifindex,
         pod_mac: parse_mac(&endpoint.mac)?,
+        host_mac: parse_mac(&endpoint.host_mac)?,
         flags,
+        pad: [0; 2],
     })
 }
 

@@ -16,6 +16,10 @@ pub mod endpoints;
 #[cfg(feature = "daemon")]
 pub mod inspect;
 #[cfg(feature = "daemon")]
+mod maps;
+#[cfg(feature = "daemon")]
+pub mod node;
+#[cfg(feature = "daemon")]
 pub mod run;
 #[cfg(feature = "daemon")]
 pub mod server;

@@ -8,12 +8,7 @@ use std::{
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{
-    bpffs,
-    datapath::Datapath,
-    endpoints::Endpoints,
-    server::{self, Node},
-};
+use crate::{bpffs, datapath::Datapath, node::Node, server};
 
 /// What `run` needs; every path is a flag so several simulated nodes can share a machine.
 #[derive(Debug, Clone)]
@@ -33,12 +28,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .attach_counter(interface)
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
-    let endpoints = Endpoints::open(&config.state_dir, datapath.take_endpoints_map()?)?;
-    tracing::info!(endpoints = endpoints.len(), "endpoint records loaded");
-    let node = Arc::new(Mutex::new(Node {
-        datapath,
-        endpoints,
-    }));
+    let node = Arc::new(Mutex::new(Node::open(datapath, &config.state_dir)?));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
     tracing::info!(
@@ -54,7 +44,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         _ = terminate.recv() => Ok(()),
         _ = interrupt.recv() => Ok(()),
     };
-    // Programs detach when the datapath drops; maps stay pinned for the next start.
+    // The counter programs detach when the datapath drops; pod programs stay attached
+    // through their pinned links, and maps stay pinned, for the next start.
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome

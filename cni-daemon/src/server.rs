@@ -14,17 +14,9 @@ use tokio::{
 };
 
 use crate::{
-    api::{self, Envelope, PROTOCOL_VERSION, Request, Response, Status},
-    datapath::Datapath,
-    endpoints::Endpoints,
+    api::{self, Envelope, PROTOCOL_VERSION, Request, Response},
+    node::Node,
 };
-
-/// Everything requests act on, behind one mutex: requests are short map and file
-/// operations, so serializing them is simpler than finer locks and fast enough.
-pub struct Node {
-    pub datapath: Datapath,
-    pub endpoints: Endpoints,
-}
 
 /// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600 and
 /// its folder created 0700.
@@ -81,36 +73,26 @@ async fn handle(mut stream: UnixStream, node: &Mutex<Node>) -> anyhow::Result<()
     Ok(())
 }
 
+/// Requests are short map, netlink and file operations on one [`Node`] behind one
+/// mutex: serializing them is simpler than finer locks and fast enough.
 fn answer(request: Request, node: &Mutex<Node>) -> Response {
     let mut node = match node.lock() {
         Ok(node) => node,
         Err(poisoned) => poisoned.into_inner(),
     };
-    let node = &mut *node;
     let outcome = match request {
-        Request::Status => Ok(Response::Status(Status {
-            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
-            bpf_dir: node.datapath.bpf_dir().display().to_string(),
-            datapath_loaded: true,
-            endpoints: node.endpoints.len(),
-            attachments: node.datapath.attachments().to_vec(),
-        })),
-        Request::Attach(endpoint) => node
-            .endpoints
-            .attach(*endpoint)
-            .map(|()| Response::Attached),
-        Request::Detach(id) => node
-            .endpoints
-            .detach(&id)
-            .map(|existed| Response::Detached { existed }),
+        Request::Status => Ok(Response::Status(node.status())),
+        Request::Attach(endpoint) => node.attach(*endpoint).map(|()| Response::Attached),
+        Request::Detach(id) => node.detach(&id).map(|endpoint| Response::Detached {
+            existed: endpoint.is_some(),
+        }),
         Request::Get(id) => Ok(Response::Endpoint {
-            endpoint: node.endpoints.get(&id).cloned(),
+            endpoint: node.get(&id).cloned(),
         }),
         Request::List => Ok(Response::Endpoints {
-            endpoints: node.endpoints.list().cloned().collect(),
+            endpoints: node.list(),
         }),
         Request::Gc { network, keep } => node
-            .endpoints
             .collect(&network, &keep)
             .map(|removed| Response::Collected { removed }),
     };

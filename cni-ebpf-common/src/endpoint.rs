@@ -15,8 +15,13 @@ pub struct EndpointInfo {
     pub host_ifindex: u32,
     /// MAC of the pod's interface (destination MAC when delivering to the pod).
     pub pod_mac: [u8; 6],
+    /// MAC of the host-side veth: what the pod's ARP requests are answered with, and the
+    /// source MAC of frames delivered to the pod.
+    pub host_mac: [u8; 6],
     /// [`endpoint_flags`] bits.
     pub flags: u16,
+    /// Explicit padding to the 4-byte alignment; always zero.
+    pub pad: [u8; 2],
 }
 
 /// Bits of [`EndpointInfo::flags`].
@@ -26,7 +31,7 @@ pub mod endpoint_flags {
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 4);
-const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 12);
+const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 20);
 
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], fixed-width fields, no padding (sizes asserted above).

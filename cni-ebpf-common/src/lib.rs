@@ -6,9 +6,11 @@
 #![no_std]
 
 pub mod endpoint;
+pub mod metrics;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
+pub use metrics::{DropReason, EndpointCounters};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
@@ -17,10 +19,18 @@ pub mod map_names {
     pub const SOURCE_STATS: &str = "SOURCE_STATS";
     /// Hash: [`crate::EndpointKey`] -> [`crate::EndpointInfo`], one entry per pod IPv4.
     pub const ENDPOINTS: &str = "ENDPOINTS";
+    /// Per-CPU hash: host veth ifindex (`u32`) -> [`crate::EndpointCounters`].
+    pub const ENDPOINT_COUNTERS: &str = "ENDPOINT_COUNTERS";
+    /// Per-CPU array of `u64`, indexed by [`crate::DropReason`].
+    pub const DROPS: &str = "DROPS";
 }
 
 /// Names of the programs in the eBPF object.
 pub mod program_names {
     /// TC classifier that counts packets per source IPv4 address.
     pub const COUNT_BY_SOURCE: &str = "count_by_source";
+    /// TC ingress of a pod's host-side veth: traffic leaving the pod.
+    pub const FROM_POD: &str = "from_pod";
+    /// TC egress of a pod's host-side veth: traffic the node's stack sends to the pod.
+    pub const TO_POD: &str = "to_pod";
 }

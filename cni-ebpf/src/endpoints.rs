@@ -1,7 +1,4 @@
-//! The endpoints map: pod IPv4 -> host veth and pod MAC, written by the daemon.
-//!
-//! Forwarding reads it (pod-to-pod redirect, next issue); it is declared here so the
-//! object pins it and the daemon can fill it from the first pod on.
+//! The endpoints map: pod IPv4 -> host veth, pod MAC and host MAC, written by the daemon.
 
 use aya_ebpf::{macros::map, maps::HashMap};
 use cni_ebpf_common::{EndpointInfo, EndpointKey};
@@ -10,4 +7,11 @@ use cni_ebpf_common::{EndpointInfo, EndpointKey};
 const MAX_ENDPOINTS: u32 = 4096;
 
 #[map(name = "ENDPOINTS")]
-pub static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::pinned(MAX_ENDPOINTS, 0);
+static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// The endpoint that owns `addr`, if it is a pod of this node.
+#[inline(always)]
+pub fn lookup(addr: [u8; 4]) -> Option<EndpointInfo> {
+    // SAFETY: the value is copied out at once, while the program's RCU read lock holds.
+    unsafe { ENDPOINTS.get(&EndpointKey { addr }) }.copied()
+}

@@ -5,8 +5,12 @@
 #![no_std]
 #![no_main]
 
+mod arp;
 mod count_by_source;
 mod endpoints;
+mod forward;
+mod metrics;
+mod pod;
 mod stats;
 
 #[cfg(not(test))]

@@ -14,7 +14,7 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteMessage},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope},
     },
 };
 
@@ -236,6 +236,23 @@ impl Netlink {
             .execute()
             .await
             .map_err(LinkError::netlink(format!("adding the route to {dst}")))
+    }
+
+    /// `addr/32 dev <index> scope link`: how the node reaches a pod on this veth.
+    pub async fn add_host_route(&self, addr: Ipv4Addr, index: u32) -> Result<(), LinkError> {
+        let route = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(addr, 32)
+            .output_interface(index)
+            .scope(RouteScope::Link)
+            .build();
+        self.handle
+            .route()
+            .add(route)
+            .execute()
+            .await
+            .map_err(LinkError::netlink(format!(
+                "adding the host route to {addr}"
+            )))
     }
 
     /// The IPv4 routes of the main table.

@@ -86,10 +86,7 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
             error["msg"].as_str().is_some_and(|m| !m.is_empty()),
             "{what}: {error}"
         );
-        assert!(
-            veths(&node.netns).is_empty(),
-            "{what}: a host veth was left"
-        );
+        assert!(node.host_veths().is_empty(), "{what}: a host veth was left");
         assert!(veths(&pod).is_empty(), "{what}: a pod interface was left");
         assert!(
             node.network.allocated().is_empty(),
@@ -119,7 +116,7 @@ fn add_refuses_an_ifname_that_already_exists_in_the_pod_and_changes_nothing() {
         error["msg"].as_str().unwrap_or("").contains("eth0"),
         "{error}"
     );
-    assert!(veths(&node.netns).is_empty());
+    assert!(node.host_veths().is_empty());
     assert!(node.network.allocated().is_empty());
 }
 

@@ -81,7 +81,7 @@ fn add_check_del_work_for_every_cni_version() {
             Some(("10.244.1.1".to_owned(), "eth0".to_owned()))
         );
         assert!(
-            veths(&node.netns).contains(&host_veth.to_owned()),
+            node.host_veths().contains(&host_veth.to_owned()),
             "host veth in the node"
         );
         let mtu = pod.ip(&["-j", "link", "show", "eth0"]);
@@ -111,7 +111,7 @@ fn add_check_del_work_for_every_cni_version() {
                 .ok();
         }
         assert!(
-            !veths(&node.netns).contains(&host_veth.to_owned()),
+            !node.host_veths().contains(&host_veth.to_owned()),
             "host veth removed"
         );
         assert!(veths(&pod).is_empty(), "pod interface removed");
@@ -187,7 +187,7 @@ fn del_after_the_netns_was_deleted_frees_the_address_and_the_veth() {
         .run(&node.netns)
         .ok();
     assert!(node.network.allocated().is_empty(), "the IP is freed");
-    assert!(veths(&node.netns).is_empty(), "no host veth is left");
+    assert!(node.host_veths().is_empty(), "no host veth is left");
     assert_eq!(
         node.instance.cli_json(&["endpoints"]),
         Value::Array(Vec::new())
@@ -205,7 +205,7 @@ fn add_with_the_daemon_stopped_fails_with_code_11_and_leaves_nothing() {
         .run(&node.netns)
         .error(11);
     assert_eq!(error["cniVersion"], "1.1.0");
-    assert!(veths(&node.netns).is_empty(), "no host veth");
+    assert!(node.host_veths().is_empty(), "no host veth");
     assert!(veths(&pod).is_empty(), "no pod interface");
     assert!(node.network.allocated().is_empty(), "no address allocated");
 }
@@ -224,7 +224,7 @@ fn del_with_the_daemon_stopped_still_frees_the_address_and_the_veth() {
         .run(&node.netns)
         .ok();
     assert!(node.network.allocated().is_empty(), "the IP is freed");
-    assert!(veths(&node.netns).is_empty(), "the veth is gone");
+    assert!(node.host_veths().is_empty(), "the veth is gone");
 
     // The restarted daemon drops the record whose veth is gone.
     node.daemon = ebpf_cni_tests::daemon::Daemon::start(&node.netns, &node.instance, &[]);

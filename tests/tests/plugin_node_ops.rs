@@ -45,7 +45,7 @@ fn gc_removes_every_attachment_not_listed_as_valid() {
         1,
         "only gc-1 keeps its address"
     );
-    assert_eq!(veths(&node.netns).len(), 1, "only gc-1 keeps its veth");
+    assert_eq!(node.host_veths().len(), 1, "only gc-1 keeps its veth");
     assert!(veths(&pods[0]).is_empty() && veths(&pods[2]).is_empty());
     assert_eq!(veths(&pods[1]), vec!["eth0".to_owned()]);
     let endpoints = node.instance.cli_json(&["endpoints"]);
@@ -62,7 +62,7 @@ fn gc_removes_every_attachment_not_listed_as_valid() {
     old["cni.dev/attachments"] = json!([]);
     Call::bare("GC", &old).run(&node.netns).ok();
     assert!(node.network.allocated().is_empty());
-    assert!(veths(&node.netns).is_empty());
+    assert!(node.host_veths().is_empty());
 }
 
 #[test]
@@ -98,7 +98,7 @@ fn thirty_parallel_adds_then_thirty_parallel_dels_leave_nothing() {
     addresses.sort_unstable();
     addresses.dedup();
     assert_eq!(addresses.len(), PODS, "every pod got its own address");
-    assert_eq!(veths(&node.netns).len(), PODS);
+    assert_eq!(node.host_veths().len(), PODS);
     assert_eq!(
         node.instance
             .cli_json(&["endpoints"])
@@ -117,7 +117,7 @@ fn thirty_parallel_adds_then_thirty_parallel_dels_leave_nothing() {
             });
         }
     });
-    assert!(veths(&node.netns).is_empty(), "no host veth left");
+    assert!(node.host_veths().is_empty(), "no host veth left");
     assert!(
         node.network.allocated().is_empty(),
         "every address released"

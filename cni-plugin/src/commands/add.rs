@@ -132,12 +132,26 @@ fn apply(
 
     let routes = pod_routes(&result);
     let pod = configure_pod(pod_netns, ifname, &result.ips, &routes)?;
+    let pod_v4: Vec<Ipv4Addr> = result
+        .ips
+        .iter()
+        .filter_map(|ip| match ip.address {
+            IpNet::V4(net) => Some(net.addr()),
+            IpNet::V6(_) => None,
+        })
+        .collect();
+    // The node reaches the pod through a /32 route on its veth (the pod answers the
+    // node's ARP itself); the route goes with the veth.
     let host = block_on(async {
-        let netlink = Netlink::connect().map_err(setup_error)?;
-        let host = netlink.require(host_veth).await.map_err(setup_error)?;
-        netlink.set_up(host.index).await.map_err(setup_error)?;
-        Ok::<_, CniError>(host)
-    })??;
+        let netlink = Netlink::connect()?;
+        let host = netlink.require(host_veth).await?;
+        netlink.set_up(host.index).await?;
+        for addr in pod_v4 {
+            netlink.add_host_route(addr, host.index).await?;
+        }
+        Ok::<_, LinkError>(host)
+    })?
+    .map_err(setup_error)?;
     let pod_mac = pod
         .mac
         .ok_or_else(|| CniError::new(ErrorCode::InterfaceSetup, "the pod interface has no MAC"))?;
@@ -148,6 +162,7 @@ fn apply(
         netns: inv.netns()?.display().to_string(),
         host_veth: host_veth.to_owned(),
         host_ifindex: host.index,
+        host_mac: host.mac.map(format_mac).unwrap_or_default(),
         mac: format_mac(pod_mac),
         ips: result.ips.iter().map(|ip| ip.address).collect(),
         masquerade: inv.conf.ip_masq,

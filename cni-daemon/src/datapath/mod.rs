@@ -1,15 +1,18 @@
-//! Loading the eBPF object and attaching its programs (synchronous core).
+//! Loading the eBPF object and attaching its programs (synchronous core). Pod
+//! programs and their pinned links are in [`pod`].
+
+mod pod;
 
 use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData},
+    maps::{HashMap, MapData, PerCpuHashMap},
     programs::{SchedClassifier, TcAttachType, tc},
     util::KernelVersion,
 };
 use aya_log::EbpfLogger;
-use cni_ebpf_common::{EndpointInfo, EndpointKey, map_names, program_names};
+use cni_ebpf_common::{EndpointCounters, EndpointInfo, EndpointKey, map_names, program_names};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::api::Attachment;
@@ -32,6 +35,16 @@ pub enum DatapathError {
     MissingMap(&'static str),
     #[error("map: {0}")]
     Map(#[from] aya::maps::MapError),
+    #[error("link pin {path}: {source}")]
+    Pin {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("pinned link {path}: {source} ({})", std::error::Error::source(source).map(ToString::to_string).unwrap_or_default())]
+    Link {
+        path: String,
+        source: aya::programs::links::LinkError,
+    },
     #[error("no interface {0} in the daemon's network namespace")]
     NoInterface(String),
     #[error("cannot add the clsact qdisc to {interface}: {source}")]
@@ -57,11 +70,18 @@ impl Datapath {
             .default_map_pin_directory(bpf_dir)
             .load(OBJECT)?;
         spawn_log_forwarder(&mut ebpf);
-        let program = classifier(&mut ebpf, program_names::COUNT_BY_SOURCE)?;
-        program.load().map_err(|source| DatapathError::Program {
-            program: program_names::COUNT_BY_SOURCE,
-            source,
-        })?;
+        for name in [
+            program_names::COUNT_BY_SOURCE,
+            program_names::FROM_POD,
+            program_names::TO_POD,
+        ] {
+            classifier(&mut ebpf, name)?
+                .load()
+                .map_err(|source| DatapathError::Program {
+                    program: name,
+                    source,
+                })?;
+        }
         Ok(Self {
             ebpf,
             bpf_dir: bpf_dir.to_owned(),
@@ -77,16 +97,7 @@ impl Datapath {
             .map_err(|_| DatapathError::NoInterface(interface.to_owned()))?;
         let tcx = has_tcx();
         if !tcx {
-            match tc::qdisc_add_clsact(interface) {
-                Ok(()) => {}
-                Err(tc::TcError::AlreadyAttached) => {}
-                Err(source) => {
-                    return Err(DatapathError::Clsact {
-                        interface: interface.to_owned(),
-                        source,
-                    });
-                }
-            }
+            ensure_clsact(interface)?;
         }
         let program = classifier(&mut self.ebpf, name)?;
         program
@@ -116,6 +127,16 @@ impl Datapath {
         Ok(HashMap::try_from(map)?)
     }
 
+    /// Drops the counters of a removed endpoint, so a reused ifindex starts from zero.
+    pub fn forget_counters(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let map = self
+            .ebpf
+            .map_mut(map_names::ENDPOINT_COUNTERS)
+            .ok_or(DatapathError::MissingMap(map_names::ENDPOINT_COUNTERS))?;
+        let mut counters: PerCpuHashMap<_, u32, EndpointCounters> = PerCpuHashMap::try_from(map)?;
+        Ok(crate::maps::removed(counters.remove(&ifindex))?)
+    }
+
     pub fn attachments(&self) -> &[Attachment] {
         &self.attachments
     }
@@ -136,6 +157,17 @@ fn classifier<'a>(
             program: name,
             source,
         })
+}
+
+/// Adds the clsact qdisc that netlink-attached programs need (kernels < 6.6).
+fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
+    match tc::qdisc_add_clsact(interface) {
+        Ok(()) | Err(tc::TcError::AlreadyAttached) => Ok(()),
+        Err(source) => Err(DatapathError::Clsact {
+            interface: interface.to_owned(),
+            source,
+        }),
+    }
 }
 
 fn has_tcx() -> bool {

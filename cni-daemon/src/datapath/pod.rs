@@ -1,0 +1,158 @@
+//! The pod programs on each pod's host-side veth, attached through links pinned under
+//! `<bpf dir>/links/<veth>_<ingress|egress>` (bpffs refuses dots in names), so they
+//! keep forwarding while the daemon is stopped or killed.
+//!
+//! On a restart the daemon swaps its freshly loaded programs into the pinned links
+//! (`attach_to_link`, atomic), so a changed object replaces the programs without any
+//! gap and without touching endpoints. Kernels without TCX (< 6.6) get netlink clsact
+//! filters instead, which outlive the process by themselves; there a restart replaces
+//! the filter (detach by name, attach), a gap of a few microseconds.
+
+use std::{fs, io, path::PathBuf};
+
+use aya::programs::{
+    SchedClassifier, TcAttachType,
+    links::{FdLink, PinnedLink},
+    tc::{self, SchedClassifierLink},
+};
+use cni_ebpf_common::program_names;
+
+use super::{Datapath, DatapathError, classifier, ensure_clsact, has_tcx};
+
+/// The two programs of a pod veth: where they attach and their pin's suffix.
+const POD_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
+    (program_names::FROM_POD, TcAttachType::Ingress, "ingress"),
+    (program_names::TO_POD, TcAttachType::Egress, "egress"),
+];
+
+impl Datapath {
+    /// Attaches (or re-attaches, replacing the program in place) the pod programs on
+    /// `host_veth`.
+    pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
+        let links_dir = self.links_dir();
+        fs::create_dir_all(&links_dir).map_err(|source| pin_error(&links_dir, source))?;
+        let tcx = has_tcx();
+        if !tcx {
+            ensure_clsact(host_veth)?;
+        }
+        for (name, attach_type, suffix) in POD_PROGRAMS {
+            let program = classifier(&mut self.ebpf, name)?;
+            if tcx {
+                attach_pinned(
+                    program,
+                    name,
+                    host_veth,
+                    attach_type,
+                    links_dir.join(format!("{host_veth}_{suffix}")),
+                )?;
+            } else {
+                attach_netlink(program, name, host_veth, attach_type)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches the pod programs of `host_veth` (its pins go; with TCX the links end with
+    /// them). A veth that is already gone took its programs with it: not an error.
+    pub fn detach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
+        for (name, attach_type, suffix) in POD_PROGRAMS {
+            let pin = self.links_dir().join(format!("{host_veth}_{suffix}"));
+            match fs::remove_file(&pin) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(pin_error(&pin, source)),
+            }
+            if !has_tcx() {
+                // Absent veth or filter: nothing to detach.
+                let _ = tc::qdisc_detach_program(host_veth, attach_type, name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Host veths that have pinned links (for reconciliation after a restart).
+    pub fn pinned_pods(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(self.links_dir()) else {
+            return Vec::new();
+        };
+        let mut veths: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                name.rsplit_once('_').map(|(veth, _)| veth.to_owned())
+            })
+            .collect();
+        veths.sort();
+        veths.dedup();
+        veths
+    }
+
+    fn links_dir(&self) -> PathBuf {
+        self.bpf_dir.join("links")
+    }
+}
+
+fn attach_pinned(
+    program: &mut SchedClassifier,
+    name: &'static str,
+    host_veth: &str,
+    attach_type: TcAttachType,
+    pin: PathBuf,
+) -> Result<(), DatapathError> {
+    let program_error = |source| DatapathError::Program {
+        program: name,
+        source,
+    };
+    let link_error = |source| DatapathError::Link {
+        path: pin.display().to_string(),
+        source,
+    };
+    // Checked first: BPF_OBJ_GET on a missing path answers EPERM, not ENOENT.
+    if pin.exists() {
+        // Swap this daemon's program into the existing link: traffic never sees a
+        // moment without a program.
+        let pinned = PinnedLink::from_pin(&pin).map_err(link_error)?;
+        let link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(link_error)?;
+        let id = program.attach_to_link(link).map_err(program_error)?;
+        // The link stays pinned; this process needs no handle on it.
+        drop(program.take_link(id).map_err(program_error)?);
+    } else {
+        let id = program
+            .attach(host_veth, attach_type)
+            .map_err(program_error)?;
+        let link = program.take_link(id).map_err(program_error)?;
+        let fd_link = FdLink::try_from(link).map_err(link_error)?;
+        fd_link
+            .pin(&pin)
+            .map_err(|source| pin_error(&pin, io::Error::other(source.to_string())))?;
+    }
+    Ok(())
+}
+
+fn attach_netlink(
+    program: &mut SchedClassifier,
+    name: &'static str,
+    host_veth: &str,
+    attach_type: TcAttachType,
+) -> Result<(), DatapathError> {
+    let program_error = |source| DatapathError::Program {
+        program: name,
+        source,
+    };
+    // A filter left by the previous daemon is replaced, never doubled.
+    let _ = tc::qdisc_detach_program(host_veth, attach_type, name);
+    let id = program
+        .attach(host_veth, attach_type)
+        .map_err(program_error)?;
+    // Netlink filters live in the kernel; dropping the handle would remove the filter,
+    // so it is deliberately leaked (it holds no file descriptor).
+    std::mem::forget(program.take_link(id).map_err(program_error)?);
+    Ok(())
+}
+
+fn pin_error(path: &std::path::Path, source: io::Error) -> DatapathError {
+    DatapathError::Pin {
+        path: path.display().to_string(),
+        source,
+    }
+}

@@ -1,0 +1,108 @@
+//! The node's state as requests see it: the datapath and the endpoint records, kept in
+//! step (a record exists exactly when its pod programs are attached and its addresses
+//! are in the endpoints map).
+
+use std::path::Path;
+
+use crate::{
+    api::{Endpoint, EndpointId, Status},
+    datapath::{Datapath, DatapathError},
+    endpoints::{EndpointError, Endpoints},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+}
+
+pub struct Node {
+    datapath: Datapath,
+    endpoints: Endpoints,
+}
+
+impl Node {
+    /// Reconciles after a (re)start: records whose veth is gone are dropped with their
+    /// pins, every remaining pod gets this daemon's programs (swapped into its pinned
+    /// links), and pins without a record are removed.
+    pub fn open(mut datapath: Datapath, state_dir: &Path) -> Result<Self, NodeError> {
+        let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
+        for endpoint in &gone {
+            datapath.detach_pod(&endpoint.host_veth)?;
+            datapath.forget_counters(endpoint.host_ifindex)?;
+        }
+        for endpoint in endpoints.list() {
+            datapath.attach_pod(&endpoint.host_veth)?;
+        }
+        for veth in datapath.pinned_pods() {
+            if !endpoints.list().any(|endpoint| endpoint.host_veth == veth) {
+                datapath.detach_pod(&veth)?;
+            }
+        }
+        tracing::info!(
+            endpoints = endpoints.len(),
+            dropped = gone.len(),
+            "endpoints reconciled"
+        );
+        Ok(Self {
+            datapath,
+            endpoints,
+        })
+    }
+
+    pub fn status(&self) -> Status {
+        Status {
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            bpf_dir: self.datapath.bpf_dir().display().to_string(),
+            datapath_loaded: true,
+            endpoints: self.endpoints.len(),
+            attachments: self.datapath.attachments().to_vec(),
+        }
+    }
+
+    /// Attaches the pod programs, then records the endpoint; a failure undoes both.
+    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
+        let veth = endpoint.host_veth.clone();
+        let ifindex = endpoint.host_ifindex;
+        self.datapath.attach_pod(&veth)?;
+        if let Err(error) = self.endpoints.attach(endpoint) {
+            let _ = self.datapath.detach_pod(&veth);
+            let _ = self.datapath.forget_counters(ifindex);
+            return Err(error.into());
+        }
+        Ok(())
+    }
+
+    /// Forgets `id`; returns whether it was known.
+    pub fn detach(&mut self, id: &EndpointId) -> Result<Option<Endpoint>, NodeError> {
+        let Some(endpoint) = self.endpoints.detach(id)? else {
+            return Ok(None);
+        };
+        self.datapath.detach_pod(&endpoint.host_veth)?;
+        self.datapath.forget_counters(endpoint.host_ifindex)?;
+        Ok(Some(endpoint))
+    }
+
+    /// Forgets every endpoint of `network` not in `keep`; returns them.
+    pub fn collect(
+        &mut self,
+        network: &str,
+        keep: &[EndpointId],
+    ) -> Result<Vec<Endpoint>, NodeError> {
+        let mut removed = Vec::new();
+        for id in self.endpoints.stale(network, keep) {
+            removed.extend(self.detach(&id)?);
+        }
+        Ok(removed)
+    }
+
+    pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {
+        self.endpoints.get(id)
+    }
+
+    pub fn list(&self) -> Vec<Endpoint> {
+        self.endpoints.list().cloned().collect()
+    }
+}

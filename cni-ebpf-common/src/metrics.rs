@@ -1,0 +1,65 @@
+//! Per-endpoint counters and drop reasons, shared by the datapath, the CLI and metrics.
+
+/// Traffic of one endpoint, keyed in the map by its host veth's ifindex (`u32`).
+/// "from pod" is what the pod sent, "to pod" what was delivered to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    pub from_pod_packets: u64,
+    pub from_pod_bytes: u64,
+    pub to_pod_packets: u64,
+    pub to_pod_bytes: u64,
+}
+
+impl EndpointCounters {
+    /// Sum of two counters (used to fold per-CPU values).
+    #[must_use]
+    pub const fn plus(self, other: Self) -> Self {
+        Self {
+            from_pod_packets: self.from_pod_packets.wrapping_add(other.from_pod_packets),
+            from_pod_bytes: self.from_pod_bytes.wrapping_add(other.from_pod_bytes),
+            to_pod_packets: self.to_pod_packets.wrapping_add(other.to_pod_packets),
+            to_pod_bytes: self.to_pod_bytes.wrapping_add(other.to_pod_bytes),
+        }
+    }
+}
+
+/// Why the datapath dropped a packet: the index into the per-CPU drop counter array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// Shorter than the headers its EtherType announces.
+    TruncatedFrame = 0,
+    /// An IPv4 header whose version or header length is invalid.
+    MalformedIpv4 = 1,
+    /// An ARP packet that is not Ethernet/IPv4.
+    MalformedArp = 2,
+}
+
+impl DropReason {
+    /// Every reason, in index order.
+    pub const ALL: [DropReason; 3] = [
+        DropReason::TruncatedFrame,
+        DropReason::MalformedIpv4,
+        DropReason::MalformedArp,
+    ];
+
+    /// Size of the drop counter array (room for reasons added later).
+    pub const SLOTS: u32 = 16;
+
+    /// Stable name for tables, JSON and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DropReason::TruncatedFrame => "truncated_frame",
+            DropReason::MalformedIpv4 => "malformed_ipv4",
+            DropReason::MalformedArp => "malformed_arp",
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointCounters>() == 32);
+const _: () = assert!((DropReason::ALL.len() as u32) <= DropReason::SLOTS);
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], four u64 fields, no padding (size asserted above).
+unsafe impl aya::Pod for EndpointCounters {}

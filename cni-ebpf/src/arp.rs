@@ -1,0 +1,61 @@
+//! ARP responder: a pod's ARP requests (for its gateway, or for another pod on its
+//! subnet) are answered with its host veth's MAC, so the pod sends everything to the
+//! host veth, where the forwarding program takes over. No bridge, no proxy_arp sysctl.
+
+use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
+use cni_ebpf_common::DropReason;
+use network_types::{arp::ArpHdr, eth::EthHdr};
+
+use crate::{
+    endpoints,
+    metrics::{self, Direction},
+};
+
+const ARP_REQUEST: u16 = 1;
+const ARP_REPLY: u16 = 2;
+const HTYPE_ETHERNET: u16 = 1;
+const PTYPE_IPV4: u16 = 0x0800;
+
+/// Handles an ARP frame that left the pod behind the host veth `ifindex`.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
+    if (ctx.len() as usize) < EthHdr::LEN + ArpHdr::LEN {
+        return Ok(metrics::drop_packet(DropReason::TruncatedFrame));
+    }
+    let mut arp: ArpHdr = ctx.load(EthHdr::LEN)?;
+    if arp.htype() != HTYPE_ETHERNET
+        || arp.ptype() != PTYPE_IPV4
+        || arp.hlen() != 6
+        || arp.plen() != 4
+    {
+        return Ok(metrics::drop_packet(DropReason::MalformedArp));
+    }
+    let (sender, target) = (arp.spa(), arp.tpa());
+    // Replies (to the node's own requests), probes (sender 0.0.0.0) and gratuitous ARP
+    // (sender == target) are the stack's business.
+    if arp.oper() != ARP_REQUEST || sender == [0; 4] || sender == target {
+        return Ok(TC_ACT_OK);
+    }
+    // Only a pod we know, behind this very veth, gets an answer: a pod cannot make us
+    // answer for an address that is not its own.
+    let Some(pod) = endpoints::lookup(sender).filter(|pod| pod.host_ifindex == ifindex) else {
+        return Ok(TC_ACT_OK);
+    };
+
+    let reply_eth = EthHdr {
+        dst_addr: eth.src_addr,
+        src_addr: pod.host_mac,
+        ether_type: eth.ether_type,
+    };
+    arp.set_oper(ARP_REPLY);
+    arp.set_tha(arp.sha());
+    arp.set_tpa(sender);
+    arp.set_sha(pod.host_mac);
+    arp.set_spa(target);
+    ctx.store(0, &reply_eth, 0)?;
+    ctx.store(EthHdr::LEN, &arp, 0)?;
+    metrics::count(ifindex, Direction::ToPod, ctx.len());
+    // Out of the same veth: back into the pod.
+    // SAFETY: a plain helper call with an ifindex and no flags.
+    Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
+}

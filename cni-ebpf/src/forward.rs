@@ -1,0 +1,51 @@
+//! IPv4 forwarding between pods of this node: the destination is looked up in the
+//! endpoints map, the TTL decremented (we are the pod's router), the MACs rewritten, and
+//! the frame handed straight to the destination pod with `bpf_redirect_peer`: it never
+//! crosses the node's IP stack, netfilter, or a bridge. Anything else goes to the stack.
+
+use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect_peer, programs::TcContext};
+use cni_ebpf_common::DropReason;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{
+    endpoints,
+    metrics::{self, Direction},
+};
+
+/// Byte offsets inside the frame.
+const IP_TTL: usize = EthHdr::LEN + 8;
+const IP_CHECK: usize = EthHdr::LEN + 10;
+
+/// Handles an IPv4 frame that left a pod.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext, eth: &EthHdr) -> Result<i32, i64> {
+    if (ctx.len() as usize) < EthHdr::LEN + Ipv4Hdr::LEN {
+        return Ok(metrics::drop_packet(DropReason::TruncatedFrame));
+    }
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    if ip.version() != 4 || ip.ihl() < Ipv4Hdr::LEN as u8 {
+        return Ok(metrics::drop_packet(DropReason::MalformedIpv4));
+    }
+    let Some(destination) = endpoints::lookup(ip.dst_addr) else {
+        return Ok(TC_ACT_OK);
+    };
+    // An expiring packet goes to the stack, which answers with ICMP time exceeded.
+    if ip.ttl <= 1 {
+        return Ok(TC_ACT_OK);
+    }
+
+    // The TTL shares a 16-bit checksum word with the protocol: replace that word.
+    let old_word = u16::from_ne_bytes([ip.ttl, ip.proto as u8]);
+    let new_word = u16::from_ne_bytes([ip.ttl - 1, ip.proto as u8]);
+    ctx.l3_csum_replace(IP_CHECK, u64::from(old_word), u64::from(new_word), 2)?;
+    ctx.store(IP_TTL, &(ip.ttl - 1), 0)?;
+    let rewritten = EthHdr {
+        dst_addr: destination.pod_mac,
+        src_addr: destination.host_mac,
+        ether_type: eth.ether_type,
+    };
+    ctx.store(0, &rewritten, 0)?;
+    metrics::count(destination.host_ifindex, Direction::ToPod, ctx.len());
+    // SAFETY: a plain helper call with an ifindex and no flags.
+    Ok(unsafe { bpf_redirect_peer(destination.host_ifindex, 0) } as i32)
+}
