@@ -1,12 +1,16 @@
-//! Reading pinned maps for the CLI (`ebpf-cnid counters`), without the daemon running.
+//! What the inspection commands show: pinned maps read directly (they need no running
+//! daemon), joined with what the daemon answers, as tables or JSON.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
-use aya::maps::{Map, MapData, PerCpuHashMap};
-use cni_ebpf_common::{SourceKey, TrafficCounters, map_names};
+use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap};
+use cni_ebpf_common::{DropReason, EndpointCounters, SourceKey, TrafficCounters, map_names};
 use serde::Serialize;
 
-use crate::{api::Endpoint, bpffs};
+use crate::{
+    api::{Endpoint, Status},
+    bpffs,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -29,11 +33,7 @@ pub struct SourceCounters {
 
 /// Every source counted so far, sorted by address.
 pub fn source_counters(bpf_dir: &Path) -> Result<Vec<SourceCounters>, InspectError> {
-    let path = bpffs::map_pin(bpf_dir, map_names::SOURCE_STATS);
-    let data = MapData::from_pin(&path).map_err(|source| InspectError::Open {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let data = open_pinned(bpf_dir, map_names::SOURCE_STATS)?;
     let map: PerCpuHashMap<_, SourceKey, TrafficCounters> =
         PerCpuHashMap::try_from(Map::PerCpuHashMap(data))?;
     let mut rows = Vec::new();
@@ -52,6 +52,125 @@ pub fn source_counters(bpf_dir: &Path) -> Result<Vec<SourceCounters>, InspectErr
     Ok(rows)
 }
 
+fn open_pinned(bpf_dir: &Path, name: &str) -> Result<MapData, InspectError> {
+    let path = bpffs::map_pin(bpf_dir, name);
+    MapData::from_pin(&path).map_err(|source| InspectError::Open {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Per-endpoint counters by host veth ifindex, summed over CPUs.
+pub fn endpoint_counters(bpf_dir: &Path) -> Result<BTreeMap<u32, EndpointCounters>, InspectError> {
+    let data = open_pinned(bpf_dir, map_names::ENDPOINT_COUNTERS)?;
+    let map: PerCpuHashMap<_, u32, EndpointCounters> =
+        PerCpuHashMap::try_from(Map::PerCpuHashMap(data))?;
+    let mut counters = BTreeMap::new();
+    for entry in map.iter() {
+        let (ifindex, per_cpu) = entry?;
+        let total = per_cpu
+            .iter()
+            .fold(EndpointCounters::default(), |sum, cpu| sum.plus(*cpu));
+        counters.insert(ifindex, total);
+    }
+    Ok(counters)
+}
+
+/// Drops per reason, summed over CPUs, every reason listed (zeros too).
+pub fn drops(bpf_dir: &Path) -> Result<BTreeMap<&'static str, u64>, InspectError> {
+    let data = open_pinned(bpf_dir, map_names::DROPS)?;
+    let map: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
+    let mut drops = BTreeMap::new();
+    for reason in DropReason::ALL {
+        let per_cpu = map.get(&(reason as u32), 0)?;
+        drops.insert(reason.name(), per_cpu.iter().sum());
+    }
+    Ok(drops)
+}
+
+/// An endpoint with its counters, as `ebpf-cnid endpoints` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointView {
+    #[serde(flatten)]
+    pub endpoint: Endpoint,
+    pub counters: CountersView,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CountersView {
+    pub from_pod_packets: u64,
+    pub from_pod_bytes: u64,
+    pub to_pod_packets: u64,
+    pub to_pod_bytes: u64,
+}
+
+impl From<EndpointCounters> for CountersView {
+    fn from(c: EndpointCounters) -> Self {
+        Self {
+            from_pod_packets: c.from_pod_packets,
+            from_pod_bytes: c.from_pod_bytes,
+            to_pod_packets: c.to_pod_packets,
+            to_pod_bytes: c.to_pod_bytes,
+        }
+    }
+}
+
+/// Joins the daemon's endpoints with the pinned counters.
+pub fn endpoint_views(
+    endpoints: Vec<Endpoint>,
+    counters: &BTreeMap<u32, EndpointCounters>,
+) -> Vec<EndpointView> {
+    endpoints
+        .into_iter()
+        .map(|endpoint| EndpointView {
+            counters: counters
+                .get(&endpoint.host_ifindex)
+                .copied()
+                .map(CountersView::from)
+                .unwrap_or_default(),
+            endpoint,
+        })
+        .collect()
+}
+
+/// `ebpf-cnid status`: the daemon's answer and the drop counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusView {
+    #[serde(flatten)]
+    pub status: Status,
+    pub drops: BTreeMap<&'static str, u64>,
+}
+
+pub fn status_table(view: &StatusView) -> String {
+    let status = &view.status;
+    let mut out = format!(
+        "daemon {}  bpf dir {}  datapath {}  endpoints {}\n",
+        status.daemon_version,
+        status.bpf_dir,
+        if status.datapath_loaded {
+            "loaded"
+        } else {
+            "not loaded"
+        },
+        status.endpoints
+    );
+    let drops: Vec<String> = view.drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
+    out.push_str(&format!("drops: {}\n", drops.join(" ")));
+    if !status.attachments.is_empty() {
+        out.push_str(&format!(
+            "{:<16} {:>8} {:<20} {}\n",
+            "INTERFACE", "IFINDEX", "PROGRAM", "MODE"
+        ));
+        for a in &status.attachments {
+            out.push_str(&format!(
+                "{:<16} {:>8} {:<20} {}\n",
+                a.interface, a.ifindex, a.program, a.mode
+            ));
+        }
+    }
+    out
+}
+
 /// A readable table of `rows`.
 pub fn counters_table(rows: &[SourceCounters]) -> String {
     let mut out = format!("{:<16} {:>12} {:>14}\n", "SOURCE", "PACKETS", "BYTES");
@@ -66,23 +185,26 @@ pub fn counters_table(rows: &[SourceCounters]) -> String {
     out
 }
 
-/// A readable table of endpoint records.
-pub fn endpoints_table(endpoints: &[Endpoint]) -> String {
+/// A readable table of endpoints and their counters.
+pub fn endpoints_table(views: &[EndpointView]) -> String {
     let mut out = format!(
-        "{:<20} {:<8} {:<18} {:<18} {:<16} {:>7}\n",
-        "CONTAINER", "IFNAME", "IP", "MAC", "HOST VETH", "IFINDEX"
+        "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}\n",
+        "CONTAINER", "IFNAME", "IP", "MAC", "HOST VETH", "IFINDEX", "PKTS OUT", "PKTS IN"
     );
-    for endpoint in endpoints {
+    for view in views {
+        let endpoint = &view.endpoint;
         let ips: Vec<String> = endpoint.ips.iter().map(ToString::to_string).collect();
         let container: String = endpoint.id.container_id.chars().take(20).collect();
         out.push_str(&format!(
-            "{:<20} {:<8} {:<18} {:<18} {:<16} {:>7}\n",
+            "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}\n",
             container,
             endpoint.id.ifname,
             ips.join(","),
             endpoint.mac,
             endpoint.host_veth,
-            endpoint.host_ifindex
+            endpoint.host_ifindex,
+            view.counters.from_pod_packets,
+            view.counters.to_pod_packets,
         ));
     }
     out

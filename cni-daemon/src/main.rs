@@ -1,6 +1,11 @@
 //! `ebpf-cnid`: run the node daemon, or inspect and uninstall it.
 
-use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    io::IsTerminal,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -108,26 +113,13 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Error { message } => bail!("the daemon refused: {message}"),
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
+            let view = inspect::StatusView {
+                drops: inspect::drops(Path::new(&status.bpf_dir))?,
+                status,
+            };
             match cli.output {
-                Output::Json => print_json(&status),
-                Output::Table => {
-                    let mut out = format!(
-                        "daemon {} (bpf dir {})\n{:<16} {:>8} {:<20} {}\n",
-                        status.daemon_version,
-                        status.bpf_dir,
-                        "INTERFACE",
-                        "IFINDEX",
-                        "PROGRAM",
-                        "MODE"
-                    );
-                    for a in &status.attachments {
-                        out.push_str(&format!(
-                            "{:<16} {:>8} {:<20} {}\n",
-                            a.interface, a.ifindex, a.program, a.mode
-                        ));
-                    }
-                    print(&out)
-                }
+                Output::Json => print_json(&view),
+                Output::Table => print(&inspect::status_table(&view)),
             }
         }
         Command::Endpoints => {
@@ -135,9 +127,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Endpoints { endpoints } => endpoints,
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
+            let counters = inspect::endpoint_counters(&cli.bpf_dir)?;
+            let views = inspect::endpoint_views(endpoints, &counters);
             match cli.output {
-                Output::Json => print_json(&endpoints),
-                Output::Table => print(&inspect::endpoints_table(&endpoints)),
+                Output::Json => print_json(&views),
+                Output::Table => print(&inspect::endpoints_table(&views)),
             }
         }
         Command::Counters => {

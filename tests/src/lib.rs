@@ -6,10 +6,12 @@
 //! `ip -n <ns>` directly inside the namespaces the caller made.
 
 pub mod bins;
+pub mod bpf_object;
 pub mod cni;
 pub mod daemon;
 pub mod netns;
 pub mod node;
+pub mod traffic;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -1,8 +1,10 @@
 //! A simulated Kubernetes node: a network namespace running `ebpf-cnid`, with one CNI
 //! network whose IPAM is Debian's host-local, and an uplink to an "external" host.
 
+use std::net::Ipv4Addr;
+
 use crate::{
-    cni::Network,
+    cni::{Call, Network},
     daemon::{Daemon, Instance},
     netns::Netns,
 };
@@ -26,6 +28,12 @@ pub const EXTERNAL_ADDR: &str = "198.18.0.2";
 impl Node {
     /// Starts a node whose pods get addresses from `subnet`.
     pub fn start(subnet: &str) -> Self {
+        Self::start_with_counters(subnet, &[])
+    }
+
+    /// Like [`Self::start`], with the per-source counter program also attached to the
+    /// node links named in `counted` (for example `uplink0`).
+    pub fn start_with_counters(subnet: &str, counted: &[&str]) -> Self {
         let netns = Netns::new("node");
         let external = Netns::new("ext");
         netns.link_veth(
@@ -36,7 +44,7 @@ impl Node {
             "198.18.0.2/24",
         );
         let instance = Instance::new();
-        let daemon = Daemon::start(&netns, &instance, &[]);
+        let daemon = Daemon::start(&netns, &instance, counted);
         let network = Network::new(&instance, subnet);
         Self {
             daemon,
@@ -60,4 +68,50 @@ impl Node {
     pub fn pod(&self, tag: &str) -> Netns {
         Netns::new(tag)
     }
+
+    /// A pod added through the real plugin (cniVersion 1.1.0, ifname eth0); panics when
+    /// ADD fails.
+    pub fn add_pod(&self, container_id: &str) -> Pod {
+        let netns = Netns::new("pod");
+        let result = Call::new(
+            "ADD",
+            container_id,
+            "eth0",
+            Some(&netns),
+            &self.network.config("1.1.0"),
+        )
+        .run(&self.netns)
+        .ok();
+        let address = result["ips"][0]["address"].as_str().expect("an address");
+        let ip = address
+            .split('/')
+            .next()
+            .and_then(|ip| ip.parse().ok())
+            .expect("an IPv4 address");
+        Pod {
+            container_id: container_id.to_owned(),
+            ip,
+            netns,
+        }
+    }
+
+    /// Removes `pod` through the real plugin; panics when DEL fails.
+    pub fn del_pod(&self, pod: &Pod) {
+        Call::new(
+            "DEL",
+            &pod.container_id,
+            "eth0",
+            Some(&pod.netns),
+            &self.network.config("1.1.0"),
+        )
+        .run(&self.netns)
+        .ok();
+    }
+}
+
+/// A pod made by [`Node::add_pod`].
+pub struct Pod {
+    pub container_id: String,
+    pub ip: Ipv4Addr,
+    pub netns: Netns,
 }

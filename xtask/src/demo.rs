@@ -1,13 +1,13 @@
-//! `cargo xtask demo`: a simulated node in network namespaces with the eBPF datapath
-//! loaded by `ebpf-cnid`, real traffic, and what the programs saw. Everything it creates
-//! is removed at the end, also on failure.
+//! `cargo xtask demo`: a simulated node in network namespaces, pods added by the real
+//! plugin, their traffic forwarded by the eBPF datapath, and what the datapath saw.
+//! Everything it creates is removed at the end, also on failure.
 
-use std::{path::Path, process::Output};
+use std::{net::SocketAddr, path::Path, process::Output};
 
 use anyhow::{Context, ensure};
 use ebpf_cni_tests::{
-    daemon::{Daemon, Instance},
-    netns::Netns,
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node},
+    traffic::{EchoServer, round_trip},
 };
 
 use crate::{
@@ -15,69 +15,83 @@ use crate::{
     setup,
 };
 
-/// The simulated hosts: (tag, node-side link, node address, host address).
-const PEERS: &[(&str, &str, &str, &str)] = &[
-    ("peer-a", "up0", "198.18.0.1/24", "198.18.0.2/24"),
-    ("peer-b", "up1", "198.18.1.1/24", "198.18.1.2/24"),
-];
+const SUBNET: &str = "10.244.1.0/24";
+const PORT: u16 = 8080;
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     let tools = setup::full()?;
     build::all(root, &tools, Profile::Dev)?;
     ebpf_cni_tests::sweep_stale();
 
-    say("1. A simulated node: a network namespace, two hosts joined to it by veth pairs");
-    let node = Netns::new("node");
-    let peers: Vec<Netns> = PEERS.iter().map(|(tag, ..)| Netns::new(tag)).collect();
-    for ((_, link, node_addr, peer_addr), peer) in PEERS.iter().zip(&peers) {
-        node.link_veth(link, node_addr, peer, "eth0", peer_addr);
-        say(&format!(
-            "   {} {node_addr} <-> {peer_addr} in {}",
-            link,
-            peer.name()
-        ));
+    say("1. A simulated node: a network namespace with an uplink to an external host,");
+    say(&format!(
+        "   node {NODE_ADDR} <-> external {EXTERNAL_ADDR}; ebpf-cnid runs inside the node"
+    ));
+    let mut node = Node::start_with_counters(SUBNET, &["uplink0"]);
+    show(&node.instance.cli(&["status"]))?;
+
+    say("2. Two pods, added by the real plugin (ebpf-cni ADD, host-local IPAM from Debian)");
+    let a = node.add_pod("demo-pod-a");
+    let b = node.add_pod("demo-pod-b");
+    say(&format!("   pod a: {} in {}", a.ip, a.netns.name()));
+    say(&format!("   pod b: {} in {}", b.ip, b.netns.name()));
+
+    say("\n3. IP forwarding is OFF in the node: pod-to-pod traffic never uses the node's stack");
+    node.netns
+        .run("sysctl", &["-q", "-w", "net.ipv4.ip_forward=0"]);
+    for (from, name, to) in [(&a, "a", b.ip.to_string()), (&b, "b", a.ip.to_string())] {
+        ping(&from.netns, &format!("pod {name}"), &to)?;
     }
+    let _server = EchoServer::start(&b.netns, PORT);
+    let to: SocketAddr = format!("{}:{PORT}", b.ip).parse()?;
+    let payload = b"hello from pod a over TCP";
+    let echoed = round_trip(&a.netns, to, payload).map_err(anyhow::Error::msg)?;
+    ensure!(echoed == payload, "the TCP echo differs");
+    say(&format!(
+        "   pod a -> {to} TCP: {} bytes echoed back",
+        echoed.len()
+    ));
 
-    say("\n2. ebpf-cnid starts inside the node, loads the eBPF object, pins its maps, attaches");
-    let instance = Instance::new();
-    let links: Vec<&str> = PEERS.iter().map(|(_, link, ..)| *link).collect();
-    let mut daemon = Daemon::start(&node, &instance, &links);
-    show(&instance.cli(&["status"]))?;
-
-    say("3. Real packets: ping from each host to the node");
-    for ((_, _, node_addr, _), (peer, count)) in PEERS.iter().zip(peers.iter().zip([4, 2])) {
-        let target = node_addr.split('/').next().context("address")?;
-        let out = peer.run(
-            "ping",
-            &["-c", &count.to_string(), "-i", "0.2", "-W", "2", target],
-        );
-        let summary = String::from_utf8_lossy(&out.stdout);
-        let line = summary
-            .lines()
-            .find(|l| l.contains("transmitted"))
-            .unwrap_or("no summary");
-        say(&format!("   {} -> {target}: {line}", peer.name()));
-        ensure!(out.status.success(), "ping from {} failed", peer.name());
-    }
-
-    say("\n4. What the TC program counted, per source address (read from the pinned map)");
-    show(&instance.cli(&["counters"]))?;
-
-    say("5. What the program itself logged (aya-log, forwarded into the daemon's log)");
-    for line in instance.log().lines().filter(|l| l.contains("cni_ebpf")) {
-        say(&format!("   {}", line.trim()));
-    }
-
-    say("\n6. Clean up: stop the daemon, remove the pins and the namespaces");
-    ensure!(
-        daemon.stop(),
-        "the daemon did not exit cleanly:\n{}",
-        instance.log()
+    say(
+        "\n4. The node and its pods reach each other (/32 route on the pod's veth, ARP answered in eBPF)",
     );
-    drop(instance);
-    drop(peers);
+    ping(&a.netns, "pod a", NODE_ADDR)?;
+    ping(&node.netns, "node", &a.ip.to_string())?;
+    ping(&node.external, "external", NODE_ADDR)?;
+
+    say("\n5. What the datapath knows and counted (ebpf-cnid endpoints, status, counters)");
+    show(&node.instance.cli(&["endpoints"]))?;
+    show(&node.instance.cli(&["status"]))?;
+    show(&node.instance.cli(&["counters"]))?;
+
+    say("6. The daemon is killed (SIGKILL): pods keep talking through the pinned programs");
+    node.daemon.kill();
+    ping(&a.netns, "pod a", &b.ip.to_string())?;
+
+    say("\n7. Clean up: DEL both pods, then remove the daemon's pins and every namespace");
+    node.daemon = ebpf_cni_tests::daemon::Daemon::start(&node.netns, &node.instance, &["uplink0"]);
+    node.del_pod(&a);
+    node.del_pod(&b);
+    ensure!(node.host_veths().is_empty(), "DEL left a veth behind");
+    ensure!(
+        node.network.allocated().is_empty(),
+        "DEL left an address allocated"
+    );
+    drop((a, b));
     drop(node);
     say("   done: no namespace, link or pin of the demo is left");
+    Ok(())
+}
+
+fn ping(from: &ebpf_cni_tests::netns::Netns, who: &str, to: &str) -> anyhow::Result<()> {
+    let out = from.run("ping", &["-c", "3", "-i", "0.2", "-W", "2", to]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text
+        .lines()
+        .find(|line| line.contains("transmitted"))
+        .context("ping printed no summary")?;
+    say(&format!("   {who} -> {to}: {summary}"));
+    ensure!(out.status.success(), "ping from {who} to {to} failed");
     Ok(())
 }
 

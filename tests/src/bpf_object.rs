@@ -1,0 +1,206 @@
+//! The eBPF object built by CI, loaded straight into the kernel for BPF_PROG_TEST_RUN:
+//! its maps are pinned in a bpffs folder of its own (so tests share no state with each
+//! other or with a daemon), seeded and read through typed accessors. The folder is
+//! removed on drop, also when a test panics.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapError, PerCpuArray, PerCpuHashMap},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
+use cni_ebpf_common::{DropReason, EndpointCounters, EndpointInfo, EndpointKey, map_names};
+use nix::{
+    mount::{MsFlags, mount},
+    sys::statfs::statfs,
+};
+
+use crate::unique_name;
+
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// The object CI built: `EBPF_CNI_OBJECT`, else where `cargo xtask build` leaves it.
+pub fn object_path() -> PathBuf {
+    std::env::var_os("EBPF_CNI_OBJECT").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/ebpf/bpfel-unknown-none/release/cni-ebpf"
+            ))
+        },
+        PathBuf::from,
+    )
+}
+
+/// `/sys/fs/bpf/ecni-<pid>-<n>-<tag>`, removed with everything pinned in it on drop.
+pub struct BpfFolder {
+    path: PathBuf,
+}
+
+impl BpfFolder {
+    pub fn new(tag: &str) -> Self {
+        ensure_bpffs();
+        let path = Path::new(BPFFS).join(unique_name(tag));
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|error| panic!("cannot create {}: {error}", path.display()));
+        Self { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BpfFolder {
+    fn drop(&mut self) {
+        match std::fs::remove_dir_all(&self.path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            // No panic while a failing test may already be unwinding.
+            Err(error) => eprintln!("cannot remove {}: {error}", self.path.display()),
+        }
+    }
+}
+
+/// Mounts bpffs on /sys/fs/bpf when the machine has not (as the daemon does); once per
+/// process, so parallel tests cannot stack two mounts.
+fn ensure_bpffs() {
+    static MOUNTING: Mutex<()> = Mutex::new(());
+    let _serial = MOUNTING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let stat = statfs(BPFFS).unwrap_or_else(|error| panic!("cannot statfs {BPFFS}: {error}"));
+    // The magic's type differs between libc targets; compare as u64.
+    if stat.filesystem_type().0 as u64 != libc::BPF_FS_MAGIC as u64 {
+        mount(
+            Some("bpf"),
+            BPFFS,
+            Some("bpf"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|error| panic!("cannot mount bpffs on {BPFFS}: {error}"));
+    }
+}
+
+/// What one BPF_PROG_TEST_RUN returned.
+pub struct Run {
+    pub verdict: u32,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+}
+
+/// The loaded object. Fields drop in order: the maps' descriptors close before their
+/// folder is removed.
+pub struct BpfObject {
+    ebpf: Ebpf,
+    folder: BpfFolder,
+}
+
+impl BpfObject {
+    /// Loads the object with fresh maps and loads the classifiers named in `programs`.
+    pub fn load(tag: &str, programs: &[&str]) -> Self {
+        let folder = BpfFolder::new(tag);
+        let path = object_path();
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(folder.path())
+            .load_file(&path)
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot load {} (build it with `cargo xtask build`): {error}",
+                    path.display()
+                )
+            });
+        for &name in programs {
+            let program: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("the object has no program {name}"))
+                .try_into()
+                .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"));
+            program
+                .load()
+                .unwrap_or_else(|error| panic!("the verifier rejects {name}: {error:?}"));
+        }
+        Self { ebpf, folder }
+    }
+
+    pub fn pin_folder(&self) -> &Path {
+        self.folder.path()
+    }
+
+    /// Runs classifier `name` once on `frame` (the skb's device is the caller's loopback).
+    pub fn run(&self, name: &str, frame: &[u8]) -> Run {
+        let program: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .unwrap_or_else(|| panic!("the object has no program {name}"))
+            .try_into()
+            .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"));
+        // Room to spare, so a program that grew the frame would show instead of ENOSPC.
+        let mut out = vec![0; frame.len() + 256];
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .unwrap_or_else(|error| {
+                panic!("BPF_PROG_TEST_RUN of {name} on {frame:02x?} failed: {error:?}")
+            });
+        out.truncate(result.data_size_out as usize);
+        Run {
+            verdict: result.return_value,
+            frame: out,
+        }
+    }
+
+    /// Writes one entry of the endpoints map, as the daemon does for a pod.
+    pub fn insert_endpoint(&mut self, addr: [u8; 4], info: EndpointInfo) {
+        let map = self
+            .ebpf
+            .map_mut(map_names::ENDPOINTS)
+            .expect("the object has the endpoints map");
+        let mut endpoints: HashMap<_, EndpointKey, EndpointInfo> =
+            HashMap::try_from(map).expect("ENDPOINTS is a hash map");
+        endpoints
+            .insert(EndpointKey { addr }, info, 0)
+            .unwrap_or_else(|error| panic!("cannot insert endpoint {addr:?}: {error}"));
+    }
+
+    /// The counters of the endpoint behind `ifindex`, summed over CPUs (zero when absent).
+    pub fn endpoint_counters(&self, ifindex: u32) -> EndpointCounters {
+        let map = self
+            .ebpf
+            .map(map_names::ENDPOINT_COUNTERS)
+            .expect("the object has the endpoint counters map");
+        let counters: PerCpuHashMap<_, u32, EndpointCounters> =
+            PerCpuHashMap::try_from(map).expect("ENDPOINT_COUNTERS is a per-CPU hash map");
+        match counters.get(&ifindex, 0) {
+            Ok(per_cpu) => per_cpu
+                .iter()
+                .fold(EndpointCounters::default(), |sum, cpu| sum.plus(*cpu)),
+            Err(MapError::KeyNotFound) => EndpointCounters::default(),
+            Err(error) => panic!("cannot read the counters of ifindex {ifindex}: {error}"),
+        }
+    }
+
+    /// Drops counted for `reason`, summed over CPUs.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        let map = self
+            .ebpf
+            .map(map_names::DROPS)
+            .expect("the object has the drops map");
+        let drops: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).expect("DROPS is a per-CPU array");
+        drops
+            .get(&(reason as u32), 0)
+            .unwrap_or_else(|error| panic!("cannot read drops of {}: {error}", reason.name()))
+            .iter()
+            .sum()
+    }
+}

@@ -1,0 +1,150 @@
+//! The daemon can die and come back without cutting pod traffic; uninstall removes
+//! everything.
+
+use std::{net::SocketAddr, thread, time::Duration};
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use ebpf_cni_tests::{
+    cni::{Call, veths},
+    daemon::{Daemon, eventually},
+    node::Node,
+    require_root,
+    traffic::{EchoServer, Stream, run_in},
+};
+
+const PORT: u16 = 8080;
+
+fn endpoint_ids(node: &Node) -> Vec<String> {
+    let mut ids: Vec<String> = node
+        .instance
+        .cli_json(&["endpoints"])
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|e| e["id"]["container_id"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Waits until the stream has echoed more than `before` bytes.
+fn flowing(stream: &Stream, before: u64) -> bool {
+    eventually(Duration::from_secs(5), || stream.echoed() > before)
+}
+
+#[test]
+fn sigkill_of_the_daemon_does_not_interrupt_a_tcp_stream_between_pods() {
+    require_root();
+    let mut node = Node::start("10.244.40.0/24");
+    let (a, b, c) = (
+        node.add_pod("rst-a"),
+        node.add_pod("rst-b"),
+        node.add_pod("rst-c"),
+    );
+    let _server = EchoServer::start(&b.netns, PORT);
+    let to: SocketAddr = format!("{}:{PORT}", b.ip).parse().expect("address");
+    let stream = Stream::start(&a.netns, to);
+    assert!(flowing(&stream, 0), "the stream starts");
+
+    node.daemon.kill();
+    let at_kill = stream.echoed();
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        flowing(&stream, at_kill),
+        "the stream flows while the daemon is dead"
+    );
+
+    // While it is down: ADD fails with 11 and leaves nothing; DEL still cleans up.
+    let config = node.network.config("1.1.0");
+    let d = node.pod("pod");
+    Call::new("ADD", "rst-d", "eth0", Some(&d), &config)
+        .run(&node.netns)
+        .error(11);
+    assert!(veths(&d).is_empty(), "ADD left nothing in the pod");
+    node.del_pod(&c);
+    assert_eq!(node.network.allocated().len(), 2, "c's address was freed");
+    assert_eq!(node.host_veths().len(), 2, "c's veth is gone");
+
+    let before_restart = stream.echoed();
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert!(
+        flowing(&stream, before_restart),
+        "the stream flows after the restart"
+    );
+    assert_eq!(
+        endpoint_ids(&node),
+        ["rst-a", "rst-b"],
+        "c's record was dropped"
+    );
+    let links = std::fs::read_dir(node.instance.bpf_dir.join("links"))
+        .expect("links folder")
+        .count();
+    assert_eq!(
+        links, 4,
+        "two pods, two pinned links each; c's pins are gone"
+    );
+    stream.finish().expect("the stream never failed");
+}
+
+/// Names of the TCX programs attached to the pods' host veths, both directions, asked
+/// from the kernel (Debian's bpftool predates TCX and cannot list them).
+fn attached_programs(node: &Node) -> Vec<String> {
+    let veths = node.host_veths();
+    assert!(!veths.is_empty(), "the pods' veths exist");
+    run_in(&node.netns, move || {
+        let mut names = Vec::new();
+        for veth in &veths {
+            for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
+                let (_, programs) = SchedClassifier::query_tcx(veth, direction)
+                    .unwrap_or_else(|e| panic!("query {veth}: {e}"));
+                names.extend(
+                    programs
+                        .iter()
+                        .filter_map(|p| p.name_as_str().map(str::to_owned)),
+                );
+            }
+        }
+        names
+    })
+}
+
+#[test]
+fn uninstall_detaches_every_program_and_removes_every_pin() {
+    require_root();
+    let mut node = Node::start("10.244.41.0/24");
+    let (a, b) = (node.add_pod("uni-a"), node.add_pod("uni-b"));
+    let reaches_b = || {
+        a.netns
+            .run("ping", &["-c", "1", "-W", "1", &b.ip.to_string()])
+            .status
+            .success()
+    };
+    assert!(reaches_b(), "forwarding works before");
+    assert!(node.daemon.stop());
+    assert!(reaches_b(), "and while the daemon is stopped");
+    let before = attached_programs(&node);
+    assert_eq!(
+        before.iter().filter(|name| *name == "from_pod").count(),
+        2,
+        "{before:?}"
+    );
+    assert_eq!(
+        before.iter().filter(|name| *name == "to_pod").count(),
+        2,
+        "{before:?}"
+    );
+
+    let out = node.instance.cli(&["uninstall"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!node.instance.bpf_dir.exists(), "every pin is gone");
+    let after = attached_programs(&node);
+    assert!(
+        after.is_empty(),
+        "no pod program is attached any more: {after:?}"
+    );
+    assert!(!reaches_b(), "pods are no longer forwarded");
+}
