@@ -12,7 +12,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapError, PerCpuArray, PerCpuHashMap},
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
 };
 use cni_ebpf_common::{DropReason, EndpointCounters, EndpointInfo, EndpointKey, map_names};
 use nix::{
@@ -117,24 +117,23 @@ impl BpfObject {
                 )
             });
         for &name in programs {
-            let program: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .unwrap_or_else(|| panic!("the object has no program {name}"))
-                .try_into()
-                .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"));
-            program
+            classifier_mut(&mut ebpf, name)
                 .load()
                 .unwrap_or_else(|error| panic!("the verifier rejects {name}: {error:?}"));
         }
         Self { ebpf, folder }
     }
 
-    pub fn pin_folder(&self) -> &Path {
-        self.folder.path()
-    }
-
     /// Runs classifier `name` once on `frame` (the skb's device is the caller's loopback).
     pub fn run(&self, name: &str, frame: &[u8]) -> Run {
+        self.try_run(name, frame).unwrap_or_else(|error| {
+            panic!("BPF_PROG_TEST_RUN of {name} on {frame:02x?} failed: {error:?}")
+        })
+    }
+
+    /// Like [`Self::run`], but returns the kernel's refusal (it checks some frames before
+    /// the program sees them) instead of panicking.
+    pub fn try_run(&self, name: &str, frame: &[u8]) -> Result<Run, ProgramError> {
         let program: &SchedClassifier = self
             .ebpf
             .program(name)
@@ -143,20 +142,26 @@ impl BpfObject {
             .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"));
         // Room to spare, so a program that grew the frame would show instead of ENOSPC.
         let mut out = vec![0; frame.len() + 256];
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .unwrap_or_else(|error| {
-                panic!("BPF_PROG_TEST_RUN of {name} on {frame:02x?} failed: {error:?}")
-            });
+        let result = program.test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })?;
         out.truncate(result.data_size_out as usize);
-        Run {
+        Ok(Run {
             verdict: result.return_value,
             frame: out,
-        }
+        })
+    }
+
+    /// Pins classifier `name` in this object's folder (for `tc ... object-pinned`), so it
+    /// can be attached to a real device; returns the pin's path.
+    pub fn pin_program(&mut self, name: &str) -> PathBuf {
+        let path = self.folder.path().join(format!("prog_{name}"));
+        classifier_mut(&mut self.ebpf, name)
+            .pin(&path)
+            .unwrap_or_else(|error| panic!("cannot pin {name} at {}: {error}", path.display()));
+        path
     }
 
     /// Writes one entry of the endpoints map, as the daemon does for a pod.
@@ -203,4 +208,11 @@ impl BpfObject {
             .iter()
             .sum()
     }
+}
+
+fn classifier_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> &'a mut SchedClassifier {
+    ebpf.program_mut(name)
+        .unwrap_or_else(|| panic!("the object has no program {name}"))
+        .try_into()
+        .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"))
 }

@@ -162,7 +162,12 @@ impl Call {
 
     /// Runs the plugin inside `node`, as the runtime on that node would.
     pub fn run(&self, node: &Netns) -> Outcome {
-        let mut command = node.command(bins::path("ebpf-cni"));
+        self.run_plugin(node, &bins::path("ebpf-cni"))
+    }
+
+    /// Runs another plugin (the reference ones) the same way.
+    pub fn run_plugin(&self, node: &Netns, plugin: &std::path::Path) -> Outcome {
+        let mut command = node.command(plugin);
         command
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())

@@ -163,6 +163,11 @@ impl Daemon {
         child.wait().is_ok_and(|status| status.success())
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

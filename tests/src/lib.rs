@@ -4,11 +4,16 @@
 //!
 //! Nothing here touches the machine's own network namespace: links are created with
 //! `ip -n <ns>` directly inside the namespaces the caller made.
+//!
+//! `frames` holds what the pod program's BPF_PROG_TEST_RUN tests share: the seeded
+//! endpoints, hand-written frames, an independent IPv4 checksum, the checks, and the
+//! random frames with their reference model.
 
 pub mod bins;
 pub mod bpf_object;
 pub mod cni;
 pub mod daemon;
+pub mod frames;
 pub mod netns;
 pub mod node;
 pub mod traffic;

@@ -3,6 +3,7 @@
 //! Every task that needs tools runs `setup` first, so a fresh machine needs nothing but
 //! the command itself (see README's Quick start).
 
+mod bench;
 mod build;
 mod cmd;
 mod demo;
@@ -38,6 +39,13 @@ enum Task {
     },
     /// The main job: a simulated node in network namespaces, traffic through eBPF.
     Demo,
+    /// ebpf-cni against the reference plugins and a raw veth, in one run; writes
+    /// BENCHMARKS.md (with --quick: target/bench/BENCHMARKS.md).
+    Bench {
+        /// Shorter runs (under three minutes), written under target/bench.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,6 +72,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Task::Test { args } => test::run(&root, &args)?,
         Task::Demo => demo::run(&root)?,
+        Task::Bench { quick } => bench::run(&root, bench::Plan { quick })?,
     }
     Ok(())
 }

@@ -1,0 +1,111 @@
+//! IPv4 through the pod veth programs, run by the kernel through BPF_PROG_TEST_RUN:
+//! `from_pod` forwards to a known pod with rewritten MACs, one TTL less and a valid
+//! checksum for every TTL, hands unknown or expiring destinations to the stack unchanged,
+//! and `to_pod` lets everything through, counted for the veth.
+
+use cni_ebpf_common::{EndpointCounters, program_names};
+use ebpf_cni_tests::{
+    frames::{
+        BROADCAST, GATEWAY, IP, IP_CHECK, IP_END, LOOPBACK, PEER, SENDER, TC_ACT_OK, UNKNOWN,
+        all_drops, arp, assert_forwarded, assert_passes_unchanged,
+        assert_reference_checksum_is_right, counters, datapath, ethernet, from_pod,
+        icmp_echo_request, internet_checksum, ipv4, ipv4_header_is_valid, tcp_syn,
+    },
+    require_root,
+};
+
+#[test]
+fn ipv4_to_a_known_pod_is_rewritten_and_redirected_to_its_veth() {
+    require_root();
+    assert_reference_checksum_is_right();
+    let object = datapath();
+    let echo = ipv4(&SENDER, PEER.ip, 64, 1, &icmp_echo_request());
+    let syn = ipv4(&SENDER, PEER.ip, 64, 6, &tcp_syn(SENDER.ip, PEER.ip));
+    for frame in [&echo, &syn] {
+        assert!(
+            ipv4_header_is_valid(frame),
+            "test bug: the crafted header is invalid"
+        );
+        assert_forwarded(frame, &from_pod(&object, frame), &PEER);
+    }
+    let bytes = echo.len() + syn.len();
+    assert_eq!(
+        object.endpoint_counters(PEER.info.host_ifindex),
+        counters(0, 0, 2, bytes),
+        "both delivered to the destination's veth"
+    );
+    assert_eq!(
+        object.endpoint_counters(LOOPBACK),
+        counters(2, bytes, 0, 0),
+        "both sent by the sender"
+    );
+}
+
+#[test]
+fn ttl_decrement_keeps_the_ipv4_checksum_valid_for_every_ttl() {
+    require_root();
+    assert_reference_checksum_is_right();
+    let object = datapath();
+    let payload = icmp_echo_request();
+    for ttl in 2..=u8::MAX {
+        // Different identifications move the checksum through its carry cases.
+        for id in [0x0000u16, 0x1c46, 0x8000, 0xfeff, 0xffff] {
+            let mut frame = ipv4(&SENDER, PEER.ip, ttl, 1, &payload);
+            frame[IP + 4..IP + 6].copy_from_slice(&id.to_be_bytes());
+            frame[IP_CHECK..IP_CHECK + 2].fill(0);
+            let check = internet_checksum(&frame[IP..IP_END]);
+            frame[IP_CHECK..IP_CHECK + 2].copy_from_slice(&check.to_be_bytes());
+            assert_forwarded(&frame, &from_pod(&object, &frame), &PEER);
+        }
+    }
+}
+
+#[test]
+fn ipv4_to_an_unknown_or_expiring_destination_goes_to_the_stack_unchanged() {
+    require_root();
+    let object = datapath();
+    let echo = icmp_echo_request();
+    let cases = [
+        (ipv4(&SENDER, UNKNOWN, 64, 1, &echo), "an address of no pod"),
+        (
+            ipv4(&SENDER, [198, 18, 0, 1], 64, 1, &echo),
+            "an address off the node",
+        ),
+        (ipv4(&SENDER, PEER.ip, 1, 1, &echo), "TTL 1 to a pod"),
+        (ipv4(&SENDER, PEER.ip, 0, 1, &echo), "TTL 0 to a pod"),
+    ];
+    for (frame, what) in &cases {
+        assert_passes_unchanged(&object, frame, what);
+    }
+    assert_eq!(
+        object.endpoint_counters(PEER.info.host_ifindex),
+        EndpointCounters::default(),
+        "nothing delivered to the pod"
+    );
+    assert_eq!(all_drops(&object), [0, 0, 0], "nothing dropped");
+}
+
+// --- to_pod -------------------------------------------------------------------------------
+
+#[test]
+fn to_pod_passes_every_frame_unchanged_and_counts_it_for_the_veth() {
+    require_root();
+    let object = datapath();
+    let frames = [
+        ipv4(&PEER, SENDER.ip, 64, 1, &icmp_echo_request()),
+        arp(2, PEER.info.host_mac, GATEWAY, SENDER.ip),
+        ethernet(BROADCAST, PEER.info.host_mac, 0x88cc),
+    ];
+    for frame in &frames {
+        let run = object.run(program_names::TO_POD, frame);
+        assert_eq!(run.verdict, TC_ACT_OK, "to_pod lets {frame:02x?} through");
+        assert_eq!(&run.frame, frame, "to_pod does not rewrite");
+    }
+    let bytes = frames.iter().map(Vec::len).sum();
+    assert_eq!(
+        object.endpoint_counters(LOOPBACK),
+        counters(0, 0, 3, bytes),
+        "three frames delivered to the pod behind ifindex 1"
+    );
+    assert_eq!(all_drops(&object), [0, 0, 0], "to_pod never drops");
+}

@@ -1,0 +1,195 @@
+//! The loads the benchmark applies, each bounded in time: iperf3 for throughput, and a
+//! small request/response tool of our own for TCP_RR (1-byte ping-pong on one
+//! connection) and TCP_CRR (connect, 1 byte each way, close). Servers and clients run on
+//! threads inside the namespaces (see `ebpf_cni_tests::traffic`).
+
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsFd,
+    process::{Child, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use ebpf_cni_tests::{netns::Netns, traffic::spawn_in};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TCP throughput from `client` to `server_ip` (inside `server`) with iperf3, Gbit/s.
+pub fn throughput(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32) -> anyhow::Result<f64> {
+    let port = "5201";
+    let mut daemon = KillOnDrop(
+        server
+            .command("iperf3")
+            .args(["-s", "-1", "-p", port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start iperf3 -s")?,
+    );
+    // iperf3 needs a moment to listen; its client retries are not configurable.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = client
+            .command("iperf3")
+            .args(["-c", &server_ip.to_string(), "-p", port, "-t", &seconds.to_string(), "-J"])
+            .output()
+            .context("cannot run iperf3 -c")?;
+        if out.status.success() {
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
+            let bps = report["end"]["sum_received"]["bits_per_second"]
+                .as_f64()
+                .context("iperf3 reported no received rate")?;
+            let _ = daemon.0.wait();
+            return Ok(bps / 1e9);
+        }
+        if Instant::now() > deadline {
+            bail!("iperf3 failed: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A server thread in `netns` answering each byte with one byte, on every connection
+/// it accepts, until dropped.
+struct PongServer {
+    stop: Arc<AtomicBool>,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+impl PongServer {
+    fn start(netns: &Netns, port: u16) -> anyhow::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let (ready, bound) = mpsc::channel();
+        let worker = spawn_in(netns, move || {
+            let listener = match TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)) {
+                Ok(listener) => listener,
+                Err(error) => {
+                    let _ = ready.send(Err(error.to_string()));
+                    return;
+                }
+            };
+            let _ = ready.send(Ok(()));
+            while !flag.load(Ordering::Relaxed) {
+                // Block in poll (not a sleep loop, which would add latency to every
+                // connection), waking now and then to see the stop flag.
+                let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                if !matches!(poll(&mut fds, PollTimeout::from(100u16)), Ok(n) if n > 0) {
+                    continue;
+                }
+                if let Ok((stream, _)) = listener.accept() {
+                    pong(stream, &flag);
+                }
+            }
+        });
+        bound
+            .recv_timeout(CONNECT_TIMEOUT)
+            .context("the pong server did not start")?
+            .map_err(anyhow::Error::msg)?;
+        Ok(Self {
+            stop,
+            worker: Some(worker),
+        })
+    }
+}
+
+impl Drop for PongServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// Answers every byte of one connection until EOF (the server side of RR and CRR).
+fn pong(mut stream: TcpStream, stop: &AtomicBool) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut byte = [0u8; 1];
+    while !stop.load(Ordering::Relaxed) {
+        match stream.read(&mut byte) {
+            Ok(1) => {
+                if stream.write_all(&byte).is_err() {
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+/// TCP_RR: 1-byte request/response transactions per second on one connection.
+pub fn tcp_rr(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32) -> anyhow::Result<f64> {
+    let port = 7001;
+    let _server = PongServer::start(server, port)?;
+    let to = SocketAddr::from((server_ip, port));
+    let duration = Duration::from_secs(u64::from(seconds));
+    spawn_in(client, move || -> anyhow::Result<f64> {
+        let mut stream = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut byte = [1u8; 1];
+        let start = Instant::now();
+        let mut transactions = 0u64;
+        while start.elapsed() < duration {
+            stream.write_all(&byte)?;
+            stream.read_exact(&mut byte)?;
+            transactions += 1;
+        }
+        Ok(transactions as f64 / start.elapsed().as_secs_f64())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the RR client panicked"))?
+}
+
+/// TCP_CRR: connect, 1 byte each way, close; connections per second.
+pub fn tcp_crr(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32) -> anyhow::Result<f64> {
+    let port = 7002;
+    let _server = PongServer::start(server, port)?;
+    let to = SocketAddr::from((server_ip, port));
+    let duration = Duration::from_secs(u64::from(seconds));
+    spawn_in(client, move || -> anyhow::Result<f64> {
+        let start = Instant::now();
+        let mut connections = 0u64;
+        let mut byte = [1u8; 1];
+        while start.elapsed() < duration {
+            let mut stream = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT)?;
+            stream.set_nodelay(true)?;
+            stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+            stream.write_all(&byte)?;
+            stream.read_exact(&mut byte)?;
+            drop(stream);
+            connections += 1;
+        }
+        Ok(connections as f64 / start.elapsed().as_secs_f64())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the CRR client panicked"))?
+}
+
+/// Lets a client namespace open many short connections in a row (TIME_WAIT reuse and a
+/// wide port range), inside that namespace only.
+pub fn tune_client(netns: &Netns) {
+    for setting in ["net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=10000 65000"] {
+        netns.run("sysctl", &["-q", "-w", setting]);
+    }
+}
