@@ -18,13 +18,18 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use ebpf_cni_tests::{netns::Netns, traffic::spawn_in};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// TCP throughput from `client` to `server_ip` (inside `server`) with iperf3, Gbit/s.
-pub fn throughput(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32) -> anyhow::Result<f64> {
+pub fn throughput(
+    client: &Netns,
+    server: &Netns,
+    server_ip: Ipv4Addr,
+    seconds: u32,
+) -> anyhow::Result<f64> {
     let port = "5201";
     let mut daemon = KillOnDrop(
         server
@@ -40,11 +45,20 @@ pub fn throughput(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: 
     loop {
         let out = client
             .command("iperf3")
-            .args(["-c", &server_ip.to_string(), "-p", port, "-t", &seconds.to_string(), "-J"])
+            .args([
+                "-c",
+                &server_ip.to_string(),
+                "-p",
+                port,
+                "-t",
+                &seconds.to_string(),
+                "-J",
+            ])
             .output()
             .context("cannot run iperf3 -c")?;
         if out.status.success() {
-            let report: serde_json::Value = serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
+            let report: serde_json::Value =
+                serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
             let bps = report["end"]["sum_received"]["bits_per_second"]
                 .as_f64()
                 .context("iperf3 reported no received rate")?;
@@ -138,7 +152,12 @@ fn pong(mut stream: TcpStream, stop: &AtomicBool) {
 }
 
 /// TCP_RR: 1-byte request/response transactions per second on one connection.
-pub fn tcp_rr(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32) -> anyhow::Result<f64> {
+pub fn tcp_rr(
+    client: &Netns,
+    server: &Netns,
+    server_ip: Ipv4Addr,
+    seconds: u32,
+) -> anyhow::Result<f64> {
     let port = 7001;
     let _server = PongServer::start(server, port)?;
     let to = SocketAddr::from((server_ip, port));
@@ -162,7 +181,12 @@ pub fn tcp_rr(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32)
 }
 
 /// TCP_CRR: connect, 1 byte each way, close; connections per second.
-pub fn tcp_crr(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32) -> anyhow::Result<f64> {
+pub fn tcp_crr(
+    client: &Netns,
+    server: &Netns,
+    server_ip: Ipv4Addr,
+    seconds: u32,
+) -> anyhow::Result<f64> {
     let port = 7002;
     let _server = PongServer::start(server, port)?;
     let to = SocketAddr::from((server_ip, port));
@@ -189,7 +213,10 @@ pub fn tcp_crr(client: &Netns, server: &Netns, server_ip: Ipv4Addr, seconds: u32
 /// Lets a client namespace open many short connections in a row (TIME_WAIT reuse and a
 /// wide port range), inside that namespace only.
 pub fn tune_client(netns: &Netns) {
-    for setting in ["net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=10000 65000"] {
+    for setting in [
+        "net.ipv4.tcp_tw_reuse=1",
+        "net.ipv4.ip_local_port_range=10000 65000",
+    ] {
         netns.run("sysctl", &["-q", "-w", setting]);
     }
 }

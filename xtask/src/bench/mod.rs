@@ -15,12 +15,7 @@ use std::{
 };
 
 use anyhow::{Context, ensure};
-use ebpf_cni_tests::{
-    bins,
-    cni::Call,
-    netns::Netns,
-    node::Node,
-};
+use ebpf_cni_tests::{bins, cni::Call, netns::Netns, node::Node};
 
 use crate::{
     build::{self, Profile},
@@ -88,7 +83,10 @@ pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir)?;
         (dir.join("BENCHMARKS.md"), dir.join("benchmarks.svg"))
     } else {
-        (root.join("BENCHMARKS.md"), root.join("docs").join("benchmarks.svg"))
+        (
+            root.join("BENCHMARKS.md"),
+            root.join("docs").join("benchmarks.svg"),
+        )
     };
     report::write(&report, &markdown, &svg)?;
     eprintln!("bench: wrote {} and {}", markdown.display(), svg.display());
@@ -105,7 +103,8 @@ fn interleaved(
     contenders: &[Contender],
     mut measure: impl FnMut(Contender) -> anyhow::Result<f64>,
 ) -> anyhow::Result<Vec<(Contender, Vec<f64>)>> {
-    let mut samples: Vec<(Contender, Vec<f64>)> = contenders.iter().map(|c| (*c, Vec::new())).collect();
+    let mut samples: Vec<(Contender, Vec<f64>)> =
+        contenders.iter().map(|c| (*c, Vec::new())).collect();
     for _ in 0..repeats {
         for (contender, values) in &mut samples {
             values.push(measure(*contender)?);
@@ -114,11 +113,17 @@ fn interleaved(
     Ok(samples)
 }
 
-fn figure(name: &str, unit: &str, higher_is_better: bool, samples: Vec<(Contender, Vec<f64>)>) -> Figure {
+fn figure(
+    name: &str,
+    unit: &str,
+    higher_is_better: bool,
+    samples: Vec<(Contender, Vec<f64>)>,
+) -> Figure {
     let mut values: Vec<(Contender, Value)> = samples
         .into_iter()
         .map(|(contender, values)| {
-            let value = Stats::from_samples(&values).map_or(Value::Missing("no sample".into()), Value::Measured);
+            let value = Stats::from_samples(&values)
+                .map_or(Value::Missing("no sample".into()), Value::Measured);
             (contender, value)
         })
         .collect();
@@ -145,12 +150,17 @@ fn add_del_times(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     let pods: Vec<(Netns, Netns)> = (0..plan.timed_pods())
         .map(|_| (Netns::new("tpod"), Netns::new("tref")))
         .collect();
-    let mut add = vec![(Contender::EbpfCni, Vec::new()), (Contender::Reference, Vec::new())];
+    let mut add = vec![
+        (Contender::EbpfCni, Vec::new()),
+        (Contender::Reference, Vec::new()),
+    ];
     let mut del = add.clone();
     for (n, (ours, theirs)) in pods.iter().enumerate() {
         let id = format!("timed-{n}");
         let t = Instant::now();
-        Call::new("ADD", &id, "eth0", Some(ours), &config).run(&node.netns).ok();
+        Call::new("ADD", &id, "eth0", Some(ours), &config)
+            .run(&node.netns)
+            .ok();
         add[0].1.push(ms(t));
         let t = Instant::now();
         refnode.add(&id, theirs).map(drop)?;
@@ -159,61 +169,85 @@ fn add_del_times(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     for (n, (ours, theirs)) in pods.iter().enumerate() {
         let id = format!("timed-{n}");
         let t = Instant::now();
-        Call::new("DEL", &id, "eth0", Some(ours), &config).run(&node.netns).ok();
+        Call::new("DEL", &id, "eth0", Some(ours), &config)
+            .run(&node.netns)
+            .ok();
         del[0].1.push(ms(t));
         let t = Instant::now();
         refnode.del(&id, theirs)?;
         del[1].1.push(ms(t));
     }
     let p99 = |samples: &[(Contender, Vec<f64>)]| -> Vec<(Contender, Vec<f64>)> {
-        samples.iter().map(|(c, v)| (*c, vec![percentile(v, 0.99)])).collect()
+        samples
+            .iter()
+            .map(|(c, v)| (*c, vec![percentile(v, 0.99)]))
+            .collect()
     };
     let mut figures = vec![
-        figure("ADD time per pod (median of pods)", "ms", false, add.clone()),
+        figure(
+            "ADD time per pod (median of pods)",
+            "ms",
+            false,
+            add.clone(),
+        ),
         figure("ADD time per pod, p99", "ms", false, p99(&add)),
-        figure("DEL time per pod (median of pods)", "ms", false, del.clone()),
+        figure(
+            "DEL time per pod (median of pods)",
+            "ms",
+            false,
+            del.clone(),
+        ),
         figure("DEL time per pod, p99", "ms", false, p99(&del)),
     ];
 
-    let parallel = interleaved(plan.repeats(), &[Contender::EbpfCni, Contender::Reference], |contender| {
-        let pods: Vec<Netns> = (0..PARALLEL_PODS).map(|_| Netns::new("ppod")).collect();
-        let t = Instant::now();
-        std::thread::scope(|scope| -> anyhow::Result<()> {
-            let handles: Vec<_> = pods
-                .iter()
-                .enumerate()
-                .map(|(n, pod)| {
-                    let (node, refnode, config) = (&node, &refnode, &config);
-                    scope.spawn(move || -> anyhow::Result<()> {
-                        let id = format!("par-{n}");
-                        match contender {
-                            Contender::EbpfCni => {
-                                let out = Call::new("ADD", &id, "eth0", Some(pod), config).run(&node.netns);
-                                ensure!(out.success, "ADD failed: {}", out.stdout);
-                                Ok(())
+    let parallel = interleaved(
+        plan.repeats(),
+        &[Contender::EbpfCni, Contender::Reference],
+        |contender| {
+            let pods: Vec<Netns> = (0..PARALLEL_PODS).map(|_| Netns::new("ppod")).collect();
+            let t = Instant::now();
+            std::thread::scope(|scope| -> anyhow::Result<()> {
+                let handles: Vec<_> = pods
+                    .iter()
+                    .enumerate()
+                    .map(|(n, pod)| {
+                        let (node, refnode, config) = (&node, &refnode, &config);
+                        scope.spawn(move || -> anyhow::Result<()> {
+                            let id = format!("par-{n}");
+                            match contender {
+                                Contender::EbpfCni => {
+                                    let out = Call::new("ADD", &id, "eth0", Some(pod), config)
+                                        .run(&node.netns);
+                                    ensure!(out.success, "ADD failed: {}", out.stdout);
+                                    Ok(())
+                                }
+                                _ => refnode.add(&id, pod).map(drop),
                             }
-                            _ => refnode.add(&id, pod).map(drop),
-                        }
+                        })
                     })
-                })
-                .collect();
-            for handle in handles {
-                handle.join().map_err(|_| anyhow::anyhow!("an ADD thread panicked"))??;
-            }
-            Ok(())
-        })?;
-        let wall = ms(t);
-        for (n, pod) in pods.iter().enumerate() {
-            let id = format!("par-{n}");
-            match contender {
-                Contender::EbpfCni => {
-                    Call::new("DEL", &id, "eth0", Some(pod), &config).run(&node.netns).ok();
+                    .collect();
+                for handle in handles {
+                    handle
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("an ADD thread panicked"))??;
                 }
-                _ => refnode.del(&id, pod)?,
+                Ok(())
+            })?;
+            let wall = ms(t);
+            for (n, pod) in pods.iter().enumerate() {
+                let id = format!("par-{n}");
+                match contender {
+                    Contender::EbpfCni => {
+                        Call::new("DEL", &id, "eth0", Some(pod), &config)
+                            .run(&node.netns)
+                            .ok();
+                    }
+                    _ => refnode.del(&id, pod)?,
+                }
             }
-        }
-        Ok(wall)
-    })?;
+            Ok(wall)
+        },
+    )?;
     figures.push(figure("30 parallel ADDs, wall time", "ms", false, parallel));
     Ok(figures)
 }
@@ -277,9 +311,19 @@ fn pod_to_pod(plan: Plan) -> anyhow::Result<Vec<Figure>> {
         load::tcp_crr(client, server, *ip, seconds)
     })?;
     Ok(vec![
-        figure("pod-to-pod TCP throughput (iperf3)", "Gbit/s", true, throughput),
+        figure(
+            "pod-to-pod TCP throughput (iperf3)",
+            "Gbit/s",
+            true,
+            throughput,
+        ),
         figure("pod-to-pod TCP_RR (1-byte ping-pong)", "ops/s", true, rr),
-        figure("pod-to-pod TCP_CRR (connect, 1 byte, close)", "ops/s", true, crr),
+        figure(
+            "pod-to-pod TCP_CRR (connect, 1 byte, close)",
+            "ops/s",
+            true,
+            crr,
+        ),
     ])
 }
 
@@ -296,11 +340,36 @@ fn missing_figures() -> Vec<Figure> {
         ],
     };
     vec![
-        missing("pod-to-external TCP throughput (source NAT)", "Gbit/s", true, "source NAT not built yet"),
-        missing("pod-to-external connection rate (source NAT)", "ops/s", true, "source NAT not built yet"),
-        missing("hostPort connection rate, 0 other mappings", "ops/s", true, "hostPort not built yet"),
-        missing("hostPort connection rate, 5,000 other mappings", "ops/s", true, "hostPort not built yet"),
-        missing("ADD time with 5,000 mappings", "ms", false, "hostPort not built yet"),
+        missing(
+            "pod-to-external TCP throughput (source NAT)",
+            "Gbit/s",
+            true,
+            "source NAT not built yet",
+        ),
+        missing(
+            "pod-to-external connection rate (source NAT)",
+            "ops/s",
+            true,
+            "source NAT not built yet",
+        ),
+        missing(
+            "hostPort connection rate, 0 other mappings",
+            "ops/s",
+            true,
+            "hostPort not built yet",
+        ),
+        missing(
+            "hostPort connection rate, 5,000 other mappings",
+            "ops/s",
+            true,
+            "hostPort not built yet",
+        ),
+        missing(
+            "ADD time with 5,000 mappings",
+            "ms",
+            false,
+            "hostPort not built yet",
+        ),
     ]
 }
 
@@ -321,7 +390,10 @@ fn memory() -> anyhow::Result<Vec<Figure>> {
             unit: "MiB".into(),
             higher_is_better: false,
             values: vec![
-                (Contender::EbpfCni, Value::Measured(Stats::from_samples(&[rss]).context("one sample")?)),
+                (
+                    Contender::EbpfCni,
+                    Value::Measured(Stats::from_samples(&[rss]).context("one sample")?),
+                ),
                 (Contender::Reference, Value::NotApplicable),
                 (Contender::Raw, Value::NotApplicable),
             ],
@@ -332,7 +404,10 @@ fn memory() -> anyhow::Result<Vec<Figure>> {
     let wrapper = PeakWrapper::new()?;
     let pod = Netns::new("mpod");
     let config = node.network.config("1.0.0");
-    let ours = Call::new("ADD", "peak", "eth0", Some(&pod), &config).run_plugin(&node.netns, &wrapper.script("ebpf-cni", &bins::path("ebpf-cni"))?);
+    let ours = Call::new("ADD", "peak", "eth0", Some(&pod), &config).run_plugin(
+        &node.netns,
+        &wrapper.script("ebpf-cni", &bins::path("ebpf-cni"))?,
+    );
     ensure!(ours.success, "ADD failed: {}", ours.stdout);
     let ours_kib = wrapper.peak_kib("ebpf-cni")?;
     let refnode = RefNode::new("10.248.0.0/24");
@@ -343,8 +418,14 @@ fn memory() -> anyhow::Result<Vec<Figure>> {
         unit: "MiB".into(),
         higher_is_better: false,
         values: vec![
-            (Contender::EbpfCni, Value::Measured(Stats::from_samples(&[ours_kib / 1024.0]).context("sample")?)),
-            (Contender::Reference, Value::Measured(Stats::from_samples(&[bridge / 1024.0]).context("sample")?)),
+            (
+                Contender::EbpfCni,
+                Value::Measured(Stats::from_samples(&[ours_kib / 1024.0]).context("sample")?),
+            ),
+            (
+                Contender::Reference,
+                Value::Measured(Stats::from_samples(&[bridge / 1024.0]).context("sample")?),
+            ),
             (Contender::Raw, Value::NotApplicable),
         ],
     });
@@ -370,7 +451,11 @@ impl PeakWrapper {
         let out = self.dir.join(format!("{tag}.kib"));
         std::fs::write(
             &script,
-            format!("#!/bin/sh\nexec /usr/bin/time -f %M -o {} {} \"$@\"\n", out.display(), plugin.display()),
+            format!(
+                "#!/bin/sh\nexec /usr/bin/time -f %M -o {} {} \"$@\"\n",
+                out.display(),
+                plugin.display()
+            ),
         )?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
         Ok(script)
@@ -378,7 +463,13 @@ impl PeakWrapper {
 
     pub fn peak_kib(&self, tag: &str) -> anyhow::Result<f64> {
         let text = std::fs::read_to_string(self.dir.join(format!("{tag}.kib")))?;
-        text.trim().lines().last().context("no time output")?.trim().parse().context("time output")
+        text.trim()
+            .lines()
+            .last()
+            .context("no time output")?
+            .trim()
+            .parse()
+            .context("time output")
     }
 }
 
@@ -410,14 +501,29 @@ fn percentile(samples: &[f64], p: f64) -> f64 {
 }
 
 fn text(command: &mut Command) -> String {
-    cmd::output(command).map(|s| s.trim().to_owned()).unwrap_or_else(|| "unknown".into())
+    cmd::output(command)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn commit(root: &Path) -> String {
-    let head = text(Command::new("git").current_dir(root).args(["rev-parse", "--short=12", "HEAD"]));
-    let dirty = cmd::output(Command::new("git").current_dir(root).args(["status", "--porcelain"]))
-        .is_some_and(|status| !status.trim().is_empty());
-    if dirty { format!("{head} (with uncommitted changes)") } else { head }
+    let head =
+        text(
+            Command::new("git")
+                .current_dir(root)
+                .args(["rev-parse", "--short=12", "HEAD"]),
+        );
+    let dirty = cmd::output(
+        Command::new("git")
+            .current_dir(root)
+            .args(["status", "--porcelain"]),
+    )
+    .is_some_and(|status| !status.trim().is_empty());
+    if dirty {
+        format!("{head} (with uncommitted changes)")
+    } else {
+        head
+    }
 }
 
 fn machine() -> String {

@@ -63,12 +63,24 @@ impl RefNode {
 
     /// ADD through the chain; returns the pod's address.
     pub fn add(&self, container_id: &str, pod: &Netns) -> anyhow::Result<Ipv4Addr> {
-        let bridge = Call::new("ADD", container_id, "eth0", Some(pod), &self.bridge_config())
-            .run_plugin(&self.netns, &plugin("bridge"));
+        let bridge = Call::new(
+            "ADD",
+            container_id,
+            "eth0",
+            Some(pod),
+            &self.bridge_config(),
+        )
+        .run_plugin(&self.netns, &plugin("bridge"));
         ensure!(bridge.success, "bridge ADD failed: {}", bridge.stdout);
         let result = bridge.json();
-        let portmap = Call::new("ADD", container_id, "eth0", Some(pod), &self.portmap_config(Some(&result)))
-            .run_plugin(&self.netns, &plugin("portmap"));
+        let portmap = Call::new(
+            "ADD",
+            container_id,
+            "eth0",
+            Some(pod),
+            &self.portmap_config(Some(&result)),
+        )
+        .run_plugin(&self.netns, &plugin("portmap"));
         ensure!(portmap.success, "portmap ADD failed: {}", portmap.stdout);
         result["ips"][0]["address"]
             .as_str()
@@ -78,11 +90,23 @@ impl RefNode {
 
     /// DEL through the chain, in reverse order as runtimes do.
     pub fn del(&self, container_id: &str, pod: &Netns) -> anyhow::Result<()> {
-        let portmap = Call::new("DEL", container_id, "eth0", Some(pod), &self.portmap_config(None))
-            .run_plugin(&self.netns, &plugin("portmap"));
+        let portmap = Call::new(
+            "DEL",
+            container_id,
+            "eth0",
+            Some(pod),
+            &self.portmap_config(None),
+        )
+        .run_plugin(&self.netns, &plugin("portmap"));
         ensure!(portmap.success, "portmap DEL failed: {}", portmap.stdout);
-        let bridge = Call::new("DEL", container_id, "eth0", Some(pod), &self.bridge_config())
-            .run_plugin(&self.netns, &plugin("bridge"));
+        let bridge = Call::new(
+            "DEL",
+            container_id,
+            "eth0",
+            Some(pod),
+            &self.bridge_config(),
+        )
+        .run_plugin(&self.netns, &plugin("bridge"));
         ensure!(bridge.success, "bridge DEL failed: {}", bridge.stdout);
         Ok(())
     }
@@ -90,12 +114,18 @@ impl RefNode {
 
 impl RefNode {
     /// Peak RSS (KiB) of the bridge plugin during one ADD, run under `wrapper`.
-    pub fn peak_bridge_add(&self, wrapper: &super::PeakWrapper, pod: &Netns) -> anyhow::Result<f64> {
+    pub fn peak_bridge_add(
+        &self,
+        wrapper: &super::PeakWrapper,
+        pod: &Netns,
+    ) -> anyhow::Result<f64> {
         let script = wrapper.script("bridge", &plugin("bridge"))?;
-        let out = Call::new("ADD", "peak", "eth0", Some(pod), &self.bridge_config()).run_plugin(&self.netns, &script);
+        let out = Call::new("ADD", "peak", "eth0", Some(pod), &self.bridge_config())
+            .run_plugin(&self.netns, &script);
         ensure!(out.success, "bridge ADD failed: {}", out.stdout);
         let peak = wrapper.peak_kib("bridge")?;
-        let del = Call::new("DEL", "peak", "eth0", Some(pod), &self.bridge_config()).run_plugin(&self.netns, &plugin("bridge"));
+        let del = Call::new("DEL", "peak", "eth0", Some(pod), &self.bridge_config())
+            .run_plugin(&self.netns, &plugin("bridge"));
         ensure!(del.success, "bridge DEL failed: {}", del.stdout);
         Ok(peak)
     }
