@@ -79,7 +79,11 @@ pub struct Endpoint {
     /// The pod interface's MAC, `aa:bb:cc:dd:ee:ff`.
     pub mac: String,
     pub ips: Vec<ipnet::IpNet>,
+    /// Source-NAT this pod's traffic to destinations outside `cluster_cidrs`.
     pub masquerade: bool,
+    /// Destinations that keep the pod's address (the cluster's pod ranges).
+    #[serde(default)]
+    pub cluster_cidrs: Vec<ipnet::Ipv4Net>,
     #[serde(default)]
     pub port_mappings: Vec<PortMapping>,
     #[serde(default)]

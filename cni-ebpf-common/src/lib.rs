@@ -7,10 +7,12 @@
 
 pub mod endpoint;
 pub mod metrics;
+pub mod nat;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
 pub use metrics::{DropReason, EndpointCounters};
+pub use nat::{CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
@@ -23,6 +25,16 @@ pub mod map_names {
     pub const ENDPOINT_COUNTERS: &str = "ENDPOINT_COUNTERS";
     /// Per-CPU array of `u64`, indexed by [`crate::DropReason`].
     pub const DROPS: &str = "DROPS";
+    /// LRU hash: [`crate::NatKey`] -> [`crate::NatEntry`] (pod side of each flow).
+    pub const NAT_OUT: &str = "NAT_OUT";
+    /// LRU hash: [`crate::NatReverseKey`] -> [`crate::NatEntry`] (node side).
+    pub const NAT_IN: &str = "NAT_IN";
+    /// Array of one [`crate::NatConfig`].
+    pub const NAT_CONFIG: &str = "NAT_CONFIG";
+    /// LPM trie: [`crate::CidrKey`] -> `u8`, destinations that are not translated.
+    pub const CLUSTER_CIDRS: &str = "CLUSTER_CIDRS";
+    /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
+    pub const NAT_STATS: &str = "NAT_STATS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -33,4 +45,8 @@ pub mod program_names {
     pub const FROM_POD: &str = "from_pod";
     /// TC egress of a pod's host-side veth: traffic the node's stack sends to the pod.
     pub const TO_POD: &str = "to_pod";
+    /// TC egress of the uplink: source NAT of pod traffic leaving the node.
+    pub const UPLINK_EGRESS: &str = "uplink_egress";
+    /// TC ingress of the uplink: replies translated back and delivered to pods.
+    pub const UPLINK_INGRESS: &str = "uplink_ingress";
 }

@@ -34,14 +34,17 @@ pub enum DropReason {
     MalformedIpv4 = 1,
     /// An ARP packet that is not Ethernet/IPv4.
     MalformedArp = 2,
+    /// A new flow to translate found every node port of its destination taken.
+    NatPortsExhausted = 3,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 3] = [
+    pub const ALL: [DropReason; 4] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
+        DropReason::NatPortsExhausted,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -53,6 +56,7 @@ impl DropReason {
             DropReason::TruncatedFrame => "truncated_frame",
             DropReason::MalformedIpv4 => "malformed_ipv4",
             DropReason::MalformedArp => "malformed_arp",
+            DropReason::NatPortsExhausted => "nat_ports_exhausted",
         }
     }
 }

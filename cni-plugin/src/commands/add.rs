@@ -166,6 +166,7 @@ fn apply(
         mac: format_mac(pod_mac),
         ips: result.ips.iter().map(|ip| ip.address).collect(),
         masquerade: inv.conf.ip_masq,
+        cluster_cidrs: Vec::new(),
         port_mappings: port_mappings(&inv.conf),
         bandwidth: bandwidth(&inv.conf),
     })?;

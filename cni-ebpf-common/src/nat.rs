@@ -1,0 +1,140 @@
+//! Source NAT (masquerade) of pod traffic leaving the node: the connection-tracking /
+//! NAT tables, their configuration and counters.
+//!
+//! Two LRU hashes hold every translated flow, one per direction, with the same value:
+//! - `NAT_OUT`: [`NatKey`] (pod side) -> [`NatEntry`], used on the uplink's egress;
+//! - `NAT_IN`: [`NatReverseKey`] (node side) -> [`NatEntry`], used on its ingress.
+//!
+//! Ports and ICMP echo identifiers are kept in host byte order.
+
+/// A pod's flow as it leaves the pod.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NatKey {
+    pub pod_addr: [u8; 4],
+    pub remote_addr: [u8; 4],
+    /// TCP/UDP source port, or the ICMP echo identifier.
+    pub pod_port: u16,
+    /// TCP/UDP destination port; 0 for ICMP.
+    pub remote_port: u16,
+    /// IP protocol number (6, 17, 1).
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+
+/// The same flow as the outside sees it: replies are addressed to the node's port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NatReverseKey {
+    pub remote_addr: [u8; 4],
+    /// The node port (or ICMP identifier) the flow was translated to.
+    pub node_port: u16,
+    pub remote_port: u16,
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+
+/// One translated flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatEntry {
+    /// `bpf_ktime_get_ns` of the last packet, either way.
+    pub last_seen_ns: u64,
+    pub pod_addr: [u8; 4],
+    pub pod_port: u16,
+    pub node_port: u16,
+    /// [`tcp_state`] for TCP; 0 otherwise.
+    pub state: u8,
+    pub pad: [u8; 7],
+}
+
+/// TCP states the timeouts follow.
+pub mod tcp_state {
+    /// A SYN went out, no reply yet.
+    pub const SYN_SENT: u8 = 1;
+    /// The remote answered: the connection is up.
+    pub const ESTABLISHED: u8 = 2;
+    /// A FIN or RST was seen: the flow is ending.
+    pub const CLOSING: u8 = 3;
+}
+
+/// What the daemon tells the datapath (`NAT_CONFIG`, an array of one).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatConfig {
+    /// The uplink's address: the source of translated packets. 0.0.0.0 disables NAT.
+    pub node_addr: [u8; 4],
+    /// Node ports handed out, inclusive.
+    pub port_min: u16,
+    pub port_max: u16,
+    pub tcp_established_secs: u32,
+    /// SYN sent, or FIN/RST seen.
+    pub tcp_transitory_secs: u32,
+    pub udp_secs: u32,
+    pub icmp_secs: u32,
+    /// ifindex of the uplink (where translated traffic leaves).
+    pub uplink_ifindex: u32,
+}
+
+/// Key of `CLUSTER_CIDRS`, an LPM trie of destinations that keep the pod's address
+/// (the pod ranges): the prefix length and the address in network order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrKey {
+    pub prefix_len: u32,
+    pub addr: [u8; 4],
+}
+
+/// Indexes of the per-CPU `NAT_STATS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatCounter {
+    /// Packets whose source was rewritten on the way out.
+    TranslatedOut = 0,
+    /// Replies rewritten back and delivered to a pod.
+    TranslatedIn = 1,
+    /// ICMP errors about a translated flow, delivered to the pod.
+    IcmpErrorsIn = 2,
+    /// New flows that got a node port.
+    NewFlows = 3,
+    /// New flows that found no free node port (dropped).
+    AllocationFailures = 4,
+}
+
+impl NatCounter {
+    pub const ALL: [NatCounter; 5] = [
+        NatCounter::TranslatedOut,
+        NatCounter::TranslatedIn,
+        NatCounter::IcmpErrorsIn,
+        NatCounter::NewFlows,
+        NatCounter::AllocationFailures,
+    ];
+    pub const SLOTS: u32 = 8;
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            NatCounter::TranslatedOut => "translated_out",
+            NatCounter::TranslatedIn => "translated_in",
+            NatCounter::IcmpErrorsIn => "icmp_errors_in",
+            NatCounter::NewFlows => "new_flows",
+            NatCounter::AllocationFailures => "allocation_failures",
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
+const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
+const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 28);
+const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
+const _: () = assert!((NatCounter::ALL.len() as u32) <= NatCounter::SLOTS);
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    // SAFETY (all): #[repr(C)], fixed-width fields, explicit padding, sizes asserted.
+    unsafe impl aya::Pod for super::NatKey {}
+    unsafe impl aya::Pod for super::NatReverseKey {}
+    unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::NatConfig {}
+    unsafe impl aya::Pod for super::CidrKey {}
+}
