@@ -116,6 +116,16 @@ pub struct Status {
     pub datapath_loaded: bool,
     pub endpoints: usize,
     pub attachments: Vec<Attachment>,
+    /// Source NAT is on: the uplink programs are attached and translate pods' traffic to
+    /// `node_addr`.
+    #[serde(default)]
+    pub nat_enabled: bool,
+    /// The interface translated traffic leaves by.
+    #[serde(default)]
+    pub uplink: Option<String>,
+    /// The address pods' traffic to the outside is translated to.
+    #[serde(default)]
+    pub node_addr: Option<std::net::Ipv4Addr>,
 }
 
 /// One program attached to one interface.
@@ -211,6 +221,18 @@ mod tests {
             std::str::from_utf8(&frame[4..]).expect("utf-8"),
             r#"{"version":1,"body":{"request":"status"}}"#
         );
+    }
+
+    #[test]
+    fn status_of_a_daemon_without_nat_fields_still_decodes() {
+        let status: Status = serde_json::from_str(
+            r#"{"daemon_version":"0.1.0","bpf_dir":"/sys/fs/bpf/x","datapath_loaded":true,
+                "endpoints":0,"attachments":[]}"#,
+        )
+        .expect("decodes");
+        assert!(!status.nat_enabled);
+        assert_eq!(status.uplink, None);
+        assert_eq!(status.node_addr, None);
     }
 
     #[test]

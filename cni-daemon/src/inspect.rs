@@ -52,7 +52,8 @@ pub fn source_counters(bpf_dir: &Path) -> Result<Vec<SourceCounters>, InspectErr
     Ok(rows)
 }
 
-fn open_pinned(bpf_dir: &Path, name: &str) -> Result<MapData, InspectError> {
+/// The map pinned as `name` under `bpf_dir`.
+pub(crate) fn open_pinned(bpf_dir: &Path, name: &str) -> Result<MapData, InspectError> {
     let path = bpffs::map_pin(bpf_dir, name);
     MapData::from_pin(&path).map_err(|source| InspectError::Open {
         path: path.display().to_string(),
@@ -133,12 +134,13 @@ pub fn endpoint_views(
         .collect()
 }
 
-/// `ebpf-cnid status`: the daemon's answer and the drop counters.
+/// `ebpf-cnid status`: the daemon's answer, the drop and the NAT counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusView {
     #[serde(flatten)]
     pub status: Status,
     pub drops: BTreeMap<&'static str, u64>,
+    pub nat_counters: BTreeMap<&'static str, u64>,
 }
 
 pub fn status_table(view: &StatusView) -> String {
@@ -156,6 +158,16 @@ pub fn status_table(view: &StatusView) -> String {
     );
     let drops: Vec<String> = view.drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
     out.push_str(&format!("drops: {}\n", drops.join(" ")));
+    match (&status.uplink, status.node_addr) {
+        (Some(uplink), Some(node_addr)) if status.nat_enabled => out.push_str(&format!(
+            "nat: enabled  uplink {uplink}  node {node_addr}\n"
+        )),
+        _ => out.push_str("nat: disabled\n"),
+    }
+    out.push_str(&format!(
+        "nat counters: {}\n",
+        crate::nat::view::counters_line(&view.nat_counters)
+    ));
     if !status.attachments.is_empty() {
         out.push_str(&format!(
             "{:<16} {:>8} {:<20} {}\n",

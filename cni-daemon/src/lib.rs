@@ -2,7 +2,7 @@
 //! folder, attaches programs, keeps the pods' endpoint records and serves the plugin over
 //! a root-only unix socket.
 //!
-//! A synchronous core (maps, attachments, records: [`datapath`], [`endpoints`],
+//! A synchronous core (maps, attachments, records: [`datapath`], [`endpoints`], [`nat`],
 //! [`bpffs`], [`inspect`]) sits behind an async front ([`server`], [`run`]). Only [`api`]
 //! is built without the `daemon` feature: it is what the plugin links.
 
@@ -17,6 +17,8 @@ pub mod endpoints;
 pub mod inspect;
 #[cfg(feature = "daemon")]
 mod maps;
+#[cfg(feature = "daemon")]
+pub mod nat;
 #[cfg(feature = "daemon")]
 pub mod node;
 #[cfg(feature = "daemon")]

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use cni_daemon::{
     api::{self, Request, Response},
     bpffs, inspect,
+    nat::{self, NatArgs},
     run::{self, RunConfig},
 };
 use tracing_subscriber::EnvFilter;
@@ -57,6 +58,8 @@ enum Command {
         /// Interface (in the daemon's network namespace) to attach the counter to.
         #[arg(long, env = "EBPF_CNID_ATTACH", value_delimiter = ',')]
         attach: Vec<String>,
+        #[command(flatten)]
+        nat: NatArgs,
     },
     /// Ask the running daemon what it has loaded and attached.
     Status,
@@ -64,6 +67,9 @@ enum Command {
     Counters,
     /// The pods' endpoints the running daemon knows.
     Endpoints,
+    /// Source NAT: its configuration, counters and every translated flow, read from the
+    /// pinned maps.
+    Nat,
     /// Remove every pin and endpoint record of this instance (stop the daemon first).
     Uninstall,
 }
@@ -94,12 +100,13 @@ fn main() -> ExitCode {
 
 fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { attach } => {
+        Command::Run { attach, nat } => {
             let config = RunConfig {
                 bpf_dir: cli.bpf_dir,
                 socket: cli.socket,
                 state_dir: cli.state_dir,
                 attach,
+                nat,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -113,8 +120,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Error { message } => bail!("the daemon refused: {message}"),
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
+            let bpf_dir = Path::new(&status.bpf_dir);
             let view = inspect::StatusView {
-                drops: inspect::drops(Path::new(&status.bpf_dir))?,
+                drops: inspect::drops(bpf_dir)?,
+                nat_counters: nat::view::nat_counters(bpf_dir)?,
                 status,
             };
             match cli.output {
@@ -132,6 +141,14 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             match cli.output {
                 Output::Json => print_json(&views),
                 Output::Table => print(&inspect::endpoints_table(&views)),
+            }
+        }
+        Command::Nat => {
+            let now = nat::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
+            let view = nat::view::nat_view(&cli.bpf_dir, now)?;
+            match cli.output {
+                Output::Json => print_json(&view),
+                Output::Table => print(&nat::view::nat_table(&view)),
             }
         }
         Command::Counters => {

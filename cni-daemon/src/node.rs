@@ -1,6 +1,7 @@
-//! The node's state as requests see it: the datapath and the endpoint records, kept in
-//! step (a record exists exactly when its pod programs are attached and its addresses
-//! are in the endpoints map).
+//! The node's state as requests see it: the datapath, the endpoint records and source
+//! NAT, kept in step (a record exists exactly when its pod programs are attached and its
+//! addresses are in the endpoints map; `CLUSTER_CIDRS` is the union of the records'
+//! cluster ranges).
 
 use std::path::Path;
 
@@ -8,6 +9,7 @@ use crate::{
     api::{Endpoint, EndpointId, Status},
     datapath::{Datapath, DatapathError},
     endpoints::{EndpointError, Endpoints},
+    nat::{self, Nat, NatError, NatSettings, Sweep},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -16,18 +18,26 @@ pub enum NodeError {
     Datapath(#[from] DatapathError),
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    #[error(transparent)]
+    Nat(#[from] NatError),
 }
 
 pub struct Node {
     datapath: Datapath,
     endpoints: Endpoints,
+    nat: Nat,
 }
 
 impl Node {
     /// Reconciles after a (re)start: records whose veth is gone are dropped with their
     /// pins, every remaining pod gets this daemon's programs (swapped into its pinned
-    /// links), and pins without a record are removed.
-    pub fn open(mut datapath: Datapath, state_dir: &Path) -> Result<Self, NodeError> {
+    /// links), and pins without a record are removed. Then NAT starts as `nat` says
+    /// (`None`: off), see [`nat::start`].
+    pub fn open(
+        mut datapath: Datapath,
+        state_dir: &Path,
+        nat: Option<NatSettings>,
+    ) -> Result<Self, NodeError> {
         let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
         for endpoint in &gone {
             datapath.detach_pod(&endpoint.host_veth)?;
@@ -46,9 +56,11 @@ impl Node {
             dropped = gone.len(),
             "endpoints reconciled"
         );
+        let nat = nat::start(&mut datapath, nat, endpoints.list())?;
         Ok(Self {
             datapath,
             endpoints,
+            nat,
         })
     }
 
@@ -59,11 +71,25 @@ impl Node {
             datapath_loaded: true,
             endpoints: self.endpoints.len(),
             attachments: self.datapath.attachments().to_vec(),
+            nat_enabled: self.nat.settings().is_some(),
+            uplink: self.nat.settings().map(|s| s.uplink.clone()),
+            node_addr: self.nat.settings().map(|s| s.node_addr),
         }
     }
 
-    /// Attaches the pod programs, then records the endpoint; a failure undoes both.
+    pub fn nat_enabled(&self) -> bool {
+        self.nat.settings().is_some()
+    }
+
+    /// Removes the NAT flows idle past their timeout at `now_ns` (CLOCK_MONOTONIC).
+    pub fn sweep_nat(&mut self, now_ns: u64) -> Result<Sweep, NodeError> {
+        Ok(self.nat.sweep(now_ns).map_err(NatError::from)?)
+    }
+
+    /// Attaches the pod programs, records the endpoint and adds its cluster ranges; a
+    /// failure undoes all three.
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
+        let id = endpoint.id.clone();
         let veth = endpoint.host_veth.clone();
         let ifindex = endpoint.host_ifindex;
         self.datapath.attach_pod(&veth)?;
@@ -71,6 +97,13 @@ impl Node {
             let _ = self.datapath.detach_pod(&veth);
             let _ = self.datapath.forget_counters(ifindex);
             return Err(error.into());
+        }
+        if let Err(error) = self.sync_cluster_cidrs() {
+            let _ = self.endpoints.detach(&id);
+            let _ = self.datapath.detach_pod(&veth);
+            let _ = self.datapath.forget_counters(ifindex);
+            let _ = self.sync_cluster_cidrs();
+            return Err(error);
         }
         Ok(())
     }
@@ -82,6 +115,7 @@ impl Node {
         };
         self.datapath.detach_pod(&endpoint.host_veth)?;
         self.datapath.forget_counters(endpoint.host_ifindex)?;
+        self.sync_cluster_cidrs()?;
         Ok(Some(endpoint))
     }
 
@@ -95,6 +129,7 @@ impl Node {
         for id in self.endpoints.stale(network, keep) {
             removed.extend(self.detach(&id)?);
         }
+        // Each detach has brought CLUSTER_CIDRS in step already.
         Ok(removed)
     }
 
@@ -104,5 +139,12 @@ impl Node {
 
     pub fn list(&self) -> Vec<Endpoint> {
         self.endpoints.list().cloned().collect()
+    }
+
+    fn sync_cluster_cidrs(&mut self) -> Result<(), NodeError> {
+        Ok(self
+            .nat
+            .sync_cluster_cidrs(self.endpoints.list())
+            .map_err(NatError::from)?)
     }
 }

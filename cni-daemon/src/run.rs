@@ -3,12 +3,19 @@
 use std::{
     path::PathBuf,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{bpffs, datapath::Datapath, node::Node, server};
+use crate::{
+    bpffs,
+    datapath::Datapath,
+    nat::{self, NatArgs},
+    node::Node,
+    server,
+};
 
 /// What `run` needs; every path is a flag so several simulated nodes can share a machine.
 #[derive(Debug, Clone)]
@@ -18,9 +25,12 @@ pub struct RunConfig {
     /// Folder of the endpoint records (survives restarts).
     pub state_dir: PathBuf,
     pub attach: Vec<String>,
+    pub nat: NatArgs,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
+    // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
+    let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     bpffs::prepare(&config.bpf_dir)?;
     let mut datapath = Datapath::load(&config.bpf_dir)?;
     for interface in &config.attach {
@@ -28,7 +38,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .attach_counter(interface)
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
-    let node = Arc::new(Mutex::new(Node::open(datapath, &config.state_dir)?));
+    let node = Node::open(datapath, &config.state_dir, nat_settings)?;
+    let sweeping = node.nat_enabled();
+    let node = Arc::new(Mutex::new(node));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
     tracing::info!(
@@ -39,14 +51,53 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
 
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let sweeper =
+        sweeping.then(|| tokio::spawn(sweep_nat(Arc::clone(&node), config.nat.gc_interval())));
     let outcome = tokio::select! {
         served = server::serve(listener, Arc::clone(&node)) => served.context("socket failed"),
         _ = terminate.recv() => Ok(()),
         _ = interrupt.recv() => Ok(()),
     };
-    // The counter programs detach when the datapath drops; pod programs stay attached
-    // through their pinned links, and maps stay pinned, for the next start.
+    if let Some(sweeper) = sweeper {
+        sweeper.abort();
+    }
+    // The counter programs detach when the datapath drops; pod and uplink programs stay
+    // attached through their pinned links, and maps stay pinned, for the next start.
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome
+}
+
+/// Every `interval`, removes the NAT flows idle past their timeout. The sweep is
+/// synchronous map work under the node's lock: it runs on a blocking thread.
+async fn sweep_nat(node: Arc<Mutex<Node>>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate; start sweeping one interval after start.
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let node = Arc::clone(&node);
+        let swept = tokio::task::spawn_blocking(move || {
+            let now = nat::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
+            let mut node = match node.lock() {
+                Ok(node) => node,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            node.sweep_nat(now).context("NAT sweep failed")
+        })
+        .await;
+        match swept {
+            Ok(Ok(sweep)) if sweep.flows + sweep.orphans > 0 => {
+                tracing::debug!(
+                    flows = sweep.flows,
+                    orphans = sweep.orphans,
+                    "NAT flows expired"
+                );
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!("{error:#}"),
+            Err(error) => tracing::warn!(%error, "NAT sweep task failed"),
+        }
+    }
 }

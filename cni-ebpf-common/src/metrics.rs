@@ -36,15 +36,19 @@ pub enum DropReason {
     MalformedArp = 2,
     /// A new flow to translate found every node port of its destination taken.
     NatPortsExhausted = 3,
+    /// A non-first IPv4 fragment of masqueraded traffic: it has no ports to translate,
+    /// and sending it untranslated would leak the pod's address.
+    NatFragment = 4,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 4] = [
+    pub const ALL: [DropReason; 5] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
         DropReason::NatPortsExhausted,
+        DropReason::NatFragment,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -57,6 +61,7 @@ impl DropReason {
             DropReason::MalformedIpv4 => "malformed_ipv4",
             DropReason::MalformedArp => "malformed_arp",
             DropReason::NatPortsExhausted => "nat_ports_exhausted",
+            DropReason::NatFragment => "nat_fragment",
         }
     }
 }

@@ -4,17 +4,17 @@
 //! crosses the node's IP stack, netfilter, or a bridge. Anything else goes to the stack.
 
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect_peer, programs::TcContext};
-use cni_ebpf_common::DropReason;
+use cni_ebpf_common::{DropReason, EndpointInfo};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
+    csum::IP_CSUM,
     endpoints,
     metrics::{self, Direction},
 };
 
-/// Byte offsets inside the frame.
+/// Byte offset of the TTL inside the frame.
 const IP_TTL: usize = EthHdr::LEN + 8;
-const IP_CHECK: usize = EthHdr::LEN + 10;
 
 /// Handles an IPv4 frame that left a pod.
 #[inline(always)]
@@ -26,18 +26,29 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr) -> Result<i32, i64> {
     if ip.version() != 4 || ip.ihl() < Ipv4Hdr::LEN as u8 {
         return Ok(metrics::drop_packet(DropReason::MalformedIpv4));
     }
-    let Some(destination) = endpoints::lookup(ip.dst_addr) else {
-        return Ok(TC_ACT_OK);
-    };
-    // An expiring packet goes to the stack, which answers with ICMP time exceeded.
+    match endpoints::lookup(ip.dst_addr) {
+        Some(destination) => deliver(ctx, eth, &ip, &destination),
+        None => Ok(TC_ACT_OK),
+    }
+}
+
+/// Hands an IPv4 frame (headers `eth`, `ip` as read) to the local pod `destination`:
+/// TTL decremented, MACs rewritten, redirected into the pod. An expiring packet goes to
+/// the stack instead, which answers with ICMP time exceeded.
+#[inline(always)]
+pub fn deliver(
+    ctx: &TcContext,
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+    destination: &EndpointInfo,
+) -> Result<i32, i64> {
     if ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
-
     // The TTL shares a 16-bit checksum word with the protocol: replace that word.
     let old_word = u16::from_ne_bytes([ip.ttl, ip.proto as u8]);
     let new_word = u16::from_ne_bytes([ip.ttl - 1, ip.proto as u8]);
-    ctx.l3_csum_replace(IP_CHECK, u64::from(old_word), u64::from(new_word), 2)?;
+    ctx.l3_csum_replace(IP_CSUM, u64::from(old_word), u64::from(new_word), 2)?;
     ctx.store(IP_TTL, &(ip.ttl - 1), 0)?;
     let rewritten = EthHdr {
         dst_addr: destination.pod_mac,

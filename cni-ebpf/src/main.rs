@@ -7,11 +7,16 @@
 
 mod arp;
 mod count_by_source;
+mod csum;
 mod endpoints;
 mod forward;
 mod metrics;
+mod nat_maps;
 mod pod;
+mod rev_nat;
+mod snat;
 mod stats;
+mod uplink;
 
 #[cfg(not(test))]
 #[panic_handler]

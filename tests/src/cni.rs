@@ -43,6 +43,7 @@ impl Network {
             "type": "ebpf-cni",
             "daemonSocket": self.socket,
             "mtu": 1450,
+            "ipMasq": true,
             "ipam": {
                 "type": "host-local",
                 "subnet": self.subnet,

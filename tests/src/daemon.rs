@@ -105,6 +105,11 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `ebpf-cnid run --attach <attach>` inside `node` and waits until it answers.
     pub fn start(node: &Netns, instance: &Instance, attach: &[&str]) -> Self {
+        Self::start_with(node, instance, attach, &[])
+    }
+
+    /// Like [`Self::start`], with extra `run` flags (NAT timeouts, port range...).
+    pub fn start_with(node: &Netns, instance: &Instance, attach: &[&str], flags: &[&str]) -> Self {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -121,6 +126,7 @@ impl Daemon {
         if !attach.is_empty() {
             command.arg("--attach").arg(attach.join(","));
         }
+        command.args(flags);
         let child = command.spawn().expect("cannot start ebpf-cnid");
         let mut daemon = Self { child: Some(child) };
         daemon.wait_ready(instance);

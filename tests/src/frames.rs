@@ -117,6 +117,11 @@ pub fn all_drops(object: &BpfObject) -> Vec<u64> {
     DropReason::ALL.map(|reason| object.drops(reason)).to_vec()
 }
 
+/// What [`all_drops`] shows when nothing was dropped.
+pub fn no_drops() -> Vec<u64> {
+    vec![0; DropReason::ALL.len()]
+}
+
 /// The counters an endpoint must show, with byte counts as frame lengths add them up.
 pub fn counters(
     packets: u64,

@@ -34,6 +34,11 @@ impl Node {
     /// Like [`Self::start`], with the per-source counter program also attached to the
     /// node links named in `counted` (for example `uplink0`).
     pub fn start_with_counters(subnet: &str, counted: &[&str]) -> Self {
+        Self::start_with(subnet, counted, &[])
+    }
+
+    /// Like [`Self::start_with_counters`], with extra `ebpf-cnid run` flags.
+    pub fn start_with(subnet: &str, counted: &[&str], daemon_flags: &[&str]) -> Self {
         let netns = Netns::new("node");
         let external = Netns::new("ext");
         netns.link_veth(
@@ -43,8 +48,10 @@ impl Node {
             "eth0",
             "198.18.0.2/24",
         );
+        // The uplink is the default route's device: where the daemon finds it.
+        netns.ip(&["route", "add", "default", "via", EXTERNAL_ADDR]);
         let instance = Instance::new();
-        let daemon = Daemon::start(&netns, &instance, counted);
+        let daemon = Daemon::start_with(&netns, &instance, counted, daemon_flags);
         let network = Network::new(&instance, subnet);
         Self {
             daemon,

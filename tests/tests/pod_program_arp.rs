@@ -5,7 +5,7 @@
 use ebpf_cni_tests::{
     frames::{
         ARP_END, ELSEWHERE, GATEWAY, LOOPBACK, PEER, SENDER, UNKNOWN, all_drops, arp, arp_request,
-        assert_arp_reply, assert_passes_unchanged, counters, datapath, from_pod, pod,
+        assert_arp_reply, assert_passes_unchanged, counters, datapath, from_pod, no_drops, pod,
     },
     require_root,
 };
@@ -22,7 +22,7 @@ fn arp_request_for_the_gateway_is_answered_with_the_host_veth_mac() {
         counters(1, ARP_END, 1, ARP_END),
         "the request counts as sent by the pod, the reply as delivered to it"
     );
-    assert_eq!(all_drops(&object), [0, 0, 0]);
+    assert_eq!(all_drops(&object), no_drops());
 }
 
 #[test]
@@ -64,5 +64,5 @@ fn arp_the_responder_must_not_answer_goes_to_the_stack_unchanged() {
         counters(5, 5 * ARP_END, 0, 0),
         "every frame counted as sent, none as delivered"
     );
-    assert_eq!(all_drops(&object), [0, 0, 0], "nothing dropped");
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
 }

@@ -1,7 +1,9 @@
 //! Loading the eBPF object and attaching its programs (synchronous core). Pod
-//! programs and their pinned links are in [`pod`].
+//! programs and their pinned links are in [`pod`], the uplink's (source NAT) in
+//! [`uplink`].
 
 mod pod;
+mod uplink;
 
 use std::path::{Path, PathBuf};
 
@@ -74,6 +76,8 @@ impl Datapath {
             program_names::COUNT_BY_SOURCE,
             program_names::FROM_POD,
             program_names::TO_POD,
+            program_names::UPLINK_EGRESS,
+            program_names::UPLINK_INGRESS,
         ] {
             classifier(&mut ebpf, name)?
                 .load()

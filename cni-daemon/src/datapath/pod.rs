@@ -73,7 +73,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// Host veths that have pinned links (for reconciliation after a restart).
+    /// Host veths that have pinned links (for reconciliation after a restart); the
+    /// uplink's pins are not a pod's.
     pub fn pinned_pods(&self) -> Vec<String> {
         let Ok(entries) = fs::read_dir(self.links_dir()) else {
             return Vec::new();
@@ -82,6 +83,9 @@ impl Datapath {
             .filter_map(Result::ok)
             .filter_map(|entry| {
                 let name = entry.file_name().to_string_lossy().into_owned();
+                if super::uplink::is_uplink_pin(&name) {
+                    return None;
+                }
                 name.rsplit_once('_').map(|(veth, _)| veth.to_owned())
             })
             .collect();
@@ -90,15 +94,18 @@ impl Datapath {
         veths
     }
 
-    fn links_dir(&self) -> PathBuf {
+    /// `<bpf dir>/links`, where the pod and uplink links are pinned.
+    pub(super) fn links_dir(&self) -> PathBuf {
         self.bpf_dir.join("links")
     }
 }
 
-fn attach_pinned(
+/// Attaches `program` to `interface` through the TCX link pinned at `pin`: swapped into
+/// the existing link when there is one, else a new link, pinned.
+pub(super) fn attach_pinned(
     program: &mut SchedClassifier,
     name: &'static str,
-    host_veth: &str,
+    interface: &str,
     attach_type: TcAttachType,
     pin: PathBuf,
 ) -> Result<(), DatapathError> {
@@ -121,7 +128,7 @@ fn attach_pinned(
         drop(program.take_link(id).map_err(program_error)?);
     } else {
         let id = program
-            .attach(host_veth, attach_type)
+            .attach(interface, attach_type)
             .map_err(program_error)?;
         let link = program.take_link(id).map_err(program_error)?;
         let fd_link = FdLink::try_from(link).map_err(link_error)?;
@@ -132,10 +139,12 @@ fn attach_pinned(
     Ok(())
 }
 
-fn attach_netlink(
+/// Attaches `program` to `interface` as a netlink clsact filter (kernels < 6.6), replacing
+/// the filter of the same name a previous daemon left.
+pub(super) fn attach_netlink(
     program: &mut SchedClassifier,
     name: &'static str,
-    host_veth: &str,
+    interface: &str,
     attach_type: TcAttachType,
 ) -> Result<(), DatapathError> {
     let program_error = |source| DatapathError::Program {
@@ -143,9 +152,9 @@ fn attach_netlink(
         source,
     };
     // A filter left by the previous daemon is replaced, never doubled.
-    let _ = tc::qdisc_detach_program(host_veth, attach_type, name);
+    let _ = tc::qdisc_detach_program(interface, attach_type, name);
     let id = program
-        .attach(host_veth, attach_type)
+        .attach(interface, attach_type)
         .map_err(program_error)?;
     // Netlink filters live in the kernel; dropping the handle would remove the filter,
     // so it is deliberately leaked (it holds no file descriptor).
@@ -153,7 +162,7 @@ fn attach_netlink(
     Ok(())
 }
 
-fn pin_error(path: &std::path::Path, source: io::Error) -> DatapathError {
+pub(super) fn pin_error(path: &std::path::Path, source: io::Error) -> DatapathError {
     DatapathError::Pin {
         path: path.display().to_string(),
         source,

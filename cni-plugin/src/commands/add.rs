@@ -166,7 +166,7 @@ fn apply(
         mac: format_mac(pod_mac),
         ips: result.ips.iter().map(|ip| ip.address).collect(),
         masquerade: inv.conf.ip_masq,
-        cluster_cidrs: Vec::new(),
+        cluster_cidrs: cluster_cidrs(&inv.conf, &result),
         port_mappings: port_mappings(&inv.conf),
         bandwidth: bandwidth(&inv.conf),
     })?;
@@ -292,4 +292,20 @@ fn bandwidth(conf: &NetConf) -> Option<api::Bandwidth> {
             egress_rate: bandwidth.egress_rate,
             egress_burst: bandwidth.egress_burst,
         })
+}
+
+/// Destinations that keep the pod's address under ipMasq: `clusterCIDRs` from the
+/// config, else the subnets of the pod's own IPv4 addresses (the IPAM subnet).
+fn cluster_cidrs(conf: &NetConf, result: &CniResult) -> Vec<Ipv4Net> {
+    if !conf.cluster_cidrs.is_empty() {
+        return conf.cluster_cidrs.clone();
+    }
+    result
+        .ips
+        .iter()
+        .filter_map(|ip| match ip.address {
+            IpNet::V4(net) => Some(net.trunc()),
+            IpNet::V6(_) => None,
+        })
+        .collect()
 }

@@ -86,6 +86,9 @@ pub struct NetConf {
     pub ipam: Option<IpamConf>,
     pub mtu: Option<u32>,
     pub ip_masq: bool,
+    /// Our own key `clusterCIDRs`: destinations that keep the pod's address under
+    /// `ipMasq` (the cluster's pod ranges). Empty means "the pod's own subnet".
+    pub cluster_cidrs: Vec<ipnet::Ipv4Net>,
     /// Our own key: where the node daemon listens, when not the default.
     pub daemon_socket: Option<PathBuf>,
     pub runtime_config: RuntimeConfig,
@@ -124,6 +127,7 @@ impl NetConf {
             ipam: optional(&mut map, "ipam")?,
             mtu: optional(&mut map, "mtu")?,
             ip_masq: optional(&mut map, "ipMasq")?.unwrap_or(false),
+            cluster_cidrs: optional(&mut map, "clusterCIDRs")?.unwrap_or_default(),
             daemon_socket: optional(&mut map, "daemonSocket")?,
             runtime_config: optional(&mut map, "runtimeConfig")?.unwrap_or_default(),
             prev_result: map.remove("prevResult").filter(|v| !v.is_null()),

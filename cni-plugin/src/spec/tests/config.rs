@@ -509,3 +509,19 @@ fn protocol_displays_its_wire_spelling() {
     assert_eq!(Protocol::Tcp.to_string(), "tcp");
     assert_eq!(Protocol::Udp.to_string(), "udp");
 }
+
+#[test]
+fn cluster_cidrs_are_read_and_bad_ones_are_code_7() {
+    let conf = add_full_with(|v| v["clusterCIDRs"] = json!(["10.244.0.0/16", "10.96.0.0/12"]));
+    let cidrs: Vec<String> = conf.cluster_cidrs.iter().map(ToString::to_string).collect();
+    assert_eq!(cidrs, ["10.244.0.0/16", "10.96.0.0/12"]);
+    assert!(
+        parse(ADD_FULL).cluster_cidrs.is_empty(),
+        "absent means empty"
+    );
+
+    let mut bad: Value = serde_json::from_str(ADD_FULL).expect("fixture is JSON");
+    bad["clusterCIDRs"] = json!(["10.244.0.0/33"]);
+    let error = NetConf::parse(bad.to_string().as_bytes()).expect_err("an invalid prefix");
+    assert_eq!(error.code.code(), 7, "{error:?}");
+}

@@ -1,0 +1,116 @@
+//! The uplink programs (source NAT), attached like the pod programs through links pinned
+//! under `<bpf dir>/links/uplink_egress` and `uplink_ingress`, so translation goes on
+//! while the daemon is stopped; and the NAT maps they share with the daemon.
+
+use std::{fs, io};
+
+use aya::maps::{Array, HashMap, LpmTrie};
+use aya::programs::{TcAttachType, tc};
+use cni_ebpf_common::{map_names, program_names};
+
+use super::{
+    Datapath, DatapathError, classifier, ensure_clsact, has_tcx,
+    pod::{attach_netlink, attach_pinned, pin_error},
+};
+use crate::{api::Attachment, nat::NatMaps};
+
+/// The two uplink programs: where they attach; their pins are named after them.
+const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
+    (program_names::UPLINK_EGRESS, TcAttachType::Egress),
+    (program_names::UPLINK_INGRESS, TcAttachType::Ingress),
+];
+
+/// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).
+pub(super) fn is_uplink_pin(name: &str) -> bool {
+    UPLINK_PROGRAMS.iter().any(|(program, _)| *program == name)
+}
+
+impl Datapath {
+    /// Attaches (or re-attaches, replacing the programs in their pinned links) the NAT
+    /// programs on `uplink`: `uplink_egress` on TC egress, `uplink_ingress` on ingress.
+    pub fn attach_uplink(&mut self, uplink: &str) -> Result<(), DatapathError> {
+        let ifindex = nix::net::if_::if_nametoindex(uplink)
+            .map_err(|_| DatapathError::NoInterface(uplink.to_owned()))?;
+        let links_dir = self.links_dir();
+        fs::create_dir_all(&links_dir).map_err(|source| pin_error(&links_dir, source))?;
+        let tcx = has_tcx();
+        if !tcx {
+            ensure_clsact(uplink)?;
+        }
+        for (name, attach_type) in UPLINK_PROGRAMS {
+            let program = classifier(&mut self.ebpf, name)?;
+            if tcx {
+                let pin = links_dir.join(name);
+                if let Err(error) = attach_pinned(program, name, uplink, attach_type, pin.clone()) {
+                    if !pin.exists() {
+                        return Err(error);
+                    }
+                    // A link whose device went away cannot take a program: start afresh.
+                    tracing::warn!(%error, pin = %pin.display(), "replacing a dead uplink link");
+                    remove_pin(&pin)?;
+                    let program = classifier(&mut self.ebpf, name)?;
+                    attach_pinned(program, name, uplink, attach_type, pin)?;
+                }
+            } else {
+                attach_netlink(program, name, uplink, attach_type)?;
+            }
+            tracing::info!(interface = uplink, ifindex, program = name, "attached");
+            self.attachments.push(Attachment {
+                interface: uplink.to_owned(),
+                ifindex,
+                program: name.to_owned(),
+                mode: if tcx { "tcx" } else { "clsact" }.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Detaches the uplink programs a previous daemon attached to the interface
+    /// `ifindex` (0: unknown): their pins go, and with TCX their links with them. Nothing
+    /// attached is not an error.
+    pub fn detach_uplink(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let interface = (ifindex != 0)
+            .then(|| nix::net::if_::if_indextoname(ifindex).ok())
+            .flatten()
+            .map(|name| name.to_string_lossy().into_owned());
+        for (name, attach_type) in UPLINK_PROGRAMS {
+            let pin = self.links_dir().join(name);
+            if pin.exists() {
+                tracing::info!(pin = %pin.display(), "detaching the previous uplink program");
+            }
+            remove_pin(&pin)?;
+            if let (false, Some(interface)) = (has_tcx(), &interface) {
+                // Absent filter: nothing to detach.
+                let _ = tc::qdisc_detach_program(interface, attach_type, name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the NAT maps to their owner ([`crate::nat::Nat`]).
+    pub fn take_nat_maps(&mut self) -> Result<NatMaps, DatapathError> {
+        let mut take = |name: &'static str| {
+            self.ebpf
+                .take_map(name)
+                .ok_or(DatapathError::MissingMap(name))
+        };
+        let flows_out = take(map_names::NAT_OUT)?;
+        let flows_in = take(map_names::NAT_IN)?;
+        let config = take(map_names::NAT_CONFIG)?;
+        let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
+        Ok(NatMaps {
+            flows_out: HashMap::try_from(flows_out)?,
+            flows_in: HashMap::try_from(flows_in)?,
+            config: Array::try_from(config)?,
+            cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
+        })
+    }
+}
+
+fn remove_pin(pin: &std::path::Path) -> Result<(), DatapathError> {
+    match fs::remove_file(pin) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(pin_error(pin, source)),
+    }
+}

@@ -1,0 +1,262 @@
+//! The NAT flags of `ebpf-cnid run`, and the values they parse into.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use cni_ebpf_common::NatConfig;
+use serde::Serialize;
+
+/// Source NAT of pod traffic leaving the node (flattened into `run`).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Source NAT")]
+pub struct NatArgs {
+    /// Interface pod traffic to the outside leaves by, translated to its first IPv4
+    /// address. Default: the device of the default IPv4 route of the daemon's network
+    /// namespace; without one, NAT is off.
+    #[arg(long, env = "EBPF_CNID_UPLINK")]
+    pub uplink: Option<String>,
+    /// Node ports handed to translated flows, MIN-MAX inclusive (MIN >= 1024). The
+    /// default sits above Linux's default ephemeral range (net.ipv4.ip_local_port_range,
+    /// 32768-60999), so the node's own connections never take a port a translated flow
+    /// holds: a reply would otherwise be ambiguous between the node and a pod.
+    #[arg(long, env = "EBPF_CNID_NAT_PORT_RANGE", default_value = "61000-65535")]
+    pub nat_port_range: PortRange,
+    /// Seconds an idle established TCP flow keeps its translation.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_TCP_ESTABLISHED_TIMEOUT",
+        default_value_t = 3600,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nat_tcp_established_timeout: u32,
+    /// Seconds an idle TCP flow that is opening (SYN sent) or closing (FIN/RST seen) keeps
+    /// its translation.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_TCP_TRANSITORY_TIMEOUT",
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nat_tcp_transitory_timeout: u32,
+    /// Seconds an idle UDP flow keeps its translation.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_UDP_TIMEOUT",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nat_udp_timeout: u32,
+    /// Seconds an idle ICMP echo flow keeps its translation.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_ICMP_TIMEOUT",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nat_icmp_timeout: u32,
+    /// Seconds between two sweeps of expired translations.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_GC_INTERVAL",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub nat_gc_interval: u64,
+}
+
+impl NatArgs {
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            tcp_established: self.nat_tcp_established_timeout,
+            tcp_transitory: self.nat_tcp_transitory_timeout,
+            udp: self.nat_udp_timeout,
+            icmp: self.nat_icmp_timeout,
+        }
+    }
+
+    pub fn gc_interval(&self) -> Duration {
+        Duration::from_secs(self.nat_gc_interval)
+    }
+}
+
+/// Idle timeouts in seconds, per kind of flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Timeouts {
+    pub tcp_established: u32,
+    /// SYN sent, or FIN/RST seen.
+    pub tcp_transitory: u32,
+    pub udp: u32,
+    pub icmp: u32,
+}
+
+impl Timeouts {
+    /// The timeouts the daemon wrote into `NAT_CONFIG`.
+    pub fn from_config(config: &NatConfig) -> Self {
+        Self {
+            tcp_established: config.tcp_established_secs,
+            tcp_transitory: config.tcp_transitory_secs,
+            udp: config.udp_secs,
+            icmp: config.icmp_secs,
+        }
+    }
+}
+
+/// Inclusive range of node ports, `MIN-MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PortRange {
+    pub min: u16,
+    pub max: u16,
+}
+
+/// The lowest port NAT may use: the well-known ports below belong to node services.
+pub const LOWEST_NAT_PORT: u16 = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortRangeError {
+    #[error("{0:?} is not MIN-MAX")]
+    Format(String),
+    #[error("{0:?} is not a port number")]
+    Port(String),
+    #[error("MIN {min} is above MAX {max}")]
+    Reversed { min: u16, max: u16 },
+    #[error("MIN {0} is below {LOWEST_NAT_PORT}: the well-known ports belong to node services")]
+    Privileged(u16),
+}
+
+impl FromStr for PortRange {
+    type Err = PortRangeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (min, max) = text
+            .split_once('-')
+            .ok_or_else(|| PortRangeError::Format(text.to_owned()))?;
+        let port = |part: &str| {
+            part.trim()
+                .parse::<u16>()
+                .map_err(|_| PortRangeError::Port(part.to_owned()))
+        };
+        let (min, max) = (port(min)?, port(max)?);
+        if min > max {
+            return Err(PortRangeError::Reversed { min, max });
+        }
+        if min < LOWEST_NAT_PORT {
+            return Err(PortRangeError::Privileged(min));
+        }
+        Ok(Self { min, max })
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.min, self.max)
+    }
+}
+
+impl PortRange {
+    pub fn overlaps(&self, other: &PortRange) -> bool {
+        self.min <= other.max && other.min <= self.max
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_range_parses_min_and_max() {
+        assert_eq!(
+            "61000-65535".parse(),
+            Ok(PortRange {
+                min: 61000,
+                max: 65535
+            })
+        );
+        assert_eq!(
+            "2000-2000".parse(),
+            Ok(PortRange {
+                min: 2000,
+                max: 2000
+            })
+        );
+    }
+
+    #[test]
+    fn port_range_refuses_malformed_text() {
+        for bad in [
+            "",
+            "61000",
+            "61000:65535",
+            "a-b",
+            "61000-",
+            "-65535",
+            "0-70000",
+        ] {
+            assert!(bad.parse::<PortRange>().is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn port_range_refuses_min_above_max() {
+        assert_eq!(
+            "65000-61000".parse::<PortRange>(),
+            Err(PortRangeError::Reversed {
+                min: 65000,
+                max: 61000
+            })
+        );
+    }
+
+    #[test]
+    fn port_range_refuses_well_known_ports() {
+        assert_eq!(
+            "1023-2000".parse::<PortRange>(),
+            Err(PortRangeError::Privileged(1023))
+        );
+        assert!("1024-2000".parse::<PortRange>().is_ok());
+    }
+
+    #[test]
+    fn default_port_range_stays_clear_of_linux_ephemeral_ports() {
+        let nat: PortRange = "61000-65535".parse().expect("valid");
+        let linux = PortRange {
+            min: 32768,
+            max: 60999,
+        };
+        assert!(!nat.overlaps(&linux));
+        assert!(nat.overlaps(&PortRange {
+            min: 32768,
+            max: 61000
+        }));
+    }
+
+    #[test]
+    fn nat_flags_parse_with_their_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            nat: NatArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["test"]).expect("defaults parse");
+        assert_eq!(cli.nat.uplink, None);
+        assert_eq!(
+            cli.nat.nat_port_range,
+            PortRange {
+                min: 61000,
+                max: 65535
+            }
+        );
+        assert_eq!(
+            cli.nat.timeouts(),
+            Timeouts {
+                tcp_established: 3600,
+                tcp_transitory: 120,
+                udp: 30,
+                icmp: 30
+            }
+        );
+        assert_eq!(cli.nat.gc_interval(), Duration::from_secs(10));
+        assert!(
+            <Cli as clap::Parser>::try_parse_from(["test", "--nat-port-range", "100-200"]).is_err()
+        );
+        assert!(<Cli as clap::Parser>::try_parse_from(["test", "--nat-udp-timeout", "0"]).is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! `CLUSTER_CIDRS`, the destinations that keep the pod's address: always the union of
+//! every endpoint's `cluster_cidrs`.
+
+use std::collections::BTreeSet;
+
+use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
+use ipnet::Ipv4Net;
+
+use crate::api::Endpoint;
+
+/// The LPM trie as user space sees it: (prefix length, address in network order) -> 1.
+pub type ClusterCidrs = LpmTrie<MapData, [u8; 4], u8>;
+
+/// The ranges every endpoint in `endpoints` keeps untranslated, host bits cleared.
+pub fn union<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> BTreeSet<Ipv4Net> {
+    endpoints
+        .into_iter()
+        .flat_map(|endpoint| endpoint.cluster_cidrs.iter().map(Ipv4Net::trunc))
+        .collect()
+}
+
+/// What to insert and what to remove so that `current` becomes `desired`.
+pub fn changes(
+    current: &BTreeSet<Ipv4Net>,
+    desired: &BTreeSet<Ipv4Net>,
+) -> (Vec<Ipv4Net>, Vec<Ipv4Net>) {
+    (
+        desired.difference(current).copied().collect(),
+        current.difference(desired).copied().collect(),
+    )
+}
+
+/// Makes `trie` hold exactly `desired`. New ranges go in before old ones leave, so a
+/// range present in both never disappears, even for a moment.
+pub fn sync(
+    trie: &mut ClusterCidrs,
+    desired: &BTreeSet<Ipv4Net>,
+) -> Result<(), aya::maps::MapError> {
+    let keys: Vec<Key<[u8; 4]>> = trie.keys().collect::<Result<_, _>>()?;
+    let mut current = BTreeSet::new();
+    for key in keys {
+        // A key the daemon did not write (prefix > 32) cannot be a range: remove it too.
+        match Ipv4Net::new(key.data().into(), prefix_u8(key.prefix_len())) {
+            Ok(net) => {
+                current.insert(net);
+            }
+            Err(_) => crate::maps::removed(trie.remove(&key))?,
+        }
+    }
+    let (add, remove) = changes(&current, desired);
+    for net in &add {
+        trie.insert(&key(net), 1, 0)?;
+    }
+    for net in &remove {
+        crate::maps::removed(trie.remove(&key(net)))?;
+    }
+    if !add.is_empty() || !remove.is_empty() {
+        tracing::info!(cidrs = ?desired, "cluster ranges kept untranslated");
+    }
+    Ok(())
+}
+
+fn key(net: &Ipv4Net) -> Key<[u8; 4]> {
+    Key::new(u32::from(net.prefix_len()), net.network().octets())
+}
+
+fn prefix_u8(prefix_len: u32) -> u8 {
+    u8::try_from(prefix_len).unwrap_or(u8::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EndpointId;
+
+    fn endpoint(name: &str, cidrs: &[&str]) -> Endpoint {
+        Endpoint {
+            id: EndpointId {
+                container_id: name.to_owned(),
+                ifname: "eth0".to_owned(),
+            },
+            network: "pods".to_owned(),
+            netns: format!("/run/netns/{name}"),
+            host_veth: format!("veb{name}"),
+            host_ifindex: 7,
+            host_mac: "0a:58:0a:f4:01:01".to_owned(),
+            mac: "0a:58:0a:f4:01:02".to_owned(),
+            ips: vec!["10.244.1.2/24".parse().expect("valid")],
+            masquerade: true,
+            cluster_cidrs: cidrs.iter().map(|c| c.parse().expect("valid")).collect(),
+            port_mappings: Vec::new(),
+            bandwidth: None,
+        }
+    }
+
+    fn nets(texts: &[&str]) -> BTreeSet<Ipv4Net> {
+        texts.iter().map(|t| t.parse().expect("valid")).collect()
+    }
+
+    #[test]
+    fn union_merges_every_endpoints_ranges_once() {
+        let endpoints = [
+            endpoint("a", &["10.244.0.0/16"]),
+            endpoint("b", &["10.244.0.0/16", "10.96.0.0/12"]),
+            endpoint("c", &[]),
+        ];
+        assert_eq!(union(&endpoints), nets(&["10.96.0.0/12", "10.244.0.0/16"]));
+    }
+
+    #[test]
+    fn union_clears_host_bits() {
+        let endpoints = [endpoint("a", &["10.244.1.7/16"])];
+        assert_eq!(union(&endpoints), nets(&["10.244.0.0/16"]));
+    }
+
+    #[test]
+    fn union_of_no_endpoints_is_empty() {
+        assert!(union(&[]).is_empty());
+    }
+
+    #[test]
+    fn changes_add_the_new_and_remove_the_gone() {
+        let current = nets(&["10.244.0.0/16", "172.16.0.0/12"]);
+        let desired = nets(&["10.244.0.0/16", "10.96.0.0/12"]);
+        let (add, remove) = changes(&current, &desired);
+        assert_eq!(add, vec!["10.96.0.0/12".parse::<Ipv4Net>().expect("valid")]);
+        assert_eq!(
+            remove,
+            vec!["172.16.0.0/12".parse::<Ipv4Net>().expect("valid")]
+        );
+        let (add, remove) = changes(&desired, &desired);
+        assert!(add.is_empty() && remove.is_empty());
+    }
+
+    #[test]
+    fn trie_key_is_prefix_length_and_network_order_address() {
+        let key = key(&"10.244.0.0/16".parse().expect("valid"));
+        assert_eq!(key.prefix_len(), 16);
+        assert_eq!(key.data(), [10, 244, 0, 0]);
+    }
+}

@@ -1,0 +1,241 @@
+//! The NAT maps the daemon owns: the configuration it writes, the cluster ranges it keeps
+//! in step with the endpoints, and the two flow tables it sweeps.
+
+use std::collections::HashMap as StdHashMap;
+
+use aya::maps::{Array, HashMap, MapData, MapError};
+use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey};
+
+use super::{
+    NatSettings,
+    cidrs::{self, ClusterCidrs},
+    expiry,
+};
+use crate::api::Endpoint;
+
+/// `NAT_OUT`: the pod side of each flow.
+pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;
+/// `NAT_IN`: the node side of each flow.
+pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
+
+/// Most entries one sweep reads from a table. Iterating a hash map that the datapath
+/// changes meanwhile can restart from its first key; this keeps a sweep finite.
+const MAX_SCAN: usize = 1 << 20;
+
+/// The NAT maps, taken from the loaded object (see `Datapath::take_nat_maps`).
+pub struct NatMaps {
+    pub flows_out: FlowsOut,
+    pub flows_in: FlowsIn,
+    pub config: Array<MapData, NatConfig>,
+    pub cluster_cidrs: ClusterCidrs,
+}
+
+/// What one sweep removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Flows whose `NAT_OUT` entry (and `NAT_IN` pair) expired.
+    pub flows: usize,
+    /// Expired `NAT_IN` entries whose `NAT_OUT` pair was gone (evicted by the LRU).
+    pub orphans: usize,
+}
+
+/// Source NAT as this daemon runs it: its settings (none: NAT is off) and its maps.
+pub struct Nat {
+    maps: NatMaps,
+    settings: Option<NatSettings>,
+    /// `NAT_CONFIG` as the previous daemon left it.
+    previous: NatConfig,
+}
+
+impl Nat {
+    pub fn open(maps: NatMaps, settings: Option<NatSettings>) -> Result<Self, MapError> {
+        let previous = maps.config.get(&0, 0)?;
+        Ok(Self {
+            maps,
+            settings,
+            previous,
+        })
+    }
+
+    pub fn settings(&self) -> Option<&NatSettings> {
+        self.settings.as_ref()
+    }
+
+    /// The uplink the previous daemon attached to (0: none), whose pinned links may
+    /// still be there.
+    pub fn previous_uplink_ifindex(&self) -> u32 {
+        self.previous.uplink_ifindex
+    }
+
+    /// Writes this daemon's configuration; with NAT off, a zero configuration (node
+    /// address 0.0.0.0) and empty flow tables.
+    pub fn write_config(&mut self) -> Result<(), MapError> {
+        let config = self
+            .settings
+            .as_ref()
+            .map_or_else(NatConfig::default, NatSettings::config);
+        self.maps.config.set(0, config, 0)?;
+        if self.settings.is_none() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Makes `CLUSTER_CIDRS` the union of `endpoints`' cluster ranges.
+    pub fn sync_cluster_cidrs<'a>(
+        &mut self,
+        endpoints: impl IntoIterator<Item = &'a Endpoint>,
+    ) -> Result<(), MapError> {
+        cidrs::sync(&mut self.maps.cluster_cidrs, &cidrs::union(endpoints))
+    }
+
+    /// Removes every flow idle for longer than its timeout at `now_ns` (CLOCK_MONOTONIC),
+    /// both entries of a pair together.
+    pub fn sweep(&mut self, now_ns: u64) -> Result<Sweep, MapError> {
+        let Some(timeouts) = self.settings.as_ref().map(|s| s.timeouts) else {
+            return Ok(Sweep::default());
+        };
+        let mut sweep = Sweep::default();
+        for (key, out) in scan(&self.maps.flows_out)? {
+            let reverse = reverse_key(&key, &out);
+            // A NAT_IN entry for another pod's flow is not this flow's pair.
+            let inbound = get(&self.maps.flows_in, &reverse)?
+                .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
+            let decided = *expiry::latest(&out, inbound.as_ref());
+            if !expiry::is_expired(&decided, key.proto, now_ns, &timeouts) {
+                continue;
+            }
+            // The datapath may have refreshed an entry since it was read: only entries
+            // that saw no packet after the decision go. NAT_OUT first, so a port is never
+            // free in NAT_IN while NAT_OUT still hands it out.
+            if remove_if_idle(&mut self.maps.flows_out, &key, &decided)? {
+                if inbound.is_some() {
+                    remove_if_idle(&mut self.maps.flows_in, &reverse, &decided)?;
+                }
+                sweep.flows += 1;
+            }
+        }
+        for (reverse, inbound) in scan(&self.maps.flows_in)? {
+            let key = forward_key(&reverse, &inbound);
+            let paired = get(&self.maps.flows_out, &key)?
+                .is_some_and(|out| out.node_port == reverse.node_port);
+            if !paired
+                && expiry::is_expired(&inbound, reverse.proto, now_ns, &timeouts)
+                && remove_if_idle(&mut self.maps.flows_in, &reverse, &inbound)?
+            {
+                sweep.orphans += 1;
+            }
+        }
+        Ok(sweep)
+    }
+
+    /// Empties both flow tables (NAT is off: no program uses them).
+    fn flush(&mut self) -> Result<(), MapError> {
+        for (key, _) in scan(&self.maps.flows_out)? {
+            crate::maps::removed(self.maps.flows_out.remove(&key))?;
+        }
+        for (key, _) in scan(&self.maps.flows_in)? {
+            crate::maps::removed(self.maps.flows_in.remove(&key))?;
+        }
+        Ok(())
+    }
+}
+
+/// The `NAT_IN` key of the flow `key` translated as `entry` says.
+pub fn reverse_key(key: &NatKey, entry: &NatEntry) -> NatReverseKey {
+    NatReverseKey {
+        remote_addr: key.remote_addr,
+        node_port: entry.node_port,
+        remote_port: key.remote_port,
+        proto: key.proto,
+        pad: [0; 3],
+    }
+}
+
+/// The `NAT_OUT` key of the flow whose `NAT_IN` entry is (`reverse`, `entry`).
+pub fn forward_key(reverse: &NatReverseKey, entry: &NatEntry) -> NatKey {
+    NatKey {
+        pod_addr: entry.pod_addr,
+        remote_addr: reverse.remote_addr,
+        pod_port: entry.pod_port,
+        remote_port: reverse.remote_port,
+        proto: reverse.proto,
+        pad: [0; 3],
+    }
+}
+
+/// Every entry of `map`, each key once, at most [`MAX_SCAN`].
+fn scan<K, V>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, V)>, MapError>
+where
+    K: aya::Pod + Eq + std::hash::Hash,
+    V: aya::Pod,
+{
+    let mut entries = StdHashMap::new();
+    for entry in map.iter().take(MAX_SCAN) {
+        let (key, value) = entry?;
+        entries.insert(key, value);
+    }
+    Ok(entries.into_iter().collect())
+}
+
+fn get<K: aya::Pod>(
+    map: &HashMap<MapData, K, NatEntry>,
+    key: &K,
+) -> Result<Option<NatEntry>, MapError> {
+    match map.get(key, 0) {
+        Ok(entry) => Ok(Some(entry)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Removes `key` unless its entry saw a packet after `decided`'s; returns whether it
+/// is gone.
+fn remove_if_idle<K: aya::Pod>(
+    map: &mut HashMap<MapData, K, NatEntry>,
+    key: &K,
+    decided: &NatEntry,
+) -> Result<bool, MapError> {
+    match get(map, key)? {
+        Some(now) if now.last_seen_ns > decided.last_seen_ns => Ok(false),
+        Some(_) => crate::maps::removed(map.remove(key)).map(|()| true),
+        None => Ok(true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reverse_and_forward_keys_name_the_same_flow() {
+        let key = NatKey {
+            pod_addr: [10, 244, 1, 2],
+            remote_addr: [198, 18, 0, 9],
+            pod_port: 40000,
+            remote_port: 443,
+            proto: 6,
+            pad: [0; 3],
+        };
+        let entry = NatEntry {
+            last_seen_ns: 1,
+            pod_addr: key.pod_addr,
+            pod_port: key.pod_port,
+            node_port: 61007,
+            state: 2,
+            pad: [0; 7],
+        };
+        let reverse = reverse_key(&key, &entry);
+        assert_eq!(
+            reverse,
+            NatReverseKey {
+                remote_addr: [198, 18, 0, 9],
+                node_port: 61007,
+                remote_port: 443,
+                proto: 6,
+                pad: [0; 3],
+            }
+        );
+        assert_eq!(forward_key(&reverse, &entry), key);
+    }
+}

@@ -1,0 +1,275 @@
+//! `ebpf-cnid nat` and the NAT part of `status`: the translated flows and the NAT
+//! counters, read from the pinned maps (no daemon needed).
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+};
+
+use aya::maps::{Array, HashMap, Map, MapError, PerCpuArray};
+use cni_ebpf_common::{
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, map_names, tcp_state,
+};
+use serde::Serialize;
+
+use super::{
+    args::{PortRange, Timeouts},
+    expiry, tables,
+};
+use crate::inspect::{InspectError, open_pinned};
+
+/// The NAT configuration in force, the counters, and every entry of `NAT_OUT` (one per
+/// translated flow).
+#[derive(Debug, Clone, Serialize)]
+pub struct NatView {
+    /// The datapath translates (the configured node address is not 0.0.0.0).
+    pub enabled: bool,
+    pub node_addr: Ipv4Addr,
+    pub uplink_ifindex: u32,
+    pub port_range: PortRange,
+    pub timeouts: Timeouts,
+    pub counters: BTreeMap<&'static str, u64>,
+    pub entries: Vec<FlowView>,
+}
+
+/// One translated flow. For ICMP echo the "ports" are the echo identifiers. State, idle
+/// time and expiry come from the latest of the flow's two entries, as the sweeper sees
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FlowView {
+    pub proto: String,
+    pub pod: SocketAddrV4,
+    pub node: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    /// TCP state name; `-` for other protocols.
+    pub state: &'static str,
+    pub idle_secs: u64,
+    /// 0 once expired: the sweeper removes it at its next pass.
+    pub expires_in_secs: u64,
+}
+
+/// NAT counters by name, summed over CPUs, every counter listed (zeros too).
+pub fn nat_counters(bpf_dir: &Path) -> Result<BTreeMap<&'static str, u64>, InspectError> {
+    let data = open_pinned(bpf_dir, map_names::NAT_STATS)?;
+    let map: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
+    let mut counters = BTreeMap::new();
+    for counter in NatCounter::ALL {
+        let per_cpu = map.get(&(counter as u32), 0)?;
+        counters.insert(counter.name(), per_cpu.iter().sum());
+    }
+    Ok(counters)
+}
+
+/// Everything `ebpf-cnid nat` shows, as of `now_ns` (CLOCK_MONOTONIC).
+pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
+    let config: Array<_, NatConfig> = Array::try_from(pinned(bpf_dir, map_names::NAT_CONFIG)?)?;
+    let config = config.get(&0, 0)?;
+    let flows_out: HashMap<_, NatKey, NatEntry> =
+        HashMap::try_from(pinned(bpf_dir, map_names::NAT_OUT)?)?;
+    let flows_in: HashMap<_, NatReverseKey, NatEntry> =
+        HashMap::try_from(pinned(bpf_dir, map_names::NAT_IN)?)?;
+    let node_addr = Ipv4Addr::from(config.node_addr);
+    let timeouts = Timeouts::from_config(&config);
+    let mut entries = Vec::new();
+    for entry in flows_out.iter() {
+        let (key, out) = entry?;
+        let inbound = match flows_in.get(&tables::reverse_key(&key, &out), 0) {
+            Ok(inbound) => Some(inbound),
+            Err(MapError::KeyNotFound) => None,
+            Err(error) => return Err(error.into()),
+        }
+        .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
+        entries.push(flow_view(
+            &key,
+            &out,
+            inbound.as_ref(),
+            node_addr,
+            now_ns,
+            &timeouts,
+        ));
+    }
+    entries.sort_by(|a, b| (a.pod, a.remote, &a.proto).cmp(&(b.pod, b.remote, &b.proto)));
+    Ok(NatView {
+        enabled: !node_addr.is_unspecified(),
+        node_addr,
+        uplink_ifindex: config.uplink_ifindex,
+        port_range: PortRange {
+            min: config.port_min,
+            max: config.port_max,
+        },
+        timeouts,
+        counters: nat_counters(bpf_dir)?,
+        entries,
+    })
+}
+
+/// The map pinned as `name`, typed by what the kernel says it is.
+fn pinned(bpf_dir: &Path, name: &str) -> Result<Map, InspectError> {
+    Ok(Map::from_map_data(open_pinned(bpf_dir, name)?)?)
+}
+
+/// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`.
+pub fn flow_view(
+    key: &NatKey,
+    out: &NatEntry,
+    inbound: Option<&NatEntry>,
+    node_addr: Ipv4Addr,
+    now_ns: u64,
+    timeouts: &Timeouts,
+) -> FlowView {
+    let entry = expiry::latest(out, inbound);
+    FlowView {
+        proto: proto_name(key.proto),
+        pod: SocketAddrV4::new(key.pod_addr.into(), key.pod_port),
+        node: SocketAddrV4::new(node_addr, out.node_port),
+        remote: SocketAddrV4::new(key.remote_addr.into(), key.remote_port),
+        state: state_name(key.proto, entry.state),
+        idle_secs: expiry::idle_ns(entry.last_seen_ns, now_ns) / 1_000_000_000,
+        expires_in_secs: expiry::expires_in_secs(entry, key.proto, now_ns, timeouts),
+    }
+}
+
+pub fn proto_name(proto: u8) -> String {
+    match proto {
+        expiry::IPPROTO_TCP => "tcp".to_owned(),
+        expiry::IPPROTO_UDP => "udp".to_owned(),
+        expiry::IPPROTO_ICMP => "icmp".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+pub fn state_name(proto: u8, state: u8) -> &'static str {
+    if proto != expiry::IPPROTO_TCP {
+        return "-";
+    }
+    match state {
+        tcp_state::SYN_SENT => "syn_sent",
+        tcp_state::ESTABLISHED => "established",
+        tcp_state::CLOSING => "closing",
+        _ => "unknown",
+    }
+}
+
+/// One line of counters, `name=value ...`.
+pub fn counters_line(counters: &BTreeMap<&'static str, u64>) -> String {
+    let parts: Vec<String> = counters.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    parts.join(" ")
+}
+
+/// A readable summary and table of `view`.
+pub fn nat_table(view: &NatView) -> String {
+    let mut out = if view.enabled {
+        format!(
+            "nat enabled  node {}  uplink ifindex {}  ports {}\n",
+            view.node_addr, view.uplink_ifindex, view.port_range
+        )
+    } else {
+        "nat disabled\n".to_owned()
+    };
+    out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
+    out.push_str(&format!(
+        "{:<5} {:<21} {:<21} {:<21} {:<11} {:>8} {:>8}\n",
+        "PROTO", "POD", "NODE", "REMOTE", "STATE", "IDLE", "EXPIRES"
+    ));
+    for flow in &view.entries {
+        out.push_str(&format!(
+            "{:<5} {:<21} {:<21} {:<21} {:<11} {:>7}s {:>7}s\n",
+            flow.proto,
+            flow.pod.to_string(),
+            flow.node.to_string(),
+            flow.remote.to_string(),
+            flow.state,
+            flow.idle_secs,
+            flow.expires_in_secs,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flow_shows_both_sides_its_state_and_its_clock() {
+        let key = NatKey {
+            pod_addr: [10, 244, 1, 2],
+            remote_addr: [198, 18, 0, 9],
+            pod_port: 40000,
+            remote_port: 443,
+            proto: expiry::IPPROTO_TCP,
+            pad: [0; 3],
+        };
+        let now = 5_000 * 1_000_000_000;
+        let entry = NatEntry {
+            last_seen_ns: now - 7 * 1_000_000_000,
+            pod_addr: key.pod_addr,
+            pod_port: key.pod_port,
+            node_port: 61007,
+            state: tcp_state::ESTABLISHED,
+            pad: [0; 7],
+        };
+        let timeouts = Timeouts {
+            tcp_established: 3600,
+            tcp_transitory: 120,
+            udp: 30,
+            icmp: 30,
+        };
+        let node = Ipv4Addr::new(198, 18, 0, 1);
+        let view = flow_view(&key, &entry, None, node, now, &timeouts);
+        assert_eq!(view.proto, "tcp");
+        assert_eq!(view.pod.to_string(), "10.244.1.2:40000");
+        assert_eq!(view.node.to_string(), "198.18.0.1:61007");
+        assert_eq!(view.remote.to_string(), "198.18.0.9:443");
+        assert_eq!(view.state, "established");
+        assert_eq!(view.idle_secs, 7);
+        assert_eq!(view.expires_in_secs, 3593);
+    }
+
+    #[test]
+    fn a_flow_is_as_fresh_as_its_latest_entry() {
+        let key = NatKey {
+            pod_addr: [10, 244, 1, 2],
+            remote_addr: [198, 18, 0, 9],
+            pod_port: 40000,
+            remote_port: 5000,
+            proto: expiry::IPPROTO_UDP,
+            pad: [0; 3],
+        };
+        let now = 5_000 * 1_000_000_000;
+        let out = NatEntry {
+            last_seen_ns: now - 100 * 1_000_000_000,
+            pod_addr: key.pod_addr,
+            pod_port: key.pod_port,
+            node_port: 61007,
+            state: 0,
+            pad: [0; 7],
+        };
+        let inbound = NatEntry {
+            last_seen_ns: now - 1_000_000_000,
+            ..out
+        };
+        let timeouts = Timeouts {
+            tcp_established: 3600,
+            tcp_transitory: 120,
+            udp: 30,
+            icmp: 30,
+        };
+        let node = Ipv4Addr::new(198, 18, 0, 1);
+        let view = flow_view(&key, &out, Some(&inbound), node, now, &timeouts);
+        assert_eq!((view.idle_secs, view.expires_in_secs), (1, 29));
+        let alone = flow_view(&key, &out, None, node, now, &timeouts);
+        assert_eq!((alone.idle_secs, alone.expires_in_secs), (100, 0));
+    }
+
+    #[test]
+    fn names_of_protocols_and_states() {
+        assert_eq!(proto_name(17), "udp");
+        assert_eq!(proto_name(1), "icmp");
+        assert_eq!(proto_name(47), "47");
+        assert_eq!(state_name(6, tcp_state::SYN_SENT), "syn_sent");
+        assert_eq!(state_name(6, tcp_state::CLOSING), "closing");
+        assert_eq!(state_name(17, tcp_state::ESTABLISHED), "-");
+    }
+}

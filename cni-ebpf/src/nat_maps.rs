@@ -1,0 +1,93 @@
+//! The NAT tables, configuration and counters (types in `cni_ebpf_common::nat`).
+
+use aya_ebpf::{
+    helpers::generated::bpf_ktime_get_ns,
+    macros::map,
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+};
+use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
+
+/// Flows tracked at once; the LRU evicts the oldest when full.
+const MAX_FLOWS: u32 = 65536;
+const MAX_CIDRS: u32 = 256;
+
+#[map(name = "NAT_OUT")]
+pub static NAT_OUT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+#[map(name = "NAT_IN")]
+pub static NAT_IN: LruHashMap<NatReverseKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+#[map(name = "NAT_CONFIG")]
+static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
+
+#[map(name = "CLUSTER_CIDRS")]
+static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+#[map(name = "NAT_STATS")]
+static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
+
+/// The daemon's NAT configuration, when NAT is enabled.
+#[inline(always)]
+pub fn config() -> Option<NatConfig> {
+    NAT_CONFIG
+        .get(0)
+        .copied()
+        .filter(|config| config.node_addr != [0; 4])
+}
+
+/// Whether `addr` is inside the cluster's pod ranges (kept untranslated).
+#[inline(always)]
+pub fn in_cluster(addr: [u8; 4]) -> bool {
+    CLUSTER_CIDRS.get(Key::new(32, addr)).is_some()
+}
+
+#[inline(always)]
+pub fn count(counter: NatCounter) {
+    if let Some(slot) = NAT_STATS.get_ptr_mut(counter as u32) {
+        // SAFETY: a valid pointer into this CPU's slot.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Whether `entry` of protocol `proto` has been idle longer than its timeout.
+#[inline(always)]
+pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
+    let secs = match (proto, entry.state) {
+        (6, tcp_state::ESTABLISHED) => config.tcp_established_secs,
+        (6, _) => config.tcp_transitory_secs,
+        (17, _) => config.udp_secs,
+        _ => config.icmp_secs,
+    };
+    now.saturating_sub(entry.last_seen_ns) > u64::from(secs) * 1_000_000_000
+}
+
+/// The reverse key of a flow, from its forward key and node port.
+#[inline(always)]
+pub fn reverse_key(key: &NatKey, node_port: u16) -> NatReverseKey {
+    NatReverseKey {
+        remote_addr: key.remote_addr,
+        node_port,
+        remote_port: key.remote_port,
+        proto: key.proto,
+        pad: [0; 3],
+    }
+}
+
+/// The forward key of the flow an entry of `NAT_IN` belongs to.
+#[inline(always)]
+pub fn forward_key(reverse: &NatReverseKey, entry: &NatEntry) -> NatKey {
+    NatKey {
+        pod_addr: entry.pod_addr,
+        remote_addr: reverse.remote_addr,
+        pod_port: entry.pod_port,
+        remote_port: reverse.remote_port,
+        proto: reverse.proto,
+        pad: [0; 3],
+    }
+}

@@ -1,0 +1,206 @@
+//! Reverse NAT on the uplink's ingress: replies to translated flows (TCP, UDP, ICMP echo
+//! replies) and ICMP errors about them (destination unreachable, fragmentation needed,
+//! time exceeded) get the pod's address and port back and go straight into the pod,
+//! without crossing the node's stack.
+
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatReverseKey};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
+
+use crate::{
+    csum::{self, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
+    endpoints, forward,
+    nat_maps::{self, NAT_IN},
+    snat::{self, Way},
+};
+
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_ECHO_REQUEST: u8 = 8;
+const ICMP_DEST_UNREACHABLE: u8 = 3;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const ICMP_PARAMETER_PROBLEM: u8 = 12;
+
+pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
+    let Some(config) = nat_maps::config() else {
+        return Ok(TC_ACT_OK);
+    };
+    let eth: EthHdr = ctx.load(0)?;
+    if eth.ether_type != EtherType::Ipv4 as u16 {
+        return Ok(TC_ACT_OK);
+    }
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    if ip.dst_addr != config.node_addr || ip.frag_offset() != 0 {
+        return Ok(TC_ACT_OK);
+    }
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let proto = ip.proto as u8;
+    let Some(l4_csum) = L4Csum::of(proto, l4) else {
+        return Ok(TC_ACT_OK);
+    };
+    let pod_addr = match proto {
+        TCP | UDP => {
+            let ports: [u8; 4] = ctx.load(l4)?;
+            let (remote_port, node_port) = (
+                u16::from_be_bytes([ports[0], ports[1]]),
+                u16::from_be_bytes([ports[2], ports[3]]),
+            );
+            let flags = if proto == TCP {
+                ctx.load::<u8>(l4 + 13)?
+            } else {
+                0
+            };
+            let key = reverse(ip.src_addr, node_port, remote_port, proto);
+            let Some(entry) = live_entry(&key, &config, flags) else {
+                return Ok(TC_ACT_OK);
+            };
+            csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
+            csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;
+            nat_maps::count(NatCounter::TranslatedIn);
+            entry.pod_addr
+        }
+        ICMP => match ctx.load::<u8>(l4)? {
+            ICMP_ECHO_REPLY => {
+                let id = u16::from_be_bytes(ctx.load(l4 + 4)?);
+                let key = reverse(ip.src_addr, id, 0, ICMP);
+                let Some(entry) = live_entry(&key, &config, 0) else {
+                    return Ok(TC_ACT_OK);
+                };
+                csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
+                csum::set_port(ctx, l4 + 4, id, entry.pod_port, l4_csum)?;
+                nat_maps::count(NatCounter::TranslatedIn);
+                entry.pod_addr
+            }
+            ICMP_DEST_UNREACHABLE | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
+                let Some(pod_addr) = icmp_error(ctx, &ip, l4, &config)? else {
+                    return Ok(TC_ACT_OK);
+                };
+                nat_maps::count(NatCounter::IcmpErrorsIn);
+                pod_addr
+            }
+            _ => return Ok(TC_ACT_OK),
+        },
+        _ => return Ok(TC_ACT_OK),
+    };
+    let Some(pod) = endpoints::lookup(pod_addr) else {
+        // The pod is gone: the stack answers (or drops) as for any unknown address.
+        return Ok(TC_ACT_OK);
+    };
+    // Headers as they are now (addresses rewritten), for delivery.
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    forward::deliver(ctx, &eth, &ip, &pod)
+}
+
+fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) -> NatReverseKey {
+    NatReverseKey {
+        remote_addr,
+        node_port,
+        remote_port,
+        proto,
+        pad: [0; 3],
+    }
+}
+
+/// The live entry of a reply's flow, its timestamp and TCP state refreshed.
+#[inline(always)]
+fn live_entry(key: &NatReverseKey, config: &NatConfig, tcp_flags: u8) -> Option<NatEntry> {
+    let now = nat_maps::now_ns();
+    // SAFETY: the value is copied at once.
+    let entry = unsafe { NAT_IN.get(key) }.copied()?;
+    if nat_maps::expired(&entry, key.proto, config, now) {
+        return None;
+    }
+    let state = snat::next_state(entry.state, tcp_flags, Way::In);
+    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > 1_000_000_000 {
+        let refreshed = NatEntry {
+            last_seen_ns: now,
+            state,
+            ..entry
+        };
+        let _ = NAT_IN.insert(key, &refreshed, 0);
+        let _ = nat_maps::NAT_OUT.insert(&nat_maps::forward_key(key, &entry), &refreshed, 0);
+    }
+    Some(entry)
+}
+
+/// An ICMP error about a translated flow: the outer destination and the quoted (inner)
+/// source are given back to the pod, with the outer IP, inner IP and ICMP checksums
+/// fixed. Returns the pod's address, or `None` when the error is not about our flow.
+#[inline(always)]
+fn icmp_error(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    l4: usize,
+    config: &NatConfig,
+) -> Result<Option<[u8; 4]>, i64> {
+    let icmp_csum = l4 + 2;
+    let inner = l4 + 8;
+    let inner_ip: Ipv4Hdr = ctx.load(inner)?;
+    if inner_ip.src_addr != config.node_addr || inner_ip.frag_offset() != 0 {
+        return Ok(None);
+    }
+    let inner_l4 = inner + inner_ip.ihl() as usize;
+    let inner_proto = inner_ip.proto as u8;
+    // Where the node port sits in the quoted header, and the flow's key.
+    let (port_at, key) = match inner_proto {
+        TCP | UDP => {
+            let ports: [u8; 4] = ctx.load(inner_l4)?;
+            let node_port = u16::from_be_bytes([ports[0], ports[1]]);
+            let remote_port = u16::from_be_bytes([ports[2], ports[3]]);
+            (
+                inner_l4,
+                reverse(inner_ip.dst_addr, node_port, remote_port, inner_proto),
+            )
+        }
+        ICMP if ctx.load::<u8>(inner_l4)? == ICMP_ECHO_REQUEST => {
+            let id = u16::from_be_bytes(ctx.load(inner_l4 + 4)?);
+            (inner_l4 + 4, reverse(inner_ip.dst_addr, id, 0, ICMP))
+        }
+        _ => return Ok(None),
+    };
+    let Some(entry) = live_entry(&key, config, 0) else {
+        return Ok(None);
+    };
+    let no_l4 = L4Csum {
+        at: icmp_csum,
+        pseudo: false,
+        flags: 0,
+    };
+    // Outer destination: node -> pod (ICMP's checksum does not cover it).
+    csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, no_l4)?;
+    // Inner source: node -> pod, with the inner header checksum, all inside the ICMP
+    // payload, so every change is folded into the ICMP checksum too.
+    let inner_csum_at = inner + 10;
+    let old_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
+    ctx.l3_csum_replace(
+        inner_csum_at,
+        u64::from(u32::from_ne_bytes(inner_ip.src_addr)),
+        u64::from(u32::from_ne_bytes(entry.pod_addr)),
+        4,
+    )?;
+    let new_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
+    csum::set_icmp_payload2(
+        ctx,
+        inner_csum_at,
+        icmp_csum,
+        old_inner_csum,
+        new_inner_csum,
+    )?;
+    csum::set_icmp_payload4(
+        ctx,
+        inner + 12,
+        icmp_csum,
+        inner_ip.src_addr,
+        entry.pod_addr,
+    )?;
+    csum::set_icmp_payload2(
+        ctx,
+        port_at,
+        icmp_csum,
+        key.node_port.to_be_bytes(),
+        entry.pod_port.to_be_bytes(),
+    )?;
+    Ok(Some(entry.pod_addr))
+}

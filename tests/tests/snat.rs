@@ -1,0 +1,245 @@
+//! Source NAT in eBPF: an external host sees the node's address for every pod flow,
+//! replies (and ICMP errors) reach the right pod, ports never collide, entries expire.
+//! The external namespace has no route to the pods, so any reply a pod gets proves the
+//! translation both ways.
+
+use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
+
+use ebpf_cni_tests::{
+    daemon::eventually,
+    netns::Netns,
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
+    require_root,
+    traffic::{EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, udp_round_trip},
+};
+use serde_json::Value;
+
+const TCP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 9000;
+
+fn external(port: u16) -> SocketAddr {
+    format!("{EXTERNAL_ADDR}:{port}").parse().expect("address")
+}
+
+fn node_ips(peers: &[SocketAddr]) -> BTreeSet<String> {
+    peers.iter().map(|peer| peer.ip().to_string()).collect()
+}
+
+fn iptables_rules(netns: &Netns) -> String {
+    let out = netns.run("iptables-save", &[]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn nat_table(node: &Node) -> Value {
+    node.instance.cli_json(&["nat"])
+}
+
+#[test]
+fn the_external_host_sees_the_node_address_for_tcp_udp_and_icmp() {
+    require_root();
+    let node = Node::start("10.244.50.0/24");
+    let rules_before = iptables_rules(&node.netns);
+    let pods: Vec<Pod> = (0..2).map(|n| node.add_pod(&format!("snat-{n}"))).collect();
+    let tcp = EchoServer::start(&node.external, TCP_PORT);
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+
+    for pod in &pods {
+        let payload = format!("tcp from {}", pod.ip).into_bytes();
+        let back = round_trip(&pod.netns, external(TCP_PORT), &payload).expect("TCP through NAT");
+        assert_eq!(back, payload);
+        let payload = format!("udp from {}", pod.ip).into_bytes();
+        let back =
+            udp_round_trip(&pod.netns, 0, external(UDP_PORT), &payload).expect("UDP through NAT");
+        assert_eq!(back, payload);
+        let ping = pod
+            .netns
+            .run("ping", &["-c", "2", "-i", "0.2", "-W", "2", EXTERNAL_ADDR]);
+        assert!(
+            ping.status.success(),
+            "ICMP echo through NAT from {}",
+            pod.ip
+        );
+    }
+    assert_eq!(
+        node_ips(&tcp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+
+    let table = nat_table(&node);
+    let entries = table["entries"].as_array().expect("entries");
+    for proto in ["tcp", "udp", "icmp"] {
+        assert!(
+            entries.iter().any(|e| e["proto"] == proto),
+            "the NAT table lists a {proto} flow: {table}"
+        );
+    }
+    assert_eq!(
+        iptables_rules(&node.netns),
+        rules_before,
+        "no iptables rule was written"
+    );
+}
+
+#[test]
+fn pod_to_pod_and_cluster_traffic_keeps_the_pod_address() {
+    require_root();
+    let node = Node::start("10.244.51.0/24");
+    let (a, b) = (node.add_pod("keep-a"), node.add_pod("keep-b"));
+    let server = EchoServer::start(&b.netns, TCP_PORT);
+    let to: SocketAddr = format!("{}:{TCP_PORT}", b.ip).parse().expect("address");
+    round_trip(&a.netns, to, b"same cluster").expect("pod to pod");
+    assert_eq!(
+        node_ips(&server.peers()),
+        BTreeSet::from([a.ip.to_string()])
+    );
+}
+
+#[test]
+fn two_pods_with_the_same_source_port_get_distinct_node_ports() {
+    require_root();
+    let node = Node::start("10.244.52.0/24");
+    let (a, b) = (node.add_pod("coll-a"), node.add_pod("coll-b"));
+    let tcp = EchoServer::start(&node.external, TCP_PORT);
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    for pod in [&a, &b] {
+        round_trip_from(&pod.netns, 40000, external(TCP_PORT), b"same port").expect("TCP");
+        udp_round_trip(&pod.netns, 40000, external(UDP_PORT), b"same port").expect("UDP");
+    }
+    for (proto, peers) in [("tcp", tcp.peers()), ("udp", udp.peers())] {
+        assert_eq!(peers.len(), 2, "{proto}: {peers:?}");
+        assert_eq!(
+            node_ips(&peers),
+            BTreeSet::from([NODE_ADDR.to_owned()]),
+            "{proto}"
+        );
+        assert_ne!(
+            peers[0].port(),
+            peers[1].port(),
+            "{proto}: distinct node ports"
+        );
+    }
+}
+
+#[test]
+fn two_thousand_concurrent_connections_from_ten_pods_each_get_a_node_port() {
+    require_root();
+    const PODS: usize = 10;
+    const PER_POD: usize = 200;
+    let node = Node::start("10.244.53.0/24");
+    let pods: Vec<Pod> = (0..PODS)
+        .map(|n| node.add_pod(&format!("many-{n}")))
+        .collect();
+    let server = EchoServer::start(&node.external, TCP_PORT);
+    let echoed: Vec<Result<usize, String>> = thread::scope(|scope| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|pod| scope.spawn(|| many_connections(&pod.netns, external(TCP_PORT), PER_POD)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
+    });
+    for result in &echoed {
+        assert_eq!(
+            result.as_ref().copied(),
+            Ok(PER_POD),
+            "every connection echoed"
+        );
+    }
+    let peers = server.peers();
+    assert_eq!(peers.len(), PODS * PER_POD);
+    assert_eq!(node_ips(&peers), BTreeSet::from([NODE_ADDR.to_owned()]));
+    let ports: BTreeSet<u16> = peers.iter().map(SocketAddr::port).collect();
+    assert_eq!(
+        ports.len(),
+        PODS * PER_POD,
+        "a unique node port per connection"
+    );
+    assert!(
+        ports.iter().all(|port| (61000..=65535).contains(port)),
+        "ports from the range"
+    );
+}
+
+#[test]
+fn an_icmp_port_unreachable_about_a_translated_flow_reaches_the_pod() {
+    require_root();
+    let node = Node::start("10.244.54.0/24");
+    let pod = node.add_pod("icmp-err");
+    // Nothing listens on this port: the external host answers with ICMP port
+    // unreachable, quoting the translated packet; the pod's socket must see it.
+    let error =
+        udp_round_trip(&pod.netns, 0, external(9999), b"anyone?").expect_err("no server listens");
+    assert_eq!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "the ICMP error reached the pod's socket: {error}"
+    );
+    let stats = &nat_table(&node)["counters"];
+    assert!(
+        stats["icmp_errors_in"].as_u64().is_some_and(|n| n >= 1),
+        "{stats}"
+    );
+}
+
+#[test]
+fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
+    require_root();
+    // One node port and a 2 s UDP timeout, swept every second.
+    let node = Node::start_with(
+        "10.244.55.0/24",
+        &[],
+        &[
+            "--nat-port-range",
+            "61000-61000",
+            "--nat-udp-timeout",
+            "2",
+            "--nat-gc-interval",
+            "1",
+        ],
+    );
+    let (a, b) = (node.add_pod("exp-a"), node.add_pod("exp-b"));
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+
+    udp_round_trip(&a.netns, 5000, external(UDP_PORT), b"first").expect("a gets the only port");
+    assert!(
+        udp_round_trip(&b.netns, 5001, external(UDP_PORT), b"second").is_err(),
+        "b finds the range exhausted"
+    );
+    let status = node.instance.cli_json(&["status"]);
+    assert!(
+        status["drops"]["nat_ports_exhausted"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{status}"
+    );
+    assert!(
+        !nat_table(&node)["entries"]
+            .as_array()
+            .expect("entries")
+            .is_empty()
+    );
+
+    assert!(
+        eventually(Duration::from_secs(10), || nat_table(&node)["entries"]
+            .as_array()
+            .is_some_and(Vec::is_empty)),
+        "the idle entry expired and was swept"
+    );
+    udp_round_trip(&b.netns, 5001, external(UDP_PORT), b"third").expect("the port is reused");
+    let ports: BTreeSet<u16> = udp.peers().iter().map(SocketAddr::port).collect();
+    assert_eq!(
+        ports,
+        BTreeSet::from([61000]),
+        "both flows used the one port, in turn"
+    );
+}
