@@ -54,8 +54,13 @@ pub mod tcp_state {
     pub const SYN_SENT: u8 = 1;
     /// The remote answered: the connection is up.
     pub const ESTABLISHED: u8 = 2;
-    /// A FIN or RST was seen: the flow is ending.
+    /// The pod sent a FIN: the flow is ending.
     pub const CLOSING: u8 = 3;
+    /// Both sides sent a FIN, or either sent a RST: the port can soon serve another
+    /// flow (the short "closed" timeout).
+    pub const CLOSED: u8 = 4;
+    /// The remote sent a FIN first.
+    pub const REMOTE_CLOSING: u8 = 5;
 }
 
 /// What the daemon tells the datapath (`NAT_CONFIG`, an array of one).
@@ -74,6 +79,8 @@ pub struct NatConfig {
     pub icmp_secs: u32,
     /// ifindex of the uplink (where translated traffic leaves).
     pub uplink_ifindex: u32,
+    /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
+    pub tcp_closed_secs: u32,
 }
 
 /// Key of `CLUSTER_CIDRS`, an LPM trie of destinations that keep the pod's address
@@ -125,7 +132,7 @@ impl NatCounter {
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<NatConfig>() == 28);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
 const _: () = assert!((NatCounter::ALL.len() as u32) <= NatCounter::SLOTS);
 

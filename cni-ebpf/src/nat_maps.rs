@@ -60,6 +60,7 @@ pub fn now_ns() -> u64 {
 pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
     let secs = match (proto, entry.state) {
         (6, tcp_state::ESTABLISHED) => config.tcp_established_secs,
+        (6, tcp_state::CLOSED) => config.tcp_closed_secs,
         (6, _) => config.tcp_transitory_secs,
         (17, _) => config.udp_secs,
         _ => config.icmp_secs,

@@ -164,8 +164,21 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
             // SAFETY: the value is copied at once.
             let holder = unsafe { NAT_IN.get(&reverse) }.copied();
             match holder {
+                // This very flow already holds the port (its NAT_OUT entry was evicted
+                // or had expired): it keeps it.
+                Some(old) if old.pod_addr == key.pod_addr && old.pod_port == key.pod_port => {
+                    let _ = NAT_IN.insert(&reverse, &entry, BPF_ANY as u64);
+                }
                 Some(old) if nat_maps::expired(&old, key.proto, config, now) => {
-                    let _ = NAT_OUT.remove(&nat_maps::forward_key(&reverse, &old));
+                    // The old flow's NAT_OUT entry goes only if it still points here:
+                    // it may have moved to another port since.
+                    let stale = nat_maps::forward_key(&reverse, &old);
+                    // SAFETY: the value is copied at once.
+                    let still_here =
+                        unsafe { NAT_OUT.get(&stale) }.is_some_and(|moved| moved.node_port == port);
+                    if still_here {
+                        let _ = NAT_OUT.remove(&stale);
+                    }
                     if NAT_IN.insert(&reverse, &entry, BPF_ANY as u64).is_err() {
                         continue;
                     }
@@ -203,9 +216,21 @@ pub fn next_state(state: u8, flags: u8, way: Way) -> u8 {
     if state == 0 {
         return 0;
     }
-    if flags & (TCP_FIN | TCP_RST) != 0 {
-        tcp_state::CLOSING
-    } else if way == Way::Out && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
+    if flags & TCP_RST != 0 {
+        return tcp_state::CLOSED;
+    }
+    if flags & TCP_FIN != 0 {
+        // A FIN each way closes the flow; the first one only starts closing it.
+        return match (way, state) {
+            (Way::Out, tcp_state::REMOTE_CLOSING) | (Way::In, tcp_state::CLOSING) => {
+                tcp_state::CLOSED
+            }
+            (_, tcp_state::CLOSED) => tcp_state::CLOSED,
+            (Way::Out, _) => tcp_state::CLOSING,
+            (Way::In, _) => tcp_state::REMOTE_CLOSING,
+        };
+    }
+    if way == Way::Out && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
         // The pod opens the same 4-tuple again (after a close).
         tcp_state::SYN_SENT
     } else if state == tcp_state::SYN_SENT && way == Way::In && flags & TCP_ACK != 0 {

@@ -10,11 +10,14 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap, MapError, PerCpuArray, PerCpuHashMap},
+    Ebpf, EbpfLoader, Pod,
+    maps::{Array, HashMap, LpmTrie, Map, MapError, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
 };
-use cni_ebpf_common::{DropReason, EndpointCounters, EndpointInfo, EndpointKey, map_names};
+use cni_ebpf_common::{
+    DropReason, EndpointCounters, EndpointInfo, EndpointKey, NatConfig, NatCounter, NatEntry,
+    NatKey, NatReverseKey, map_names,
+};
 use nix::{
     mount::{MsFlags, mount},
     sys::statfs::statfs,
@@ -166,15 +169,7 @@ impl BpfObject {
 
     /// Writes one entry of the endpoints map, as the daemon does for a pod.
     pub fn insert_endpoint(&mut self, addr: [u8; 4], info: EndpointInfo) {
-        let map = self
-            .ebpf
-            .map_mut(map_names::ENDPOINTS)
-            .expect("the object has the endpoints map");
-        let mut endpoints: HashMap<_, EndpointKey, EndpointInfo> =
-            HashMap::try_from(map).expect("ENDPOINTS is a hash map");
-        endpoints
-            .insert(EndpointKey { addr }, info, 0)
-            .unwrap_or_else(|error| panic!("cannot insert endpoint {addr:?}: {error}"));
+        self.hash_insert(map_names::ENDPOINTS, EndpointKey { addr }, info);
     }
 
     /// The counters of the endpoint behind `ifindex`, summed over CPUs (zero when absent).
@@ -196,17 +191,111 @@ impl BpfObject {
 
     /// Drops counted for `reason`, summed over CPUs.
     pub fn drops(&self, reason: DropReason) -> u64 {
-        let map = self
-            .ebpf
-            .map(map_names::DROPS)
-            .expect("the object has the drops map");
-        let drops: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(map).expect("DROPS is a per-CPU array");
-        drops
-            .get(&(reason as u32), 0)
-            .unwrap_or_else(|error| panic!("cannot read drops of {}: {error}", reason.name()))
+        self.per_cpu_sum(map_names::DROPS, reason as u32)
+    }
+
+    // --- Source NAT maps ------------------------------------------------------------------
+
+    /// Writes the NAT configuration, as the daemon does when it finds the uplink.
+    pub fn set_nat_config(&mut self, config: NatConfig) {
+        let mut array: Array<_, NatConfig> =
+            Array::try_from(self.map_mut(map_names::NAT_CONFIG)).expect("NAT_CONFIG is an array");
+        array
+            .set(0, config, 0)
+            .unwrap_or_else(|error| panic!("cannot write the NAT configuration: {error}"));
+    }
+
+    /// Adds `addr/prefix_len` to the destinations that keep the pod's address.
+    pub fn insert_cluster_cidr(&mut self, addr: [u8; 4], prefix_len: u32) {
+        let mut trie: LpmTrie<_, [u8; 4], u8> =
+            LpmTrie::try_from(self.map_mut(map_names::CLUSTER_CIDRS))
+                .expect("CLUSTER_CIDRS is an LPM trie");
+        trie.insert(&Key::new(prefix_len, addr), 1, 0)
+            .unwrap_or_else(|error| panic!("cannot insert {addr:?}/{prefix_len}: {error}"));
+    }
+
+    /// The pod side of a translated flow, if `NAT_OUT` has it.
+    pub fn nat_out(&self, key: &NatKey) -> Option<NatEntry> {
+        self.hash_get(map_names::NAT_OUT, key)
+    }
+
+    /// The node side of a translated flow, if `NAT_IN` has it.
+    pub fn nat_in(&self, key: &NatReverseKey) -> Option<NatEntry> {
+        self.hash_get(map_names::NAT_IN, key)
+    }
+
+    pub fn insert_nat_out(&mut self, key: NatKey, entry: NatEntry) {
+        self.hash_insert(map_names::NAT_OUT, key, entry);
+    }
+
+    pub fn insert_nat_in(&mut self, key: NatReverseKey, entry: NatEntry) {
+        self.hash_insert(map_names::NAT_IN, key, entry);
+    }
+
+    /// Every entry of `NAT_OUT`, in the map's order.
+    pub fn nat_out_entries(&self) -> Vec<(NatKey, NatEntry)> {
+        self.hash_entries(map_names::NAT_OUT)
+    }
+
+    /// Every entry of `NAT_IN`, in the map's order.
+    pub fn nat_in_entries(&self) -> Vec<(NatReverseKey, NatEntry)> {
+        self.hash_entries(map_names::NAT_IN)
+    }
+
+    /// A NAT counter, summed over CPUs.
+    pub fn nat_counter(&self, counter: NatCounter) -> u64 {
+        self.per_cpu_sum(map_names::NAT_STATS, counter as u32)
+    }
+
+    // --- Typed access shared by the accessors above ---------------------------------------
+
+    fn map(&self, name: &str) -> &Map {
+        self.ebpf
+            .map(name)
+            .unwrap_or_else(|| panic!("the object has no map {name}"))
+    }
+
+    fn map_mut(&mut self, name: &str) -> &mut Map {
+        self.ebpf
+            .map_mut(name)
+            .unwrap_or_else(|| panic!("the object has no map {name}"))
+    }
+
+    /// Slot `index` of the per-CPU array `name`, summed over CPUs.
+    fn per_cpu_sum(&self, name: &str, index: u32) -> u64 {
+        let array: PerCpuArray<_, u64> = PerCpuArray::try_from(self.map(name))
+            .unwrap_or_else(|error| panic!("{name} is not a per-CPU array: {error}"));
+        array
+            .get(&index, 0)
+            .unwrap_or_else(|error| panic!("cannot read slot {index} of {name}: {error}"))
             .iter()
             .sum()
+    }
+
+    /// `name` is a hash or LRU hash map of `K` -> `V`.
+    fn hash_get<K: Pod + std::fmt::Debug, V: Pod>(&self, name: &str, key: &K) -> Option<V> {
+        let map: HashMap<_, K, V> = HashMap::try_from(self.map(name))
+            .unwrap_or_else(|error| panic!("{name} is not a hash map: {error}"));
+        match map.get(key, 0) {
+            Ok(value) => Some(value),
+            Err(MapError::KeyNotFound) => None,
+            Err(error) => panic!("cannot read {key:?} in {name}: {error}"),
+        }
+    }
+
+    fn hash_insert<K: Pod + std::fmt::Debug, V: Pod>(&mut self, name: &str, key: K, value: V) {
+        let mut map: HashMap<_, K, V> = HashMap::try_from(self.map_mut(name))
+            .unwrap_or_else(|error| panic!("{name} is not a hash map: {error}"));
+        map.insert(key, value, 0)
+            .unwrap_or_else(|error| panic!("cannot insert {key:?} in {name}: {error}"));
+    }
+
+    fn hash_entries<K: Pod, V: Pod>(&self, name: &str) -> Vec<(K, V)> {
+        let map: HashMap<_, K, V> = HashMap::try_from(self.map(name))
+            .unwrap_or_else(|error| panic!("{name} is not a hash map: {error}"));
+        map.iter()
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|error| panic!("cannot iterate {name}: {error}"))
     }
 }
 

@@ -8,12 +8,14 @@
 //! `frames` holds what the pod program's BPF_PROG_TEST_RUN tests share: the seeded
 //! endpoints, hand-written frames, an independent IPv4 checksum, the checks, and the
 //! random frames with their reference model.
+//! `nat_frames` is its counterpart for the uplink's source NAT programs.
 
 pub mod bins;
 pub mod bpf_object;
 pub mod cni;
 pub mod daemon;
 pub mod frames;
+pub mod nat_frames;
 pub mod netns;
 pub mod node;
 pub mod traffic;

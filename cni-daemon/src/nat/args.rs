@@ -15,10 +15,14 @@ pub struct NatArgs {
     #[arg(long, env = "EBPF_CNID_UPLINK")]
     pub uplink: Option<String>,
     /// Node ports handed to translated flows, MIN-MAX inclusive (MIN >= 1024). The
-    /// default sits above Linux's default ephemeral range (net.ipv4.ip_local_port_range,
+    /// default sits below Linux's default ephemeral range (net.ipv4.ip_local_port_range,
     /// 32768-60999), so the node's own connections never take a port a translated flow
-    /// holds: a reply would otherwise be ambiguous between the node and a pod.
-    #[arg(long, env = "EBPF_CNID_NAT_PORT_RANGE", default_value = "61000-65535")]
+    /// holds (a reply would otherwise be ambiguous between the node and a pod), and it is
+    /// large (31,744 ports per remote address and port) so that high connection churn to
+    /// one service does not run out. Servers listening on the node in this range are not
+    /// affected: a reply is matched on the whole (remote address, remote port, node port)
+    /// tuple, which a client of such a server never reuses.
+    #[arg(long, env = "EBPF_CNID_NAT_PORT_RANGE", default_value = "1024-32767")]
     pub nat_port_range: PortRange,
     /// Seconds an idle established TCP flow keeps its translation.
     #[arg(
@@ -37,6 +41,15 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nat_tcp_transitory_timeout: u32,
+    /// Seconds a closed TCP flow (FIN each way, or RST) keeps its translation, so that
+    /// late segments still find it while the port soon serves another flow.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_TCP_CLOSED_TIMEOUT",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nat_tcp_closed_timeout: u32,
     /// Seconds an idle UDP flow keeps its translation.
     #[arg(
         long,
@@ -68,6 +81,7 @@ impl NatArgs {
         Timeouts {
             tcp_established: self.nat_tcp_established_timeout,
             tcp_transitory: self.nat_tcp_transitory_timeout,
+            tcp_closed: self.nat_tcp_closed_timeout,
             udp: self.nat_udp_timeout,
             icmp: self.nat_icmp_timeout,
         }
@@ -82,8 +96,10 @@ impl NatArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Timeouts {
     pub tcp_established: u32,
-    /// SYN sent, or FIN/RST seen.
+    /// SYN sent, or a FIN one way.
     pub tcp_transitory: u32,
+    /// FIN each way, or RST.
+    pub tcp_closed: u32,
     pub udp: u32,
     pub icmp: u32,
 }
@@ -94,6 +110,7 @@ impl Timeouts {
         Self {
             tcp_established: config.tcp_established_secs,
             tcp_transitory: config.tcp_transitory_secs,
+            tcp_closed: config.tcp_closed_secs,
             udp: config.udp_secs,
             icmp: config.icmp_secs,
         }
@@ -216,15 +233,15 @@ mod tests {
 
     #[test]
     fn default_port_range_stays_clear_of_linux_ephemeral_ports() {
-        let nat: PortRange = "61000-65535".parse().expect("valid");
+        let nat: PortRange = "1024-32767".parse().expect("valid");
         let linux = PortRange {
             min: 32768,
             max: 60999,
         };
         assert!(!nat.overlaps(&linux));
         assert!(nat.overlaps(&PortRange {
-            min: 32768,
-            max: 61000
+            min: 32767,
+            max: 60999
         }));
     }
 
@@ -240,8 +257,8 @@ mod tests {
         assert_eq!(
             cli.nat.nat_port_range,
             PortRange {
-                min: 61000,
-                max: 65535
+                min: 1024,
+                max: 32767
             }
         );
         assert_eq!(
@@ -249,6 +266,7 @@ mod tests {
             Timeouts {
                 tcp_established: 3600,
                 tcp_transitory: 120,
+                tcp_closed: 10,
                 udp: 30,
                 icmp: 30
             }

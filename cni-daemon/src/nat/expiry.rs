@@ -18,6 +18,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 pub fn timeout_secs(proto: u8, state: u8, timeouts: &Timeouts) -> u32 {
     match (proto, state) {
         (IPPROTO_TCP, tcp_state::ESTABLISHED) => timeouts.tcp_established,
+        (IPPROTO_TCP, tcp_state::CLOSED) => timeouts.tcp_closed,
         (IPPROTO_TCP, _) => timeouts.tcp_transitory,
         (IPPROTO_ICMP, _) => timeouts.icmp,
         _ => timeouts.udp,
@@ -57,6 +58,7 @@ mod tests {
     const TIMEOUTS: Timeouts = Timeouts {
         tcp_established: 3600,
         tcp_transitory: 120,
+        tcp_closed: 10,
         udp: 30,
         icmp: 20,
     };

@@ -81,6 +81,7 @@ impl NatSettings {
             udp_secs: self.timeouts.udp,
             icmp_secs: self.timeouts.icmp,
             uplink_ifindex: self.uplink_ifindex,
+            tcp_closed_secs: self.timeouts.tcp_closed,
         }
     }
 }
@@ -194,6 +195,7 @@ mod tests {
             timeouts: Timeouts {
                 tcp_established: 3600,
                 tcp_transitory: 120,
+                tcp_closed: 10,
                 udp: 30,
                 icmp: 20,
             },
@@ -209,6 +211,7 @@ mod tests {
                 udp_secs: 30,
                 icmp_secs: 20,
                 uplink_ifindex: 4,
+                tcp_closed_secs: 10,
             }
         );
     }

@@ -147,6 +147,8 @@ pub fn state_name(proto: u8, state: u8) -> &'static str {
         tcp_state::SYN_SENT => "syn_sent",
         tcp_state::ESTABLISHED => "established",
         tcp_state::CLOSING => "closing",
+        tcp_state::REMOTE_CLOSING => "remote_closing",
+        tcp_state::CLOSED => "closed",
         _ => "unknown",
     }
 }
@@ -213,6 +215,7 @@ mod tests {
         let timeouts = Timeouts {
             tcp_established: 3600,
             tcp_transitory: 120,
+            tcp_closed: 10,
             udp: 30,
             icmp: 30,
         };
@@ -253,6 +256,7 @@ mod tests {
         let timeouts = Timeouts {
             tcp_established: 3600,
             tcp_transitory: 120,
+            tcp_closed: 10,
             udp: 30,
             icmp: 30,
         };

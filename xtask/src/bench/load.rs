@@ -56,17 +56,17 @@ pub fn throughput(
             ])
             .output()
             .context("cannot run iperf3 -c")?;
-        if out.status.success() {
-            let report: serde_json::Value =
-                serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
-            let bps = report["end"]["sum_received"]["bits_per_second"]
-                .as_f64()
-                .context("iperf3 reported no received rate")?;
+        // iperf3 -J can exit 0 with an "error" (server not listening yet): retried.
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if let (true, Some(bps)) = (
+            out.status.success(),
+            report["end"]["sum_received"]["bits_per_second"].as_f64(),
+        ) {
             let _ = daemon.0.wait();
             return Ok(bps / 1e9);
         }
         if Instant::now() > deadline {
-            bail!("iperf3 failed: {}", String::from_utf8_lossy(&out.stdout));
+            bail!("iperf3 to {server_ip} failed: {}", report["error"]);
         }
         thread::sleep(Duration::from_millis(100));
     }
@@ -196,7 +196,8 @@ pub fn tcp_crr(
         let mut connections = 0u64;
         let mut byte = [1u8; 1];
         while start.elapsed() < duration {
-            let mut stream = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT)?;
+            let mut stream = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT)
+                .with_context(|| format!("connection {connections} to {to}"))?;
             stream.set_nodelay(true)?;
             stream.set_read_timeout(Some(Duration::from_secs(2)))?;
             stream.write_all(&byte)?;

@@ -11,13 +11,16 @@ use anyhow::{Context, ensure};
 use ebpf_cni_tests::{
     cni::{Call, REFERENCE_PLUGINS},
     netns::Netns,
+    node::EXTERNAL_ADDR,
     unique_name,
 };
 use serde_json::{Value, json};
 
-/// A simulated node using the reference chain.
+/// A simulated node using the reference chain, with an uplink to an external host
+/// (`EXTERNAL_ADDR`) as `ebpf_cni_tests::node::Node` has.
 pub struct RefNode {
     pub netns: Netns,
+    pub external: Netns,
     name: String,
     subnet: String,
     data_dir: PathBuf,
@@ -26,8 +29,19 @@ pub struct RefNode {
 impl RefNode {
     pub fn new(subnet: &str) -> Self {
         let name = unique_name("ref");
+        let netns = Netns::new("refnode");
+        let external = Netns::new("refext");
+        netns.link_veth(
+            "uplink0",
+            "198.18.0.1/24",
+            &external,
+            "eth0",
+            "198.18.0.2/24",
+        );
+        netns.ip(&["route", "add", "default", "via", EXTERNAL_ADDR]);
         Self {
-            netns: Netns::new("refnode"),
+            netns,
+            external,
             data_dir: PathBuf::from("/run").join(&name),
             name,
             subnet: subnet.to_owned(),
@@ -41,6 +55,7 @@ impl RefNode {
             "type": "bridge",
             "bridge": "cni0",
             "isGateway": true,
+            "isDefaultGateway": true,
             "ipMasq": true,
             "hairpinMode": true,
             "ipam": { "type": "host-local", "subnet": self.subnet, "dataDir": self.data_dir },

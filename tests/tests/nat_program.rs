@@ -1,0 +1,254 @@
+//! Source NAT on the uplink's egress, run by the kernel through BPF_PROG_TEST_RUN: a
+//! masqueraded pod's TCP, UDP and ICMP echo leave with the node's address and a node
+//! port (or identifier) from the range, every checksum valid, the flow recorded in both
+//! tables; traffic that must keep its source passes untouched; fragments without ports
+//! are dropped. Port allocation is in `nat_program_ports.rs`, replies in
+//! `nat_program_replies.rs`.
+
+use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
+use ebpf_cni_tests::{
+    frames::{
+        IP_END, TC_ACT_OK, TC_ACT_SHOT, all_drops, assert_reference_checksum_is_right, no_drops,
+    },
+    nat_frames::{
+        ECHO_ID, ICMP, ICMP_ECHO_REQUEST, ICMP_ID, IP_SRC, MASQ, NODE_ADDR, OTHER_NODE_POD, PLAIN,
+        POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_SYN, UDP, UDP_CHECK,
+        addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo, in_key,
+        monotonic_ns, nat_config, out_key, outbound, port, pseudo_header_checksum, tcp, udp,
+        uplink, uplink_with, with_frag_field, without_udp_checksum,
+    },
+    require_root,
+};
+
+fn syn_from(pod_ip: [u8; 4]) -> Vec<u8> {
+    outbound(pod_ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_SYN))
+}
+
+fn node_port_in_range(frame: &[u8], at: usize) -> u16 {
+    let node_port = port(frame, at);
+    let range = PORT_MIN..=PORT_MAX;
+    assert!(
+        range.contains(&node_port),
+        "{node_port} is outside {range:?}"
+    );
+    node_port
+}
+
+#[test]
+fn tcp_syn_from_a_masqueraded_pod_leaves_from_a_node_port_recorded_in_both_tables() {
+    require_root();
+    assert_reference_checksum_is_right();
+    let object = uplink();
+    let syn = syn_from(MASQ.ip);
+    assert_checksums_valid(&syn, "test bug: the crafted SYN");
+    let before = monotonic_ns();
+    let run = egress(&object, &syn);
+    let after = monotonic_ns();
+    assert_eq!(
+        run.verdict, TC_ACT_OK,
+        "a translated packet goes on to the wire"
+    );
+    assert_eq!(addr(&run.frame, IP_SRC), NODE_ADDR, "source: the node");
+    let node_port = node_port_in_range(&run.frame, SPORT);
+    assert_checksums_valid(&run.frame, "the translated SYN");
+    let expected = outbound(
+        NODE_ADDR,
+        REMOTE,
+        TCP,
+        &tcp(node_port, REMOTE_PORT, TCP_SYN),
+    );
+    assert_eq!(
+        run.frame, expected,
+        "only the source address and port change"
+    );
+
+    let key = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
+    let out = object.nat_out(&key).expect("NAT_OUT holds the flow");
+    let stamp = out.last_seen_ns;
+    assert_eq!(
+        out,
+        entry(&key, node_port, tcp_state::SYN_SENT, stamp),
+        "NAT_OUT"
+    );
+    assert!(
+        (before..=after).contains(&stamp),
+        "stamped now (CLOCK_MONOTONIC)"
+    );
+    let reverse = in_key(REMOTE, node_port, REMOTE_PORT, TCP);
+    assert_eq!(
+        object.nat_in(&reverse),
+        Some(out),
+        "NAT_IN holds the same entry"
+    );
+    assert_eq!(object.nat_out_entries().len(), 1, "one flow out");
+    assert_eq!(object.nat_in_entries().len(), 1, "one flow in");
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 1);
+    assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 1);
+
+    let again = egress(&object, &syn);
+    assert_eq!(again.verdict, TC_ACT_OK);
+    assert_eq!(again.frame, expected, "the same flow keeps its node port");
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 1, "no new flow");
+    assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 2);
+    assert_eq!(object.nat_out_entries().len(), 1, "still one flow");
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+#[test]
+fn udp_without_checksum_keeps_zero_and_udp_with_one_stays_valid_after_translation() {
+    require_root();
+    let object = uplink();
+    let bare = without_udp_checksum(outbound(MASQ.ip, REMOTE, UDP, &udp(POD_PORT, 53, b"q")));
+    let run = egress(&object, &bare);
+    assert_eq!(run.verdict, TC_ACT_OK);
+    let node_port = node_port_in_range(&run.frame, SPORT);
+    assert_eq!(
+        port(&run.frame, UDP_CHECK),
+        0,
+        "no checksum stays no checksum"
+    );
+    let expected = outbound(NODE_ADDR, REMOTE, UDP, &udp(node_port, 53, b"q"));
+    assert_eq!(
+        run.frame,
+        without_udp_checksum(expected),
+        "source address and port"
+    );
+
+    let summed = outbound(MASQ.ip, REMOTE, UDP, &udp(POD_PORT + 1, 53, b"query"));
+    assert_checksums_valid(&summed, "test bug: the crafted datagram");
+    let run = egress(&object, &summed);
+    assert_eq!(run.verdict, TC_ACT_OK);
+    let node_port = node_port_in_range(&run.frame, SPORT);
+    assert_checksums_valid(&run.frame, "the translated datagram");
+    let expected = outbound(NODE_ADDR, REMOTE, UDP, &udp(node_port, 53, b"query"));
+    assert_eq!(run.frame, expected, "source address and port");
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 2, "two UDP flows");
+    let key = out_key(MASQ.ip, POD_PORT + 1, 53, UDP);
+    let out = object.nat_out(&key).expect("NAT_OUT holds the flow");
+    assert_eq!(
+        (out.node_port, out.state),
+        (node_port, 0),
+        "UDP has no state"
+    );
+}
+
+/// A checksum that sums to zero once translated must go out as 0xffff: 0 would say
+/// "no checksum".
+#[test]
+fn udp_whose_translated_checksum_is_zero_leaves_with_0xffff() {
+    require_root();
+    let frame = |src, sport, word: u16| {
+        let payload = [&word.to_be_bytes()[..], b"ab"].concat();
+        outbound(src, REMOTE, UDP, &udp(sport, 53, &payload))
+    };
+    // The node port only depends on the flow (and on free ports): learn it once.
+    let node_port = port(
+        &egress(&uplink(), &frame(MASQ.ip, POD_PORT, 0)).frame,
+        SPORT,
+    );
+    // `word` adds exactly what the translated datagram's sum misses to be 0xffff.
+    let translated = without_udp_checksum(frame(NODE_ADDR, node_port, 0));
+    let word = pseudo_header_checksum(NODE_ADDR, REMOTE, UDP, &translated[IP_END..]);
+    let sent = frame(MASQ.ip, POD_PORT, word);
+    assert_checksums_valid(&sent, "test bug: the crafted datagram");
+    let run = egress(&uplink(), &sent);
+    assert_eq!(
+        port(&run.frame, SPORT),
+        node_port,
+        "test bug: another node port"
+    );
+    assert_eq!(
+        port(&run.frame, UDP_CHECK),
+        0xffff,
+        "a zero sum is sent as 0xffff"
+    );
+    assert_checksums_valid(&run.frame, "the translated datagram");
+}
+
+#[test]
+fn icmp_echo_request_from_a_masqueraded_pod_gets_a_node_identifier() {
+    require_root();
+    let object = uplink();
+    let request = outbound(
+        MASQ.ip,
+        REMOTE,
+        ICMP,
+        &icmp_echo(ICMP_ECHO_REQUEST, ECHO_ID),
+    );
+    assert_checksums_valid(&request, "test bug: the crafted request");
+    let run = egress(&object, &request);
+    assert_eq!(run.verdict, TC_ACT_OK);
+    let id = node_port_in_range(&run.frame, ICMP_ID);
+    assert_checksums_valid(&run.frame, "the translated request");
+    let expected = outbound(NODE_ADDR, REMOTE, ICMP, &icmp_echo(ICMP_ECHO_REQUEST, id));
+    assert_eq!(run.frame, expected, "source address and identifier");
+    let out = object
+        .nat_out(&out_key(MASQ.ip, ECHO_ID, 0, ICMP))
+        .expect("NAT_OUT holds the echo flow");
+    assert_eq!((out.node_port, out.state), (id, 0));
+    assert_eq!(object.nat_in(&in_key(REMOTE, id, 0, ICMP)), Some(out));
+    assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 1);
+}
+
+#[test]
+fn traffic_that_keeps_its_source_passes_unchanged_and_opens_no_flow() {
+    require_root();
+    let object = uplink();
+    let cases = [
+        (
+            outbound(
+                MASQ.ip,
+                OTHER_NODE_POD,
+                TCP,
+                &tcp(POD_PORT, REMOTE_PORT, TCP_SYN),
+            ),
+            "to a pod of another node (inside the cluster range)",
+        ),
+        (syn_from(PLAIN.ip), "from a pod without the MASQUERADE flag"),
+        (syn_from(NODE_ADDR), "from the node itself"),
+    ];
+    for (frame, what) in &cases {
+        assert_unchanged(&egress(&object, frame), frame, what);
+    }
+    assert!(object.nat_out_entries().is_empty(), "no flow out");
+    assert!(object.nat_in_entries().is_empty(), "no flow in");
+    assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 0);
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+#[test]
+fn nothing_is_translated_while_nat_is_disabled_by_a_zero_node_address() {
+    require_root();
+    let object = uplink_with(NatConfig {
+        node_addr: [0; 4],
+        ..nat_config()
+    });
+    let syn = syn_from(MASQ.ip);
+    assert_unchanged(&egress(&object, &syn), &syn, "NAT disabled");
+    assert!(object.nat_out_entries().is_empty(), "no flow out");
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 0);
+}
+
+#[test]
+fn a_non_first_fragment_of_masqueraded_traffic_is_dropped_as_nat_fragment() {
+    require_root();
+    let object = uplink();
+    let datagram = outbound(MASQ.ip, REMOTE, UDP, &udp(POD_PORT, 53, &[0x5a; 32]));
+    // Offset 185 (1480 bytes), no more fragments: the tail of a datagram, no ports.
+    let tail = with_frag_field(datagram.clone(), 185);
+    let mut drops = no_drops();
+    drops[DropReason::NatFragment as usize] = 1;
+    let run = egress(&object, &tail);
+    assert_eq!(run.verdict, TC_ACT_SHOT, "it would leak the pod's address");
+    assert_eq!(run.frame, tail, "a dropped packet is not rewritten");
+    assert_eq!(all_drops(&object), drops, "one drop, nat_fragment");
+    assert!(object.nat_out_entries().is_empty(), "no flow opened");
+
+    // The first fragment (more fragments, offset 0) carries the ports: translated.
+    let head = with_frag_field(datagram, 0x2000);
+    let run = egress(&object, &head);
+    assert_eq!(run.verdict, TC_ACT_OK, "the first fragment is translated");
+    assert_eq!(addr(&run.frame, IP_SRC), NODE_ADDR);
+    assert_checksums_valid(&run.frame, "the translated first fragment");
+    assert_eq!(all_drops(&object), drops, "no further drop");
+}

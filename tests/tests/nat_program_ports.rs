@@ -1,0 +1,196 @@
+//! Node port allocation by `uplink_egress`, run by the kernel through BPF_PROG_TEST_RUN
+//! with narrow port ranges: flows that share a pod port get distinct node ports, a new
+//! flow finding every port held by live flows is dropped and counted, an expired flow's
+//! port is taken over without harming any live flow.
+
+use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
+use ebpf_cni_tests::{
+    bpf_object::BpfObject,
+    frames::{TC_ACT_OK, TC_ACT_SHOT, all_drops, no_drops},
+    nat_frames::{
+        MASQ, MASQ_2, NODE_ADDR, POD_PORT, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK,
+        TCP_ESTABLISHED_SECS, TCP_SYN, UDP, assert_checksums_valid, assert_delivered, egress,
+        entry, in_key, inbound, ingress, monotonic_ns, nat_config, out_key, outbound, port, tcp,
+        udp, uplink_with,
+    },
+    require_root,
+};
+
+/// Ports [`PORT_MIN`]..[`PORT_MIN`] + `count`.
+fn ports(count: u16) -> BpfObject {
+    uplink_with(NatConfig {
+        port_max: PORT_MIN + count - 1,
+        ..nat_config()
+    })
+}
+
+/// A CLOCK_MONOTONIC stamp `secs` seconds ago.
+fn seconds_ago(secs: u64) -> u64 {
+    let now = monotonic_ns();
+    let ago = secs * 1_000_000_000;
+    assert!(
+        now > ago,
+        "the machine is up for less than {secs}s: rerun later"
+    );
+    now - ago
+}
+
+fn syn(pod_ip: [u8; 4], pod_port: u16) -> Vec<u8> {
+    outbound(pod_ip, REMOTE, TCP, &tcp(pod_port, REMOTE_PORT, TCP_SYN))
+}
+
+/// One port, held by [`MASQ_2`]'s established flow to [`REMOTE`], idle `idle_secs`.
+fn one_port_held(idle_secs: u64) -> BpfObject {
+    let mut object = ports(1);
+    let key = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
+    let held = entry(
+        &key,
+        PORT_MIN,
+        tcp_state::ESTABLISHED,
+        seconds_ago(idle_secs),
+    );
+    object.insert_nat_out(key, held);
+    object.insert_nat_in(in_key(REMOTE, PORT_MIN, REMOTE_PORT, TCP), held);
+    object
+}
+
+#[test]
+fn a_new_flow_whose_only_port_is_held_by_a_live_flow_is_dropped_and_counted() {
+    require_root();
+    let object = one_port_held(0);
+    let (holder_out, holder_in) = (object.nat_out_entries(), object.nat_in_entries());
+    let syn = syn(MASQ.ip, POD_PORT + 7);
+    let mut drops = no_drops();
+    drops[DropReason::NatPortsExhausted as usize] = 1;
+    let run = egress(&object, &syn);
+    assert_eq!(
+        run.verdict, TC_ACT_SHOT,
+        "no port: the packet must not leave"
+    );
+    assert_eq!(run.frame, syn, "a dropped packet is not rewritten");
+    assert_eq!(all_drops(&object), drops, "one drop, nat_ports_exhausted");
+    assert_eq!(object.nat_counter(NatCounter::AllocationFailures), 1);
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 0);
+    assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 0);
+    assert_eq!(
+        object.nat_out_entries(),
+        holder_out,
+        "NAT_OUT: the holder alone"
+    );
+    assert_eq!(
+        object.nat_in_entries(),
+        holder_in,
+        "NAT_IN: the holder alone"
+    );
+}
+
+#[test]
+fn a_new_flow_takes_over_the_port_of_an_expired_flow_whose_stale_entry_goes() {
+    require_root();
+    let object = one_port_held(u64::from(TCP_ESTABLISHED_SECS) + 60);
+    let run = egress(&object, &syn(MASQ.ip, POD_PORT + 7));
+    assert_eq!(run.verdict, TC_ACT_OK, "the expired flow's port is free");
+    let expected = outbound(NODE_ADDR, REMOTE, TCP, &tcp(PORT_MIN, REMOTE_PORT, TCP_SYN));
+    assert_eq!(run.frame, expected, "translated to the only port");
+    assert_checksums_valid(&run.frame, "the translated SYN");
+    let stale = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
+    assert_eq!(
+        object.nat_out(&stale),
+        None,
+        "the expired NAT_OUT entry is gone"
+    );
+    let new = object
+        .nat_out(&out_key(MASQ.ip, POD_PORT + 7, REMOTE_PORT, TCP))
+        .expect("NAT_OUT holds the new flow");
+    assert_eq!(new.node_port, PORT_MIN);
+    let reverse = object.nat_in(&in_key(REMOTE, PORT_MIN, REMOTE_PORT, TCP));
+    assert_eq!(
+        reverse,
+        Some(new),
+        "NAT_IN: the port belongs to the new flow"
+    );
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 1);
+    assert_eq!(object.nat_counter(NatCounter::AllocationFailures), 0);
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+#[test]
+fn two_pods_with_the_same_source_port_to_the_same_remote_get_distinct_node_ports() {
+    require_root();
+    // Two ports for two flows: whichever the hash picks first, the second must probe.
+    let object = ports(2);
+    let mut node_ports = Vec::new();
+    for pod in [&MASQ, &MASQ_2] {
+        let run = egress(&object, &syn(pod.ip, POD_PORT));
+        assert_eq!(run.verdict, TC_ACT_OK, "{:?} translated", pod.ip);
+        assert_checksums_valid(&run.frame, "a translated SYN");
+        node_ports.push((pod, port(&run.frame, SPORT)));
+    }
+    let mut sorted: Vec<u16> = node_ports.iter().map(|(_, node_port)| *node_port).collect();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        [PORT_MIN, PORT_MIN + 1],
+        "distinct ports from the range"
+    );
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 2);
+    // Each node port leads back to its own pod.
+    let syn_ack = TCP_SYN | TCP_ACK;
+    for (pod, node_port) in node_ports {
+        let reply = inbound(
+            REMOTE,
+            NODE_ADDR,
+            TCP,
+            &tcp(REMOTE_PORT, node_port, syn_ack),
+        );
+        let restored = inbound(REMOTE, pod.ip, TCP, &tcp(REMOTE_PORT, POD_PORT, syn_ack));
+        assert_delivered(&ingress(&object, &reply), &restored, pod, "the SYN-ACK");
+    }
+}
+
+/// A flow that re-allocated after expiring may move to another port and leave its old
+/// `NAT_IN` entry behind (until the daemon's sweep): a flow taking that old port over
+/// must remove the old `NAT_OUT` entry only if it still names that port.
+#[test]
+fn taking_over_a_port_never_removes_a_live_flow_that_moved_to_another_port() {
+    require_root();
+    let udp_to = |pod_ip| outbound(pod_ip, REMOTE, UDP, &udp(POD_PORT, 53, b"query"));
+    let first = |object: &BpfObject| port(&egress(object, &udp_to(MASQ.ip)).frame, SPORT);
+    // MASQ's first choice, as its hash makes it.
+    let usual = first(&ports(2));
+    let other = PORT_MIN + (PORT_MIN + 1 - usual);
+    let mut object = ports(2);
+    // Its usual port held by another flow: MASQ gets the other one.
+    let holder = out_key([10, 244, 0, 99], POD_PORT, 53, UDP);
+    let held = entry(&holder, usual, 0, seconds_ago(0));
+    object.insert_nat_in(in_key(REMOTE, usual, 53, UDP), held);
+    assert_eq!(
+        first(&object),
+        other,
+        "test bug: MASQ must move to the other port"
+    );
+    // Both flows expire; MASQ speaks again and takes its usual port over.
+    let long_ago = seconds_ago(u64::from(nat_config().udp_secs) + 60);
+    let flow = out_key(MASQ.ip, POD_PORT, 53, UDP);
+    object.insert_nat_out(flow, entry(&flow, other, 0, long_ago));
+    object.insert_nat_in(
+        in_key(REMOTE, other, 53, UDP),
+        entry(&flow, other, 0, long_ago),
+    );
+    let stale_holder = entry(&holder, usual, 0, long_ago);
+    object.insert_nat_in(in_key(REMOTE, usual, 53, UDP), stale_holder);
+    assert_eq!(first(&object), usual, "MASQ's flow back on its usual port");
+    // MASQ_2's new flow to the same remote takes the expired `other` over.
+    let run = egress(&object, &udp_to(MASQ_2.ip));
+    assert_eq!((run.verdict, port(&run.frame, SPORT)), (TC_ACT_OK, other));
+
+    let live = object.nat_out(&flow).map(|out| out.node_port);
+    assert_eq!(live, Some(usual), "MASQ's live NAT_OUT entry must survive");
+    let again = egress(&object, &udp_to(MASQ.ip));
+    assert_eq!(
+        (again.verdict, port(&again.frame, SPORT)),
+        (TC_ACT_OK, usual),
+        "MASQ's flow keeps its node port; drops: {:?}",
+        all_drops(&object)
+    );
+}

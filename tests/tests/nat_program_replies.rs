@@ -1,0 +1,240 @@
+//! Reverse NAT on the uplink's ingress, run by the kernel through BPF_PROG_TEST_RUN:
+//! replies to flows that `uplink_egress` translated (TCP, ICMP echo) and ICMP errors
+//! quoting them get the pod's address and port back, every checksum valid, and go
+//! straight into the pod; anything else reaches the stack untouched.
+
+use cni_ebpf_common::{NatCounter, tcp_state};
+use ebpf_cni_tests::{
+    bpf_object::BpfObject,
+    frames::{TC_ACT_OK, all_drops, assert_reference_checksum_is_right, no_drops},
+    nat_frames::{
+        ECHO_ID, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMP_ID, INNER_ICMP_ID, INNER_SPORT,
+        INNER_SRC, MASQ, NODE_ADDR, POD_PORT, PORT_MIN, REMOTE, REMOTE_PORT, ROUTER, SPORT, TCP,
+        TCP_ACK, TCP_SYN, assert_checksums_valid, assert_delivered, assert_unchanged, egress,
+        frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote, tcp,
+        time_exceeded, uplink,
+    },
+    require_root,
+};
+
+const SYN_ACK: u8 = TCP_SYN | TCP_ACK;
+
+/// Sends `pod`'s SYN to [`REMOTE`] out of the uplink; returns the translated frame and
+/// its node port.
+fn open_tcp(object: &BpfObject, pod_ip: [u8; 4]) -> (Vec<u8>, u16) {
+    let syn = outbound(pod_ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_SYN));
+    let run = egress(object, &syn);
+    assert_eq!(run.verdict, TC_ACT_OK, "the SYN is translated");
+    let node_port = port(&run.frame, SPORT);
+    (run.frame, node_port)
+}
+
+fn syn_ack_to(node_port: u16) -> Vec<u8> {
+    inbound(
+        REMOTE,
+        NODE_ADDR,
+        TCP,
+        &tcp(REMOTE_PORT, node_port, SYN_ACK),
+    )
+}
+
+#[test]
+fn syn_ack_to_the_node_port_reaches_the_pod_restored_and_establishes_the_flow() {
+    require_root();
+    assert_reference_checksum_is_right();
+    let object = uplink();
+    let (_, node_port) = open_tcp(&object, MASQ.ip);
+    let reply = syn_ack_to(node_port);
+    assert_checksums_valid(&reply, "test bug: the crafted SYN-ACK");
+    let run = ingress(&object, &reply);
+    let restored = inbound(REMOTE, MASQ.ip, TCP, &tcp(REMOTE_PORT, POD_PORT, SYN_ACK));
+    assert_delivered(&run, &restored, &MASQ, "the SYN-ACK");
+
+    let out = object
+        .nat_out(&out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP))
+        .expect("NAT_OUT still holds the flow");
+    assert_eq!(out.state, tcp_state::ESTABLISHED, "NAT_OUT: established");
+    let back = object.nat_in(&in_key(REMOTE, node_port, REMOTE_PORT, TCP));
+    assert_eq!(back, Some(out), "NAT_IN: the same, established entry");
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 1);
+    let delivered = object.endpoint_counters(MASQ.info.host_ifindex);
+    assert_eq!(delivered.to_pod_packets, 1, "counted for the pod's veth");
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+#[test]
+fn replies_matching_no_flow_reach_the_stack_unchanged() {
+    require_root();
+    let object = uplink();
+    let (_, node_port) = open_tcp(&object, MASQ.ip);
+    let unknown_port = if node_port == PORT_MIN {
+        PORT_MIN + 1
+    } else {
+        PORT_MIN
+    };
+    let cases = [
+        (syn_ack_to(unknown_port), "to a node port no flow holds"),
+        (
+            inbound(
+                ROUTER,
+                NODE_ADDR,
+                TCP,
+                &tcp(REMOTE_PORT, node_port, SYN_ACK),
+            ),
+            "to the flow's node port from another address",
+        ),
+        (
+            inbound(
+                REMOTE,
+                NODE_ADDR,
+                TCP,
+                &tcp(REMOTE_PORT + 1, node_port, SYN_ACK),
+            ),
+            "to the flow's node port from another remote port",
+        ),
+        (
+            inbound(
+                REMOTE,
+                NODE_ADDR,
+                ICMP,
+                &icmp_echo(ICMP_ECHO_REPLY, node_port),
+            ),
+            "an echo reply with the TCP flow's node port as identifier",
+        ),
+    ];
+    for (frame, what) in &cases {
+        assert_unchanged(&ingress(&object, frame), frame, what);
+    }
+    let out = object
+        .nat_out(&out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP))
+        .expect("NAT_OUT still holds the flow");
+    assert_eq!(
+        out.state,
+        tcp_state::SYN_SENT,
+        "no stray reply establishes it"
+    );
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 0);
+}
+
+#[test]
+fn icmp_echo_round_trip_restores_the_identifier_and_reaches_the_pod() {
+    require_root();
+    let object = uplink();
+    let request = outbound(
+        MASQ.ip,
+        REMOTE,
+        ICMP,
+        &icmp_echo(ICMP_ECHO_REQUEST, ECHO_ID),
+    );
+    let run = egress(&object, &request);
+    assert_eq!(run.verdict, TC_ACT_OK, "the request is translated");
+    let node_id = port(&run.frame, ICMP_ID);
+    assert_ne!(
+        node_id, ECHO_ID,
+        "test bug: the identifier must change to show"
+    );
+
+    let reply = inbound(
+        REMOTE,
+        NODE_ADDR,
+        ICMP,
+        &icmp_echo(ICMP_ECHO_REPLY, node_id),
+    );
+    assert_checksums_valid(&reply, "test bug: the crafted reply");
+    let run = ingress(&object, &reply);
+    let restored = inbound(REMOTE, MASQ.ip, ICMP, &icmp_echo(ICMP_ECHO_REPLY, ECHO_ID));
+    assert_delivered(&run, &restored, &MASQ, "the echo reply");
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 1);
+}
+
+#[test]
+fn fragmentation_needed_quoting_a_translated_syn_reaches_the_pod_with_the_quote_restored() {
+    require_root();
+    let object = uplink();
+    let syn = outbound(MASQ.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_SYN));
+    let (translated, node_port) = open_tcp(&object, MASQ.ip);
+    let error = inbound(
+        ROUTER,
+        NODE_ADDR,
+        ICMP,
+        &frag_needed(1400, &quote(&translated)),
+    );
+    assert_checksums_valid(&error, "test bug: the crafted ICMP error");
+    let run = ingress(&object, &error);
+    assert_eq!(
+        (
+            run.frame.get(INNER_SRC..INNER_SRC + 4),
+            run.frame.get(INNER_SPORT..INNER_SPORT + 2)
+        ),
+        (Some(&MASQ.ip[..]), Some(&POD_PORT.to_be_bytes()[..])),
+        "the quoted source: the pod's address and port"
+    );
+    // The pod gets the error about the SYN it sent, as it sent it.
+    let restored = inbound(ROUTER, MASQ.ip, ICMP, &frag_needed(1400, &quote(&syn)));
+    assert_delivered(&run, &restored, &MASQ, "the fragmentation needed error");
+    assert_eq!(object.nat_counter(NatCounter::IcmpErrorsIn), 1);
+    assert_eq!(
+        object.nat_counter(NatCounter::TranslatedIn),
+        0,
+        "counted as an error"
+    );
+    let back = object
+        .nat_in(&in_key(REMOTE, node_port, REMOTE_PORT, TCP))
+        .expect("NAT_IN still holds the flow");
+    assert_eq!(
+        back.state,
+        tcp_state::SYN_SENT,
+        "an error does not establish"
+    );
+}
+
+#[test]
+fn an_icmp_error_quoting_an_untranslated_packet_reaches_the_stack_unchanged() {
+    require_root();
+    let object = uplink();
+    let (_, node_port) = open_tcp(&object, MASQ.ip);
+    // The node's own SYN from another port: no flow of ours.
+    let own = outbound(
+        NODE_ADDR,
+        REMOTE,
+        TCP,
+        &tcp(node_port ^ 1, REMOTE_PORT, TCP_SYN),
+    );
+    let error = inbound(ROUTER, NODE_ADDR, ICMP, &frag_needed(1400, &quote(&own)));
+    assert_unchanged(
+        &ingress(&object, &error),
+        &error,
+        "an error about the node's flow",
+    );
+    assert_eq!(object.nat_counter(NatCounter::IcmpErrorsIn), 0);
+}
+
+/// Traceroute's case: the error quotes an echo request, whose identifier is the node's.
+/// The quoted echo's own checksum (of a message the quote truncates, so nobody can
+/// verify it) is left as the router saw it; everything else is the pod's request.
+#[test]
+fn time_exceeded_quoting_a_translated_echo_request_reaches_the_pod_restored() {
+    require_root();
+    let object = uplink();
+    let request = outbound(
+        MASQ.ip,
+        REMOTE,
+        ICMP,
+        &icmp_echo(ICMP_ECHO_REQUEST, ECHO_ID),
+    );
+    let translated = quote(&egress(&object, &request).frame);
+    let error = inbound(ROUTER, NODE_ADDR, ICMP, &time_exceeded(&translated));
+    assert_checksums_valid(&error, "test bug: the crafted ICMP error");
+    let run = ingress(&object, &error);
+    assert_eq!(
+        port(&run.frame, INNER_ICMP_ID),
+        ECHO_ID,
+        "the quoted identifier"
+    );
+    let mut quoted = quote(&request);
+    // The quoted echo checksum: 20 bytes of IPv4 header, then 2 bytes of type and code.
+    quoted[22..24].copy_from_slice(&translated[22..24]);
+    let restored = inbound(ROUTER, MASQ.ip, ICMP, &time_exceeded(&quoted));
+    assert_delivered(&run, &restored, &MASQ, "the time exceeded error");
+    assert_eq!(object.nat_counter(NatCounter::IcmpErrorsIn), 1);
+}
