@@ -48,6 +48,37 @@ pub struct NatEntry {
     pub pad: [u8; 7],
 }
 
+impl NatKey {
+    /// The `NAT_IN` key of this flow once translated to `node_port`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn reverse(&self, node_port: u16) -> NatReverseKey {
+        NatReverseKey {
+            remote_addr: self.remote_addr,
+            node_port,
+            remote_port: self.remote_port,
+            proto: self.proto,
+            pad: [0; 3],
+        }
+    }
+}
+
+impl NatReverseKey {
+    /// The `NAT_OUT` key of the flow whose `NAT_IN` entry is (`self`, `entry`).
+    #[inline(always)]
+    #[must_use]
+    pub const fn forward(&self, entry: &NatEntry) -> NatKey {
+        NatKey {
+            pod_addr: entry.pod_addr,
+            remote_addr: self.remote_addr,
+            pod_port: entry.pod_port,
+            remote_port: self.remote_port,
+            proto: self.proto,
+            pad: [0; 3],
+        }
+    }
+}
+
 /// TCP states the timeouts follow.
 pub mod tcp_state {
     /// A SYN went out, no reply yet.

@@ -67,28 +67,3 @@ pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> boo
     };
     now.saturating_sub(entry.last_seen_ns) > u64::from(secs) * 1_000_000_000
 }
-
-/// The reverse key of a flow, from its forward key and node port.
-#[inline(always)]
-pub fn reverse_key(key: &NatKey, node_port: u16) -> NatReverseKey {
-    NatReverseKey {
-        remote_addr: key.remote_addr,
-        node_port,
-        remote_port: key.remote_port,
-        proto: key.proto,
-        pad: [0; 3],
-    }
-}
-
-/// The forward key of the flow an entry of `NAT_IN` belongs to.
-#[inline(always)]
-pub fn forward_key(reverse: &NatReverseKey, entry: &NatEntry) -> NatKey {
-    NatKey {
-        pod_addr: entry.pod_addr,
-        remote_addr: reverse.remote_addr,
-        pod_port: entry.pod_port,
-        remote_port: reverse.remote_port,
-        proto: reverse.proto,
-        pad: [0; 3],
-    }
-}

@@ -120,7 +120,7 @@ fn live_entry(key: &NatReverseKey, config: &NatConfig, tcp_flags: u8) -> Option<
             ..entry
         };
         let _ = NAT_IN.insert(key, &refreshed, 0);
-        let _ = nat_maps::NAT_OUT.insert(&nat_maps::forward_key(key, &entry), &refreshed, 0);
+        let _ = nat_maps::NAT_OUT.insert(&key.forward(&entry), &refreshed, 0);
     }
     Some(entry)
 }

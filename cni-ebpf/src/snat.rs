@@ -136,11 +136,7 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
 #[inline(always)]
 fn record(key: &NatKey, entry: &NatEntry) {
     let _ = NAT_OUT.insert(key, entry, BPF_ANY as u64);
-    let _ = NAT_IN.insert(
-        &nat_maps::reverse_key(key, entry.node_port),
-        entry,
-        BPF_ANY as u64,
-    );
+    let _ = NAT_IN.insert(&key.reverse(entry.node_port), entry, BPF_ANY as u64);
 }
 
 /// Finds a free node port for `key` (same remote address, port and protocol) and claims
@@ -151,7 +147,7 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
     let start = flow_hash(key) % size;
     for probe in 0..MAX_PROBES {
         let port = config.port_min + ((start + probe) % size) as u16;
-        let reverse = nat_maps::reverse_key(key, port);
+        let reverse = key.reverse(port);
         let entry = NatEntry {
             last_seen_ns: now,
             pod_addr: key.pod_addr,
@@ -172,7 +168,7 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
                 Some(old) if nat_maps::expired(&old, key.proto, config, now) => {
                     // The old flow's NAT_OUT entry goes only if it still points here:
                     // it may have moved to another port since.
-                    let stale = nat_maps::forward_key(&reverse, &old);
+                    let stale = reverse.forward(&old);
                     // SAFETY: the value is copied at once.
                     let still_here =
                         unsafe { NAT_OUT.get(&stale) }.is_some_and(|moved| moved.node_port == port);

@@ -40,16 +40,7 @@ impl Node {
     /// Like [`Self::start_with_counters`], with extra `ebpf-cnid run` flags.
     pub fn start_with(subnet: &str, counted: &[&str], daemon_flags: &[&str]) -> Self {
         let netns = Netns::new("node");
-        let external = Netns::new("ext");
-        netns.link_veth(
-            "uplink0",
-            "198.18.0.1/24",
-            &external,
-            "eth0",
-            "198.18.0.2/24",
-        );
-        // The uplink is the default route's device: where the daemon finds it.
-        netns.ip(&["route", "add", "default", "via", EXTERNAL_ADDR]);
+        let external = external_host(&netns);
         let instance = Instance::new();
         let daemon = Daemon::start_with(&netns, &instance, counted, daemon_flags);
         let network = Network::new(&instance, subnet);
@@ -114,6 +105,23 @@ impl Node {
         .run(&self.netns)
         .ok();
     }
+}
+
+/// Gives `node` an uplink `uplink0` ([`NODE_ADDR`]/24) to a new external host
+/// ([`EXTERNAL_ADDR`]/24) and a default route through it (the uplink is the default
+/// route's device: where the daemon finds it); returns the external host. The external
+/// host has no route to any pod: only translated traffic reaches it.
+pub fn external_host(node: &Netns) -> Netns {
+    let external = Netns::new("ext");
+    node.link_veth(
+        "uplink0",
+        &format!("{NODE_ADDR}/24"),
+        &external,
+        "eth0",
+        &format!("{EXTERNAL_ADDR}/24"),
+    );
+    node.ip(&["route", "add", "default", "via", EXTERNAL_ADDR]);
+    external
 }
 
 /// A pod made by [`Node::add_pod`].

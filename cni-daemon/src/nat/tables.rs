@@ -97,7 +97,7 @@ impl Nat {
         };
         let mut sweep = Sweep::default();
         for (key, out) in scan(&self.maps.flows_out)? {
-            let reverse = reverse_key(&key, &out);
+            let reverse = key.reverse(out.node_port);
             // A NAT_IN entry for another pod's flow is not this flow's pair.
             let inbound = get(&self.maps.flows_in, &reverse)?
                 .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
@@ -116,7 +116,7 @@ impl Nat {
             }
         }
         for (reverse, inbound) in scan(&self.maps.flows_in)? {
-            let key = forward_key(&reverse, &inbound);
+            let key = reverse.forward(&inbound);
             let paired = get(&self.maps.flows_out, &key)?
                 .is_some_and(|out| out.node_port == reverse.node_port);
             if !paired
@@ -138,29 +138,6 @@ impl Nat {
             crate::maps::removed(self.maps.flows_in.remove(&key))?;
         }
         Ok(())
-    }
-}
-
-/// The `NAT_IN` key of the flow `key` translated as `entry` says.
-pub fn reverse_key(key: &NatKey, entry: &NatEntry) -> NatReverseKey {
-    NatReverseKey {
-        remote_addr: key.remote_addr,
-        node_port: entry.node_port,
-        remote_port: key.remote_port,
-        proto: key.proto,
-        pad: [0; 3],
-    }
-}
-
-/// The `NAT_OUT` key of the flow whose `NAT_IN` entry is (`reverse`, `entry`).
-pub fn forward_key(reverse: &NatReverseKey, entry: &NatEntry) -> NatKey {
-    NatKey {
-        pod_addr: entry.pod_addr,
-        remote_addr: reverse.remote_addr,
-        pod_port: entry.pod_port,
-        remote_port: reverse.remote_port,
-        proto: reverse.proto,
-        pad: [0; 3],
     }
 }
 
@@ -225,7 +202,7 @@ mod tests {
             state: 2,
             pad: [0; 7],
         };
-        let reverse = reverse_key(&key, &entry);
+        let reverse = key.reverse(entry.node_port);
         assert_eq!(
             reverse,
             NatReverseKey {
@@ -236,6 +213,6 @@ mod tests {
                 pad: [0; 3],
             }
         );
-        assert_eq!(forward_key(&reverse, &entry), key);
+        assert_eq!(reverse.forward(&entry), key);
     }
 }

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::{
     args::{PortRange, Timeouts},
-    expiry, tables,
+    expiry,
 };
 use crate::inspect::{InspectError, open_pinned};
 
@@ -74,7 +74,7 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
     let mut entries = Vec::new();
     for entry in flows_out.iter() {
         let (key, out) = entry?;
-        let inbound = match flows_in.get(&tables::reverse_key(&key, &out), 0) {
+        let inbound = match flows_in.get(&key.reverse(out.node_port), 0) {
             Ok(inbound) => Some(inbound),
             Err(MapError::KeyNotFound) => None,
             Err(error) => return Err(error.into()),

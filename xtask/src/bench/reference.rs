@@ -11,7 +11,7 @@ use anyhow::{Context, ensure};
 use ebpf_cni_tests::{
     cni::{Call, REFERENCE_PLUGINS},
     netns::Netns,
-    node::EXTERNAL_ADDR,
+    node::external_host,
     unique_name,
 };
 use serde_json::{Value, json};
@@ -30,15 +30,7 @@ impl RefNode {
     pub fn new(subnet: &str) -> Self {
         let name = unique_name("ref");
         let netns = Netns::new("refnode");
-        let external = Netns::new("refext");
-        netns.link_veth(
-            "uplink0",
-            "198.18.0.1/24",
-            &external,
-            "eth0",
-            "198.18.0.2/24",
-        );
-        netns.ip(&["route", "add", "default", "via", EXTERNAL_ADDR]);
+        let external = external_host(&netns);
         Self {
             netns,
             external,
