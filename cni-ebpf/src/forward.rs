@@ -11,6 +11,7 @@ use crate::{
     csum::IP_CSUM,
     endpoints,
     metrics::{self, Direction},
+    route,
 };
 
 /// Byte offset of the TTL inside the frame.
@@ -18,7 +19,7 @@ const IP_TTL: usize = EthHdr::LEN + 8;
 
 /// Handles an IPv4 frame that left a pod.
 #[inline(always)]
-pub fn from_pod(ctx: &TcContext, eth: &EthHdr) -> Result<i32, i64> {
+pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
     if (ctx.len() as usize) < EthHdr::LEN + Ipv4Hdr::LEN {
         return Ok(metrics::drop_packet(DropReason::TruncatedFrame));
     }
@@ -28,7 +29,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr) -> Result<i32, i64> {
     }
     match endpoints::lookup(ip.dst_addr) {
         Some(destination) => deliver(ctx, eth, &ip, &destination),
-        None => Ok(TC_ACT_OK),
+        None => route::to_uplink(ctx, eth, &ip, ifindex),
     }
 }
 
@@ -45,11 +46,7 @@ pub fn deliver(
     if ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
-    // The TTL shares a 16-bit checksum word with the protocol: replace that word.
-    let old_word = u16::from_ne_bytes([ip.ttl, ip.proto as u8]);
-    let new_word = u16::from_ne_bytes([ip.ttl - 1, ip.proto as u8]);
-    ctx.l3_csum_replace(IP_CSUM, u64::from(old_word), u64::from(new_word), 2)?;
-    ctx.store(IP_TTL, &(ip.ttl - 1), 0)?;
+    decrement_ttl(ctx, ip)?;
     let rewritten = EthHdr {
         dst_addr: destination.pod_mac,
         src_addr: destination.host_mac,
@@ -59,4 +56,15 @@ pub fn deliver(
     metrics::count(destination.host_ifindex, Direction::ToPod, ctx.len());
     // SAFETY: a plain helper call with an ifindex and no flags.
     Ok(unsafe { bpf_redirect_peer(destination.host_ifindex, 0) } as i32)
+}
+
+/// Decrements the TTL of `ip` (read from the frame, TTL above 1) with its checksum.
+#[inline(always)]
+pub fn decrement_ttl(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
+    // The TTL shares a 16-bit checksum word with the protocol: replace that word.
+    let old_word = u16::from_ne_bytes([ip.ttl, ip.proto as u8]);
+    let new_word = u16::from_ne_bytes([ip.ttl - 1, ip.proto as u8]);
+    ctx.l3_csum_replace(IP_CSUM, u64::from(old_word), u64::from(new_word), 2)?;
+    ctx.store(IP_TTL, &(ip.ttl - 1), 0)?;
+    Ok(())
 }

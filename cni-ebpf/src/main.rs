@@ -14,6 +14,7 @@ mod metrics;
 mod nat_maps;
 mod pod;
 mod rev_nat;
+mod route;
 mod snat;
 mod stats;
 mod uplink;

@@ -29,7 +29,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
     }
     let eth: EthHdr = ctx.load(0)?;
     if eth.ether_type == EtherType::Ipv4 as u16 {
-        forward::from_pod(ctx, &eth)
+        forward::from_pod(ctx, &eth, ifindex)
     } else if eth.ether_type == EtherType::Arp as u16 {
         arp::from_pod(ctx, &eth, ifindex)
     } else {

@@ -243,3 +243,46 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
         "both flows used the one port, in turn"
     );
 }
+
+/// The node stack's count of forwarded datagrams (`Ip: ForwDatagrams`).
+fn forwarded_datagrams(node: &Node) -> u64 {
+    let out = node.netns.run("cat", &["/proc/net/snmp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut ip_lines = text.lines().filter(|line| line.starts_with("Ip:"));
+    let (names, values) = (
+        ip_lines.next().expect("header"),
+        ip_lines.next().expect("values"),
+    );
+    let column = names
+        .split_whitespace()
+        .position(|name| name == "ForwDatagrams")
+        .expect("ForwDatagrams column");
+    values
+        .split_whitespace()
+        .nth(column)
+        .and_then(|value| value.parse().ok())
+        .expect("a count")
+}
+
+#[test]
+fn pod_traffic_to_the_outside_skips_the_node_stack_once_the_neighbour_is_known() {
+    require_root();
+    let node = Node::start("10.244.56.0/24");
+    let pod = node.add_pod("fib");
+    // The first packet may wait in the stack for the node's ARP to the next hop.
+    let warm = pod
+        .netns
+        .run("ping", &["-c", "1", "-W", "2", EXTERNAL_ADDR]);
+    assert!(warm.status.success());
+    let before = forwarded_datagrams(&node);
+    let ping = pod.netns.run(
+        "ping",
+        &["-c", "20", "-i", "0.01", "-W", "2", EXTERNAL_ADDR],
+    );
+    assert!(ping.status.success(), "pings through NAT");
+    assert_eq!(
+        forwarded_datagrams(&node),
+        before,
+        "the FIB redirect to the uplink carried them, not the node's forwarding"
+    );
+}

@@ -1,0 +1,65 @@
+//! Pod traffic leaving the node: when the node's FIB sends a pod's packet out of the
+//! uplink, hand it to the uplink directly (`bpf_redirect` with the neighbour's MAC
+//! from the FIB), skipping the node's IP stack. The uplink's egress program then
+//! source-NATs it. The FIB lookup honours the node's forwarding setting: with
+//! forwarding off it answers "not forwarded" and the stack decides, as before.
+
+use aya_ebpf::{
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup as FibParams},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect},
+    programs::TcContext,
+};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{forward, nat_maps};
+
+const AF_INET: u8 = 2;
+
+/// Sends `ip` (a pod's packet for no local pod) straight out of the uplink when the FIB
+/// says that is its way and the neighbour is known; otherwise the stack takes it.
+#[inline(always)]
+pub fn to_uplink(
+    ctx: &TcContext,
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+    ingress_ifindex: u32,
+) -> Result<i32, i64> {
+    let Some(config) = nat_maps::config() else {
+        return Ok(TC_ACT_OK);
+    };
+    if ip.ttl <= 1 {
+        return Ok(TC_ACT_OK);
+    }
+    // SAFETY: a plain C struct of integers; all-zero is its "unset" state.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.l4_protocol = ip.proto as u8;
+    params.ifindex = ingress_ifindex;
+    params.__bindgen_anon_1.tot_len = ip.tot_len();
+    params.__bindgen_anon_2.tos = ip.tos;
+    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
+    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
+    // SAFETY: the helper reads and writes `params`, of the size given.
+    let found = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb.cast(),
+            &mut params,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    // Anything but a resolved route out of the uplink (local addresses, no neighbour
+    // yet, forwarding off, other devices) is the stack's business.
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || params.ifindex != config.uplink_ifindex {
+        return Ok(TC_ACT_OK);
+    }
+    forward::decrement_ttl(ctx, ip)?;
+    let rewritten = EthHdr {
+        dst_addr: params.dmac,
+        src_addr: params.smac,
+        ether_type: eth.ether_type,
+    };
+    ctx.store(0, &rewritten, 0)?;
+    // SAFETY: a plain helper call with an ifindex and no flags (egress of the uplink).
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+}
