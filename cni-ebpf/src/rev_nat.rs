@@ -5,10 +5,7 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatReverseKey};
-use network_types::{
-    eth::{EthHdr, EtherType},
-    ip::Ipv4Hdr,
-};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     csum::{self, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
@@ -24,14 +21,9 @@ const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
 pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
-    let Some(config) = nat_maps::config() else {
+    let Some((config, eth, ip)) = nat_maps::ipv4_frame(ctx)? else {
         return Ok(TC_ACT_OK);
     };
-    let eth: EthHdr = ctx.load(0)?;
-    if eth.ether_type != EtherType::Ipv4 as u16 {
-        return Ok(TC_ACT_OK);
-    }
-    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     if ip.dst_addr != config.node_addr || ip.frag_offset() != 0 {
         return Ok(TC_ACT_OK);
     }

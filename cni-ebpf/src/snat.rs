@@ -9,10 +9,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     DropReason, NatConfig, NatCounter, NatEntry, NatKey, endpoint_flags, tcp_state,
 };
-use network_types::{
-    eth::{EthHdr, EtherType},
-    ip::Ipv4Hdr,
-};
+use network_types::eth::EthHdr;
 
 use crate::{
     csum::{self, ICMP, IP_CSUM, IP_SRC, L4Csum, TCP, UDP},
@@ -33,14 +30,9 @@ pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
 pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
-    let Some(config) = nat_maps::config() else {
+    let Some((config, _, ip)) = nat_maps::ipv4_frame(ctx)? else {
         return Ok(TC_ACT_OK);
     };
-    let eth: EthHdr = ctx.load(0)?;
-    if eth.ether_type != EtherType::Ipv4 as u16 {
-        return Ok(TC_ACT_OK);
-    }
-    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     let masqueraded = endpoints::lookup(ip.src_addr)
         .is_some_and(|pod| pod.flags & endpoint_flags::MASQUERADE != 0);
     if !masqueraded || nat_maps::in_cluster(ip.dst_addr) {

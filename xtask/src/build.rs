@@ -99,7 +99,8 @@ pub fn ebpf_object(root: &Path, tools: &Toolchain) -> anyhow::Result<PathBuf> {
             .arg(&target_dir)
             .env(
                 "CARGO_ENCODED_RUSTFLAGS",
-                "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
+                // -D warnings: clippy does not look at this crate, so the compiler must.
+                "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf\x1f-Dwarnings",
             )
             .env("PATH", path),
     )?;
