@@ -27,6 +27,12 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
     };
     let mut bad_subnet = good.clone();
     bad_subnet["ipam"]["subnet"] = json!("10.244.10.0/33");
+    let mut host_port = good.clone();
+    host_port["runtimeConfig"] =
+        json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]});
+    let mut bandwidth = good.clone();
+    bandwidth["runtimeConfig"] =
+        json!({"bandwidth": {"ingressRate": 1000000, "ingressBurst": 100000}});
     let mut unknown_ipam = good.clone();
     unknown_ipam["ipam"]["type"] = json!("no-such-ipam");
 
@@ -76,6 +82,16 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
         ),
         ("unknown IPAM type", add().stdin(&bytes(&unknown_ipam)), 101),
         ("invalid subnet", add().stdin(&bytes(&bad_subnet)), 101),
+        (
+            "hostPort (not implemented yet)",
+            add().stdin(&bytes(&host_port)),
+            2,
+        ),
+        (
+            "bandwidth (not implemented yet)",
+            add().stdin(&bytes(&bandwidth)),
+            2,
+        ),
     ];
     for (what, call, code) in cases {
         let out = call.run(&node.netns);

@@ -38,6 +38,7 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
     let daemon = inv.daemon();
     daemon.require_ready()?;
     let pod_mac = inv.conf.runtime_mac()?;
+    refuse_unimplemented(&inv.conf)?;
     let host_veth = naming::host_veth(container_id, ifname);
 
     let mut applied = Applied::default();
@@ -308,4 +309,24 @@ fn cluster_cidrs(conf: &NetConf, result: &CniResult) -> Vec<Ipv4Net> {
             IpNet::V6(_) => None,
         })
         .collect()
+}
+
+/// Capabilities the datapath does not implement yet are refused (code 2) rather than
+/// silently ignored: a pod asking for a hostPort or a bandwidth limit must not come up
+/// without it. The runtime only sends them when the conflist declares the capability.
+fn refuse_unimplemented(conf: &NetConf) -> Result<(), CniError> {
+    let runtime = &conf.runtime_config;
+    if !runtime.port_mappings.is_empty() {
+        return Err(CniError::new(
+            ErrorCode::UnsupportedField,
+            "runtimeConfig.portMappings: hostPort is not implemented yet by ebpf-cni",
+        ));
+    }
+    if runtime.bandwidth.is_some() {
+        return Err(CniError::new(
+            ErrorCode::UnsupportedField,
+            "runtimeConfig.bandwidth: bandwidth limits are not implemented yet by ebpf-cni",
+        ));
+    }
+    Ok(())
 }
