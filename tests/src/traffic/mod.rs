@@ -1,0 +1,95 @@
+//! Real TCP and UDP traffic inside namespaces: echo servers, round trips, a long-lived
+//! stream, many connections at once. Threads enter a namespace with setns and end with
+//! their work, so the test's own threads never change namespace. Every loop is bounded
+//! in time.
+//!
+//! This module owns the threads (`spawn_in`, `run_in`, `Background`); `tcp` and `udp`
+//! own the traffic itself.
+
+mod tcp;
+mod udp;
+
+use std::{
+    fs::File,
+    os::fd::AsFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::{self, JoinHandle},
+    time::Duration,
+};
+
+use nix::sched::{CloneFlags, setns};
+
+pub use self::{
+    tcp::{EchoServer, Stream, many_connections, round_trip, round_trip_from},
+    udp::{UdpEcho, udp_round_trip},
+};
+use crate::netns::Netns;
+
+/// The longest any helper here keeps a thread alive.
+const MAX_LIFETIME: Duration = Duration::from_secs(60);
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs `work` on a new thread inside `netns`.
+pub fn spawn_in<T, F>(netns: &Netns, work: F) -> JoinHandle<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let file = File::open(netns.path()).expect("cannot open the netns file");
+    thread::spawn(move || {
+        setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns failed");
+        work()
+    })
+}
+
+/// Runs `work` inside `netns` and waits for it.
+pub fn run_in<T, F>(netns: &Netns, work: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    spawn_in(netns, work)
+        .join()
+        .expect("the netns thread panicked")
+}
+
+/// A thread inside a namespace that works until asked to stop, stopped and joined on
+/// drop. Its work gets the stop flag and checks it in every loop; those loops stay
+/// bounded in time too, so a thread that misses the flag cannot hang a test.
+pub struct Background<T> {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<T>>,
+}
+
+impl<T: Send + 'static> Background<T> {
+    /// Runs `work` on a new thread inside `netns`, handing it the stop flag.
+    pub fn start<F>(netns: &Netns, work: F) -> Self
+    where
+        F: FnOnce(Arc<AtomicBool>) -> T + Send + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        Self {
+            stop,
+            handle: Some(spawn_in(netns, move || work(flag))),
+        }
+    }
+}
+
+impl<T> Background<T> {
+    /// Sets the stop flag and waits for the thread; `None` if the thread panicked or
+    /// was already finished.
+    pub fn finish(&mut self) -> Option<T> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take()?.join().ok()
+    }
+}
+
+impl<T> Drop for Background<T> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
