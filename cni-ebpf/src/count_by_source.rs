@@ -1,6 +1,6 @@
 //! TC entry: counts packets and bytes per source IPv4 address, then lets the packet go on.
 
-use aya_ebpf::{bindings::TC_ACT_PIPE, macros::classifier, programs::TcContext};
+use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use aya_log_ebpf::info;
 use cni_ebpf_common::SourceKey;
 use network_types::{
@@ -10,9 +10,11 @@ use network_types::{
 
 use crate::stats::{self, Counted};
 
-/// Verdict of an observer: hand the packet to the next program or the stack. TCX maps
-/// TC_ACT_PIPE to TCX_NEXT; clsact in direct-action mode continues too.
-const CONTINUE: i32 = TC_ACT_PIPE as i32;
+/// Verdict of an observer: hand the packet to the next program, then the stack. It must
+/// be TC_ACT_UNSPEC (TCX_NEXT): TCX stops its chain at any other value (TC_ACT_PIPE
+/// would skip the NAT program attached after the counter on the same uplink), and
+/// clsact in direct-action mode moves on to the next filter.
+const CONTINUE: i32 = TC_ACT_UNSPEC;
 
 #[classifier]
 pub fn count_by_source(ctx: TcContext) -> i32 {

@@ -286,3 +286,25 @@ fn pod_traffic_to_the_outside_skips_the_node_stack_once_the_neighbour_is_known()
         "the FIB redirect to the uplink carried them, not the node's forwarding"
     );
 }
+
+#[test]
+fn the_source_counter_on_the_uplink_does_not_stop_the_nat_programs_after_it() {
+    require_root();
+    // The counter is attached first; TCX runs the next program only if it returns
+    // TCX_NEXT (an observer's TC_ACT_PIPE would end the chain there).
+    let node = Node::start_with_counters("10.244.57.0/24", &["uplink0"]);
+    let pod = node.add_pod("observed");
+    let _tcp = EchoServer::start(&node.external, TCP_PORT);
+    let back = round_trip(&pod.netns, external(TCP_PORT), b"counted and translated")
+        .expect("replies still get translated back");
+    assert_eq!(back, b"counted and translated");
+    let counted = node.instance.cli_json(&["counters"]);
+    assert!(
+        counted
+            .as_array()
+            .expect("rows")
+            .iter()
+            .any(|row| row["source"] == EXTERNAL_ADDR),
+        "the counter saw the replies: {counted}"
+    );
+}

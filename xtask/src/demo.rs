@@ -59,16 +59,32 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     ping(&node.netns, "node", &a.ip.to_string())?;
     ping(&node.external, "external", NODE_ADDR)?;
 
-    say("\n5. What the datapath knows and counted (ebpf-cnid endpoints, status, counters)");
+    say("\n5. Pods reach the external host through source NAT in eBPF (it has no route to pods)");
+    node.netns
+        .run("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"]);
+    let outside = EchoServer::start(&node.external, PORT);
+    for (pod, name) in [(&a, "a"), (&b, "b")] {
+        let to: SocketAddr = format!("{EXTERNAL_ADDR}:{PORT}").parse()?;
+        round_trip(&pod.netns, to, b"hello outside").map_err(anyhow::Error::msg)?;
+        ping(&pod.netns, &format!("pod {name}"), EXTERNAL_ADDR)?;
+    }
+    let seen: Vec<String> = outside.peers().iter().map(ToString::to_string).collect();
+    say(&format!(
+        "   the external host saw TCP from: {}",
+        seen.join(", ")
+    ));
+    show(&node.instance.cli(&["nat"]))?;
+
+    say("6. What the datapath knows and counted (ebpf-cnid endpoints, status, counters)");
     show(&node.instance.cli(&["endpoints"]))?;
     show(&node.instance.cli(&["status"]))?;
     show(&node.instance.cli(&["counters"]))?;
 
-    say("6. The daemon is killed (SIGKILL): pods keep talking through the pinned programs");
+    say("7. The daemon is killed (SIGKILL): pods keep talking through the pinned programs");
     node.daemon.kill();
     ping(&a.netns, "pod a", &b.ip.to_string())?;
 
-    say("\n7. Clean up: DEL both pods, then remove the daemon's pins and every namespace");
+    say("\n8. Clean up: DEL both pods, then remove the daemon's pins and every namespace");
     node.daemon = ebpf_cni_tests::daemon::Daemon::start(&node.netns, &node.instance, &["uplink0"]);
     node.del_pod(&a);
     node.del_pod(&b);
