@@ -1,0 +1,129 @@
+//! Traffic figures: pod to pod on one node (ebpf-cni, the reference chain and a raw veth
+//! pair) and pod to the external host through source NAT, with the bounded loads of
+//! `load.rs`.
+
+use ebpf_cni_tests::{netns::Netns, node::Node};
+
+use super::{
+    Plan, figure, interleaved, load,
+    reference::RefNode,
+    report::{Contender, Figure},
+};
+
+/// Two pods on one node for each contender, and a raw veth pair.
+struct PodPairs {
+    _node: Node,
+    ebpf: (Netns, Netns, std::net::Ipv4Addr),
+    _refnode: RefNode,
+    reference: (Netns, Netns, std::net::Ipv4Addr),
+    raw: (Netns, Netns, std::net::Ipv4Addr),
+}
+
+impl PodPairs {
+    fn build() -> anyhow::Result<Self> {
+        let node = Node::start("10.252.0.0/24");
+        let a = node.add_pod("bench-a");
+        let b = node.add_pod("bench-b");
+        let refnode = RefNode::new("10.253.0.0/24");
+        let (ra, rb) = (Netns::new("refa"), Netns::new("refb"));
+        refnode.add("bench-ref-a", &ra)?;
+        let rb_ip = refnode.add("bench-ref-b", &rb)?;
+        let (xa, xb) = (Netns::new("rawa"), Netns::new("rawb"));
+        xa.link_veth("eth0", "10.254.0.1/24", &xb, "eth0", "10.254.0.2/24");
+        for netns in [&a.netns, &ra, &xa] {
+            load::tune_client(netns);
+        }
+        Ok(Self {
+            ebpf: (a.netns, b.netns, b.ip),
+            _node: node,
+            reference: (ra, rb, rb_ip),
+            _refnode: refnode,
+            raw: (xa, xb, "10.254.0.2".parse()?),
+        })
+    }
+
+    fn pair(&self, contender: Contender) -> &(Netns, Netns, std::net::Ipv4Addr) {
+        match contender {
+            Contender::EbpfCni => &self.ebpf,
+            Contender::Reference => &self.reference,
+            Contender::Raw => &self.raw,
+        }
+    }
+}
+
+pub(super) fn pod_to_pod(plan: Plan) -> anyhow::Result<Vec<Figure>> {
+    eprintln!("bench: pod-to-pod traffic");
+    let pairs = PodPairs::build()?;
+    let all = [Contender::EbpfCni, Contender::Reference, Contender::Raw];
+    let seconds = plan.seconds();
+    let throughput = interleaved(plan.repeats(), &all, |c| {
+        let (client, server, ip) = pairs.pair(c);
+        load::throughput(client, server, *ip, seconds)
+    })?;
+    let rr = interleaved(plan.repeats(), &all, |c| {
+        let (client, server, ip) = pairs.pair(c);
+        load::tcp_rr(client, server, *ip, seconds)
+    })?;
+    let crr = interleaved(plan.repeats(), &all, |c| {
+        let (client, server, ip) = pairs.pair(c);
+        load::tcp_crr(client, server, *ip, seconds)
+    })?;
+    Ok(vec![
+        figure(
+            "pod-to-pod TCP throughput (iperf3)",
+            "Gbit/s",
+            true,
+            throughput,
+        ),
+        figure("pod-to-pod TCP_RR (1-byte ping-pong)", "ops/s", true, rr),
+        figure(
+            "pod-to-pod TCP_CRR (connect, 1 byte, close)",
+            "ops/s",
+            true,
+            crr,
+        ),
+    ])
+}
+
+/// A pod talking to the external host through source NAT: ours in eBPF, the
+/// reference's through iptables MASQUERADE (bridge ipMasq) and the kernel's conntrack.
+pub(super) fn pod_to_external(plan: Plan) -> anyhow::Result<Vec<Figure>> {
+    eprintln!("bench: pod-to-external traffic (source NAT)");
+    let node = Node::start("10.247.0.0/24");
+    let pod = node.add_pod("bench-snat");
+    let refnode = RefNode::new("10.246.0.0/24");
+    let rpod = Netns::new("refsnat");
+    refnode.add("bench-ref-snat", &rpod)?;
+    for netns in [&pod.netns, &rpod] {
+        load::tune_client(netns);
+    }
+    let external: std::net::Ipv4Addr = ebpf_cni_tests::node::EXTERNAL_ADDR.parse()?;
+    let pair = |c: Contender| match c {
+        Contender::EbpfCni => (&pod.netns, &node.external),
+        _ => (&rpod, &refnode.external),
+    };
+    let both = [Contender::EbpfCni, Contender::Reference];
+    let seconds = plan.seconds();
+    let throughput = interleaved(plan.repeats(), &both, |c| {
+        let (client, server) = pair(c);
+        load::throughput(client, server, external, seconds)
+    })?;
+    let crr = interleaved(plan.repeats(), &both, |c| {
+        let (client, server) = pair(c);
+        load::tcp_crr(client, server, external, seconds)
+    })?;
+    Ok(vec![
+        figure(
+            "pod-to-external TCP throughput (source NAT)",
+            "Gbit/s",
+            true,
+            throughput,
+        ),
+        figure(
+            "pod-to-external connection rate (source NAT, TCP_CRR)",
+            "ops/s",
+            true,
+            crr,
+        ),
+    ])
+}
