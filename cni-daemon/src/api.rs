@@ -51,11 +51,25 @@ pub enum Request {
 pub enum Response {
     Status(Status),
     Attached,
-    Detached { existed: bool },
-    Endpoint { endpoint: Option<Endpoint> },
-    Endpoints { endpoints: Vec<Endpoint> },
-    Collected { removed: Vec<Endpoint> },
-    Error { message: String },
+    Detached {
+        existed: bool,
+    },
+    Endpoint {
+        endpoint: Option<Endpoint>,
+    },
+    Endpoints {
+        endpoints: Vec<Endpoint>,
+    },
+    Collected {
+        removed: Vec<Endpoint>,
+    },
+    /// A hostPort another endpoint holds (CNI code 105 for the plugin).
+    PortConflict {
+        message: String,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// What identifies an attachment, as in the CNI spec: (container id, interface name).

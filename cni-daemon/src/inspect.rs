@@ -197,6 +197,70 @@ pub fn counters_table(rows: &[SourceCounters]) -> String {
     out
 }
 
+/// One hostPort mapping, as `ebpf-cnid ports` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PortRow {
+    pub protocol: String,
+    /// `None`: every node address.
+    pub host_ip: Option<std::net::IpAddr>,
+    pub host_port: u16,
+    pub pod_ip: Option<std::net::IpAddr>,
+    pub container_port: u16,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// Every endpoint's mappings, sorted by protocol and host port.
+pub fn port_rows(endpoints: &[Endpoint]) -> Vec<PortRow> {
+    let mut rows: Vec<PortRow> = endpoints
+        .iter()
+        .flat_map(|endpoint| {
+            let pod_ip = endpoint
+                .ips
+                .iter()
+                .map(ipnet::IpNet::addr)
+                .find(std::net::IpAddr::is_ipv4);
+            endpoint.port_mappings.iter().map(move |mapping| PortRow {
+                protocol: mapping.protocol.clone(),
+                host_ip: mapping.host_ip.filter(|ip| !ip.is_unspecified()),
+                host_port: mapping.host_port,
+                pod_ip,
+                container_port: mapping.container_port,
+                container_id: endpoint.id.container_id.clone(),
+                ifname: endpoint.id.ifname.clone(),
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.protocol, a.host_port).cmp(&(&b.protocol, b.host_port)));
+    rows
+}
+
+pub fn ports_table(rows: &[PortRow]) -> String {
+    let mut out = format!(
+        "{:<5} {:<22} {:<22} {}\n",
+        "PROTO", "HOST", "POD", "CONTAINER"
+    );
+    for row in rows {
+        let host = format!(
+            "{}:{}",
+            row.host_ip
+                .map_or_else(|| "*".to_owned(), |ip| ip.to_string()),
+            row.host_port
+        );
+        let pod = format!(
+            "{}:{}",
+            row.pod_ip
+                .map_or_else(|| "?".to_owned(), |ip| ip.to_string()),
+            row.container_port
+        );
+        out.push_str(&format!(
+            "{:<5} {:<22} {:<22} {}/{}\n",
+            row.protocol, host, pod, row.container_id, row.ifname
+        ));
+    }
+    out
+}
+
 /// A readable table of endpoints and their counters.
 pub fn endpoints_table(views: &[EndpointView]) -> String {
     let mut out = format!(

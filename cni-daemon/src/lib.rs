@@ -14,6 +14,8 @@ pub mod datapath;
 #[cfg(feature = "daemon")]
 pub mod endpoints;
 #[cfg(feature = "daemon")]
+pub mod hostports;
+#[cfg(feature = "daemon")]
 pub mod inspect;
 #[cfg(feature = "daemon")]
 mod maps;

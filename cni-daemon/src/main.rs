@@ -67,6 +67,8 @@ enum Command {
     Counters,
     /// The pods' endpoints the running daemon knows.
     Endpoints,
+    /// The hostPort mappings of the pods the running daemon knows.
+    Ports,
     /// Source NAT: its configuration, counters and every translated flow, read from the
     /// pinned maps.
     Nat,
@@ -149,6 +151,17 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             match cli.output {
                 Output::Json => print_json(&view),
                 Output::Table => print(&nat::view::nat_table(&view)),
+            }
+        }
+        Command::Ports => {
+            let endpoints = match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
+                Response::Endpoints { endpoints } => endpoints,
+                other => bail!("unexpected answer from the daemon: {other:?}"),
+            };
+            let rows = inspect::port_rows(&endpoints);
+            match cli.output {
+                Output::Json => print_json(&rows),
+                Output::Table => print(&inspect::ports_table(&rows)),
             }
         }
         Command::Counters => {

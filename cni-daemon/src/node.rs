@@ -9,6 +9,7 @@ use crate::{
     api::{Endpoint, EndpointId, Status},
     datapath::{Datapath, DatapathError},
     endpoints::{EndpointError, Endpoints},
+    hostports::{self, HostPortError, HostPorts},
     nat::{self, Nat, NatError, NatSettings, Sweep},
 };
 
@@ -20,12 +21,15 @@ pub enum NodeError {
     Endpoint(#[from] EndpointError),
     #[error(transparent)]
     Nat(#[from] NatError),
+    #[error(transparent)]
+    HostPort(#[from] HostPortError),
 }
 
 pub struct Node {
     datapath: Datapath,
     endpoints: Endpoints,
     nat: Nat,
+    host_ports: HostPorts,
 }
 
 impl Node {
@@ -57,10 +61,12 @@ impl Node {
             "endpoints reconciled"
         );
         let nat = nat::start(&mut datapath, nat, endpoints.list())?;
+        let host_ports = HostPorts::open(datapath.take_hostports_map()?, endpoints.list())?;
         Ok(Self {
             datapath,
             endpoints,
             nat,
+            host_ports,
         })
     }
 
@@ -89,9 +95,18 @@ impl Node {
     /// Attaches the pod programs, records the endpoint and adds its cluster ranges; a
     /// failure undoes all three.
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
+        // hostPorts are checked before anything changes: a conflict leaves no trace.
+        if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {
+            return Err(HostPortError::Conflict(conflict).into());
+        }
+        let mappings = hostports::entries(&endpoint)?;
         let id = endpoint.id.clone();
+        if let Some(previous) = self.endpoints.get(&id).cloned() {
+            self.host_ports.remove(&previous)?;
+        }
         let veth = endpoint.host_veth.clone();
         let ifindex = endpoint.host_ifindex;
+        let with_ports = (!mappings.is_empty()).then(|| endpoint.clone());
         self.datapath.attach_pod(&veth)?;
         if let Err(error) = self.endpoints.attach(endpoint) {
             let _ = self.datapath.detach_pod(&veth);
@@ -105,6 +120,16 @@ impl Node {
             let _ = self.sync_cluster_cidrs();
             return Err(error);
         }
+        if let Some(Err(error)) = with_ports
+            .as_ref()
+            .map(|endpoint| self.host_ports.add(endpoint))
+        {
+            if let Some(endpoint) = &with_ports {
+                let _ = self.host_ports.remove(endpoint);
+            }
+            let _ = self.detach(&id);
+            return Err(error.into());
+        }
         Ok(())
     }
 
@@ -113,6 +138,7 @@ impl Node {
         let Some(endpoint) = self.endpoints.detach(id)? else {
             return Ok(None);
         };
+        self.host_ports.remove(&endpoint)?;
         self.datapath.detach_pod(&endpoint.host_veth)?;
         self.datapath.forget_counters(endpoint.host_ifindex)?;
         self.sync_cluster_cidrs()?;

@@ -15,7 +15,8 @@ use tokio::{
 
 use crate::{
     api::{self, Envelope, PROTOCOL_VERSION, Request, Response},
-    node::Node,
+    hostports::HostPortError,
+    node::{Node, NodeError},
 };
 
 /// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600 and
@@ -96,7 +97,10 @@ fn answer(request: Request, node: &Mutex<Node>) -> Response {
             .collect(&network, &keep)
             .map(|removed| Response::Collected { removed }),
     };
-    outcome.unwrap_or_else(|error| Response::Error {
-        message: error.to_string(),
+    outcome.unwrap_or_else(|error| match error {
+        NodeError::HostPort(HostPortError::Conflict(message)) => Response::PortConflict { message },
+        other => Response::Error {
+            message: other.to_string(),
+        },
     })
 }

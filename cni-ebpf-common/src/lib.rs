@@ -6,11 +6,13 @@
 #![no_std]
 
 pub mod endpoint;
+pub mod hostport;
 pub mod metrics;
 pub mod nat;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
+pub use hostport::{HostPortFlow, PortKey, PortTarget};
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
 pub use stats::{SourceKey, TrafficCounters};
@@ -35,6 +37,10 @@ pub mod map_names {
     pub const CLUSTER_CIDRS: &str = "CLUSTER_CIDRS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
     pub const NAT_STATS: &str = "NAT_STATS";
+    /// Hash: [`crate::PortKey`] -> [`crate::PortTarget`], the hostPort mappings.
+    pub const HOSTPORTS: &str = "HOSTPORTS";
+    /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::HostPortFlow`].
+    pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
 }
 
 /// Names of the programs in the eBPF object.

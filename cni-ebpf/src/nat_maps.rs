@@ -1,16 +1,11 @@
 //! The NAT tables, configuration and counters (types in `cni_ebpf_common::nat`).
 
-use aya_ebpf::programs::TcContext;
 use aya_ebpf::{
     helpers::generated::bpf_ktime_get_ns,
     macros::map,
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
-use network_types::{
-    eth::{EthHdr, EtherType},
-    ip::Ipv4Hdr,
-};
 
 /// Flows tracked at once; the LRU evicts the oldest when full.
 const MAX_FLOWS: u32 = 65536;
@@ -38,20 +33,6 @@ pub fn config() -> Option<NatConfig> {
         .get(0)
         .copied()
         .filter(|config| config.node_addr != [0; 4])
-}
-
-/// The NAT configuration and the frame's Ethernet and IPv4 headers, when NAT is
-/// enabled and the frame is IPv4: what both uplink programs start from.
-#[inline(always)]
-pub fn ipv4_frame(ctx: &TcContext) -> Result<Option<(NatConfig, EthHdr, Ipv4Hdr)>, i64> {
-    let Some(config) = config() else {
-        return Ok(None);
-    };
-    let eth: EthHdr = ctx.load(0)?;
-    if eth.ether_type != EtherType::Ipv4 as u16 {
-        return Ok(None);
-    }
-    Ok(Some((config, eth, ctx.load(EthHdr::LEN)?)))
 }
 
 /// Whether `addr` is inside the cluster's pod ranges (kept untranslated).

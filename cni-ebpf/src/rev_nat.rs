@@ -5,11 +5,14 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatReverseKey};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
 
 use crate::{
     csum::{self, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
-    endpoints, forward,
+    endpoints, forward, hostport,
     nat_maps::{self, NAT_IN},
     snat::{self, Way},
 };
@@ -21,10 +24,17 @@ const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
 pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
-    let Some((config, eth, ip)) = nat_maps::ipv4_frame(ctx)? else {
+    // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
+    // register on its early-return path, which the verifier refuses.
+    let Some(config) = nat_maps::config() else {
         return Ok(TC_ACT_OK);
     };
-    if ip.dst_addr != config.node_addr || ip.frag_offset() != 0 {
+    let eth: EthHdr = ctx.load(0)?;
+    if eth.ether_type != EtherType::Ipv4 as u16 {
+        return Ok(TC_ACT_OK);
+    }
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    if ip.frag_offset() != 0 {
         return Ok(TC_ACT_OK);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
@@ -32,6 +42,14 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(TC_ACT_OK);
     };
+    if ip.dst_addr != config.node_addr {
+        // Another address: only a hostPort mapped to exactly that address applies.
+        if proto == TCP || proto == UDP {
+            let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum, config.node_addr)?;
+            return Ok(delivered.unwrap_or(TC_ACT_OK));
+        }
+        return Ok(TC_ACT_OK);
+    }
     let pod_addr = match proto {
         TCP | UDP => {
             let ports: [u8; 4] = ctx.load(l4)?;
@@ -46,7 +64,9 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
             };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, flags) else {
-                return Ok(TC_ACT_OK);
+                // Not a reply to a translated flow: maybe a connection to a hostPort.
+                let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum, config.node_addr)?;
+                return Ok(delivered.unwrap_or(TC_ACT_OK));
             };
             csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
             csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;

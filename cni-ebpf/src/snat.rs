@@ -9,11 +9,14 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     DropReason, NatConfig, NatCounter, NatEntry, NatKey, endpoint_flags, tcp_state,
 };
-use network_types::eth::EthHdr;
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
 
 use crate::{
     csum::{self, ICMP, IP_CSUM, IP_SRC, L4Csum, TCP, UDP},
-    endpoints, metrics,
+    endpoints, hostport, metrics,
     nat_maps::{self, NAT_IN, NAT_OUT},
 };
 
@@ -30,9 +33,26 @@ pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
 pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
-    let Some((config, _, ip)) = nat_maps::ipv4_frame(ctx)? else {
+    // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
+    // register on its early-return path, which the verifier refuses.
+    let Some(config) = nat_maps::config() else {
         return Ok(TC_ACT_OK);
     };
+    let eth: EthHdr = ctx.load(0)?;
+    if eth.ether_type != EtherType::Ipv4 as u16 {
+        return Ok(TC_ACT_OK);
+    }
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    // A pod's reply on a hostPort connection leaves with the host address and port.
+    let proto = ip.proto as u8;
+    if ip.frag_offset() == 0 && (proto == TCP || proto == UDP) {
+        let l4 = EthHdr::LEN + ip.ihl() as usize;
+        if let Some(l4_csum) = L4Csum::of(proto, l4) {
+            if hostport::outbound(ctx, &ip, l4, l4_csum)? {
+                return Ok(TC_ACT_OK);
+            }
+        }
+    }
     let masqueraded = endpoints::lookup(ip.src_addr)
         .is_some_and(|pod| pod.flags & endpoint_flags::MASQUERADE != 0);
     if !masqueraded || nat_maps::in_cluster(ip.dst_addr) {
@@ -139,6 +159,10 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
     let start = flow_hash(key) % size;
     for probe in 0..MAX_PROBES {
         let port = config.port_min + ((start + probe) % size) as u16;
+        // Host ports belong to their mappings.
+        if hostport::is_host_port(key.proto, port, config.node_addr) {
+            continue;
+        }
         let reverse = key.reverse(port);
         let entry = NatEntry {
             last_seen_ns: now,

@@ -84,6 +84,9 @@ impl Daemon {
                 ErrorCode::DaemonRefused,
                 format!("ebpf-cnid refused: {message}"),
             )),
+            Ok(Response::PortConflict { message }) => {
+                Err(CniError::new(ErrorCode::PortConflict, message))
+            }
             Ok(response) => Ok(response),
             Err(error @ ClientError::Unreachable { .. }) => Err(CniError::try_again_later(
                 "ebpf-cnid is not running on this node",

@@ -70,16 +70,13 @@ impl Node {
     /// A pod added through the real plugin (cniVersion 1.1.0, ifname eth0); panics when
     /// ADD fails.
     pub fn add_pod(&self, container_id: &str) -> Pod {
-        let netns = Netns::new("pod");
-        let result = Call::new(
-            "ADD",
-            container_id,
-            "eth0",
-            Some(&netns),
-            &self.network.config("1.1.0"),
-        )
-        .run(&self.netns)
-        .ok();
+        self.add_pod_with(container_id, &serde_json::Value::Null)
+    }
+
+    /// Like [`Self::add_pod`], with `runtime_config` (e.g. portMappings) in the config.
+    pub fn add_pod_with(&self, container_id: &str, runtime_config: &serde_json::Value) -> Pod {
+        let (netns, outcome) = self.try_add(container_id, runtime_config);
+        let result = outcome.ok();
         let address = result["ips"][0]["address"].as_str().expect("an address");
         let ip = address
             .split('/')
@@ -91,6 +88,22 @@ impl Node {
             ip,
             netns,
         }
+    }
+
+    /// ADD in a new pod namespace, whatever its outcome.
+    pub fn try_add(
+        &self,
+        container_id: &str,
+        runtime_config: &serde_json::Value,
+    ) -> (Netns, crate::cni::Outcome) {
+        let netns = Netns::new("pod");
+        let mut config = self.network.config("1.1.0");
+        if !runtime_config.is_null() {
+            config["runtimeConfig"] = runtime_config.clone();
+        }
+        let outcome =
+            Call::new("ADD", container_id, "eth0", Some(&netns), &config).run(&self.netns);
+        (netns, outcome)
     }
 
     /// Removes `pod` through the real plugin; panics when DEL fails.

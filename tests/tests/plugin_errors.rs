@@ -28,8 +28,7 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
     let mut bad_subnet = good.clone();
     bad_subnet["ipam"]["subnet"] = json!("10.244.10.0/33");
     let mut host_port = good.clone();
-    host_port["runtimeConfig"] =
-        json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]});
+    host_port["runtimeConfig"] = json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": "fd00::1"}]});
     let mut bandwidth = good.clone();
     bandwidth["runtimeConfig"] =
         json!({"bandwidth": {"ingressRate": 1000000, "ingressBurst": 100000}});

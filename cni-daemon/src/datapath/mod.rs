@@ -14,7 +14,9 @@ use aya::{
     util::KernelVersion,
 };
 use aya_log::EbpfLogger;
-use cni_ebpf_common::{EndpointCounters, EndpointInfo, EndpointKey, map_names, program_names};
+use cni_ebpf_common::{
+    EndpointCounters, EndpointInfo, EndpointKey, PortKey, PortTarget, map_names, program_names,
+};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::api::Attachment;
@@ -128,6 +130,17 @@ impl Datapath {
             .ebpf
             .take_map(map_names::ENDPOINTS)
             .ok_or(DatapathError::MissingMap(map_names::ENDPOINTS))?;
+        Ok(HashMap::try_from(map)?)
+    }
+
+    /// Hands the hostPort map to its owner ([`crate::hostports::HostPorts`]).
+    pub fn take_hostports_map(
+        &mut self,
+    ) -> Result<HashMap<MapData, PortKey, PortTarget>, DatapathError> {
+        let map = self
+            .ebpf
+            .take_map(map_names::HOSTPORTS)
+            .ok_or(DatapathError::MissingMap(map_names::HOSTPORTS))?;
         Ok(HashMap::try_from(map)?)
     }
 

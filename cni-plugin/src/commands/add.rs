@@ -311,15 +311,19 @@ fn cluster_cidrs(conf: &NetConf, result: &CniResult) -> Vec<Ipv4Net> {
         .collect()
 }
 
-/// Capabilities the datapath does not implement yet are refused (code 2) rather than
-/// silently ignored: a pod asking for a hostPort or a bandwidth limit must not come up
+/// What the datapath does not implement yet is refused (code 2) rather than silently
+/// ignored: a pod asking for a bandwidth limit or an IPv6 hostPort must not come up
 /// without it. The runtime only sends them when the conflist declares the capability.
 fn refuse_unimplemented(conf: &NetConf) -> Result<(), CniError> {
     let runtime = &conf.runtime_config;
-    if !runtime.port_mappings.is_empty() {
+    if runtime
+        .port_mappings
+        .iter()
+        .any(|mapping| mapping.host_ip.is_some_and(|ip| ip.is_ipv6()))
+    {
         return Err(CniError::new(
             ErrorCode::UnsupportedField,
-            "runtimeConfig.portMappings: hostPort is not implemented yet by ebpf-cni",
+            "runtimeConfig.portMappings: an IPv6 hostIP is not supported (the datapath is IPv4)",
         ));
     }
     if runtime.bandwidth.is_some() {

@@ -1,0 +1,239 @@
+//! hostPort mappings: the `HOSTPORTS` map kept equal to the endpoint records' port
+//! mappings, and the conflict rule (one (protocol, host address, host port) per node).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use aya::maps::{HashMap, MapData, MapError};
+use cni_ebpf_common::{PortKey, PortTarget};
+
+use crate::api::{Endpoint, PortMapping};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostPortError {
+    #[error("{0}")]
+    Conflict(String),
+    #[error("hostPort mapping {0}: {1}")]
+    Invalid(String, &'static str),
+    #[error("hostPorts map: {0}")]
+    Map(#[from] MapError),
+}
+
+pub struct HostPorts {
+    map: HashMap<MapData, PortKey, PortTarget>,
+}
+
+impl HostPorts {
+    /// Makes the map hold exactly the mappings of `endpoints`.
+    pub fn open<'a>(
+        mut map: HashMap<MapData, PortKey, PortTarget>,
+        endpoints: impl Iterator<Item = &'a Endpoint>,
+    ) -> Result<Self, HostPortError> {
+        let stale: Vec<PortKey> = map.keys().collect::<Result<_, _>>()?;
+        for key in stale {
+            crate::maps::removed(map.remove(&key))?;
+        }
+        let mut host_ports = Self { map };
+        for endpoint in endpoints {
+            host_ports.add(endpoint)?;
+        }
+        Ok(host_ports)
+    }
+
+    pub fn add(&mut self, endpoint: &Endpoint) -> Result<(), HostPortError> {
+        for (key, target) in entries(endpoint)? {
+            self.map.insert(key, target, 0)?;
+        }
+        Ok(())
+    }
+
+    pub fn remove(&mut self, endpoint: &Endpoint) -> Result<(), HostPortError> {
+        for (key, _) in entries(endpoint)? {
+            crate::maps::removed(self.map.remove(&key))?;
+        }
+        Ok(())
+    }
+}
+
+/// The map entries of an endpoint's mappings (IPv4 only: the datapath is IPv4).
+pub fn entries(endpoint: &Endpoint) -> Result<Vec<(PortKey, PortTarget)>, HostPortError> {
+    if endpoint.port_mappings.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pod_addr = endpoint
+        .ips
+        .iter()
+        .find_map(|net| match net.addr() {
+            IpAddr::V4(addr) => Some(addr),
+            IpAddr::V6(_) => None,
+        })
+        .ok_or_else(|| HostPortError::Invalid("(all)".into(), "the pod has no IPv4 address"))?;
+    endpoint
+        .port_mappings
+        .iter()
+        .map(|mapping| {
+            let proto = match mapping.protocol.as_str() {
+                "tcp" => 6,
+                "udp" => 17,
+                _ => {
+                    return Err(HostPortError::Invalid(
+                        describe(mapping),
+                        "protocol is not tcp or udp",
+                    ));
+                }
+            };
+            let host_addr = match host_ip(mapping) {
+                None => Ipv4Addr::UNSPECIFIED,
+                Some(IpAddr::V4(addr)) => addr,
+                Some(IpAddr::V6(_)) => {
+                    return Err(HostPortError::Invalid(
+                        describe(mapping),
+                        "an IPv6 hostIP is not supported",
+                    ));
+                }
+            };
+            Ok((
+                PortKey {
+                    host_addr: host_addr.octets(),
+                    host_port: mapping.host_port,
+                    proto,
+                    pad: 0,
+                },
+                PortTarget {
+                    pod_addr: pod_addr.octets(),
+                    pod_port: mapping.container_port,
+                    pad: [0; 2],
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The first mapping of `candidate` that another endpoint already holds: same protocol
+/// and host port, and the same host address or either one meaning "every address".
+pub fn conflict<'a>(
+    existing: impl Iterator<Item = &'a Endpoint>,
+    candidate: &Endpoint,
+) -> Option<String> {
+    for other in existing.filter(|other| other.id != candidate.id) {
+        for theirs in &other.port_mappings {
+            for ours in &candidate.port_mappings {
+                let same_port =
+                    ours.protocol == theirs.protocol && ours.host_port == theirs.host_port;
+                let same_addr = match (host_ip(ours), host_ip(theirs)) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => true,
+                };
+                if same_port && same_addr {
+                    return Some(format!(
+                        "host port {} is already mapped to {}/{}",
+                        describe(ours),
+                        other.id.container_id,
+                        other.id.ifname
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The mapping's host address; `None` (or 0.0.0.0) means every node address.
+fn host_ip(mapping: &PortMapping) -> Option<IpAddr> {
+    mapping.host_ip.filter(|ip| !ip.is_unspecified())
+}
+
+fn describe(mapping: &PortMapping) -> String {
+    match host_ip(mapping) {
+        Some(ip) => format!("{ip}:{}/{}", mapping.host_port, mapping.protocol),
+        None => format!("{}/{}", mapping.host_port, mapping.protocol),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EndpointId;
+
+    fn endpoint(id: &str, mappings: &[(u16, &str, Option<&str>)]) -> Endpoint {
+        Endpoint {
+            id: EndpointId {
+                container_id: id.into(),
+                ifname: "eth0".into(),
+            },
+            network: "net".into(),
+            netns: "/run/netns/x".into(),
+            host_veth: "veb0".into(),
+            host_ifindex: 5,
+            host_mac: "02:00:00:00:00:01".into(),
+            mac: "02:00:00:00:00:02".into(),
+            ips: vec!["10.244.0.5/24".parse().expect("net")],
+            masquerade: true,
+            cluster_cidrs: Vec::new(),
+            port_mappings: mappings
+                .iter()
+                .map(|(port, proto, ip)| PortMapping {
+                    host_port: *port,
+                    container_port: 80,
+                    protocol: (*proto).into(),
+                    host_ip: ip.map(|ip| ip.parse().expect("ip")),
+                })
+                .collect(),
+            bandwidth: None,
+        }
+    }
+
+    #[test]
+    fn the_same_port_and_protocol_conflict_when_addresses_overlap() {
+        let any = endpoint("a", &[(8080, "tcp", None)]);
+        let specific = endpoint("b", &[(8080, "tcp", Some("198.18.0.1"))]);
+        assert!(
+            conflict([&any].into_iter(), &specific).is_some(),
+            "any vs specific"
+        );
+        assert!(
+            conflict([&specific].into_iter(), &any).is_some(),
+            "specific vs any"
+        );
+        let other_addr = endpoint("c", &[(8080, "tcp", Some("198.18.0.3"))]);
+        assert!(
+            conflict([&specific].into_iter(), &other_addr).is_none(),
+            "two addresses"
+        );
+        let udp = endpoint("d", &[(8080, "udp", None)]);
+        assert!(conflict([&any].into_iter(), &udp).is_none(), "tcp and udp");
+        assert!(
+            conflict([&any].into_iter(), &endpoint("a", &[(8080, "tcp", None)])).is_none(),
+            "a retried ADD"
+        );
+    }
+
+    #[test]
+    fn entries_point_at_the_pods_ipv4_and_refuse_ipv6_host_ips() {
+        let entries = entries(&endpoint(
+            "a",
+            &[(8080, "tcp", None), (53, "udp", Some("198.18.0.1"))],
+        ))
+        .expect("valid");
+        assert_eq!(entries.len(), 2);
+        assert_eq!(
+            entries[0].0,
+            PortKey {
+                host_addr: [0; 4],
+                host_port: 8080,
+                proto: 6,
+                pad: 0
+            }
+        );
+        assert_eq!(entries[1].0.host_addr, [198, 18, 0, 1]);
+        assert_eq!(
+            entries[1].1,
+            PortTarget {
+                pod_addr: [10, 244, 0, 5],
+                pod_port: 80,
+                pad: [0; 2]
+            }
+        );
+        assert!(super::entries(&endpoint("b", &[(80, "tcp", Some("fd00::1"))])).is_err());
+        assert!(super::entries(&endpoint("c", &[(80, "sctp", None)])).is_err());
+    }
+}

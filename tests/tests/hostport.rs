@@ -1,0 +1,181 @@
+//! hostPort in eBPF: an external host reaches a pod through the node's address and a
+//! host port (TCP and UDP), hostIP restricts a mapping, conflicts are refused with code
+//! 105, DEL and GC remove mappings, and 5,000 mappings still hit the right pods.
+
+use std::net::SocketAddr;
+
+use ebpf_cni_tests::{
+    cni::Call,
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node},
+    require_root,
+    traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip},
+};
+use serde_json::{Value, json};
+
+const CONTAINER_PORT: u16 = 8080;
+
+fn mappings(list: &[(u16, &str, Option<&str>)]) -> Value {
+    let entries: Vec<Value> = list
+        .iter()
+        .map(|(host_port, protocol, host_ip)| {
+            let mut entry = json!({ "hostPort": host_port, "containerPort": CONTAINER_PORT, "protocol": protocol });
+            if let Some(ip) = host_ip {
+                entry["hostIP"] = json!(ip);
+            }
+            entry
+        })
+        .collect();
+    json!({ "portMappings": entries })
+}
+
+fn node_port(addr: &str, port: u16) -> SocketAddr {
+    format!("{addr}:{port}").parse().expect("address")
+}
+
+fn ports(node: &Node) -> Vec<Value> {
+    node.instance
+        .cli_json(&["ports"])
+        .as_array()
+        .cloned()
+        .expect("a list")
+}
+
+#[test]
+fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
+    require_root();
+    let node = Node::start("10.244.60.0/24");
+    let pod = node.add_pod_with(
+        "hp",
+        &mappings(&[(30080, "tcp", None), (30053, "udp", None)]),
+    );
+    let tcp = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let udp = UdpEcho::start(&pod.netns, CONTAINER_PORT);
+
+    let back =
+        round_trip(&node.external, node_port(NODE_ADDR, 30080), b"via hostPort").expect("TCP");
+    assert_eq!(back, b"via hostPort");
+    let back = udp_round_trip(
+        &node.external,
+        0,
+        node_port(NODE_ADDR, 30053),
+        b"udp via hostPort",
+    )
+    .expect("UDP");
+    assert_eq!(back, b"udp via hostPort");
+    // Like portmap's default, the pod sees the client's own address.
+    assert!(
+        tcp.peers()
+            .iter()
+            .all(|peer| peer.ip().to_string() == EXTERNAL_ADDR)
+    );
+    assert!(
+        udp.peers()
+            .iter()
+            .all(|peer| peer.ip().to_string() == EXTERNAL_ADDR)
+    );
+    assert_eq!(ports(&node).len(), 2);
+    // An unmapped port still belongs to the node: refused, not misdelivered.
+    assert!(round_trip(&node.external, node_port(NODE_ADDR, 30081), b"x").is_err());
+}
+
+#[test]
+fn host_ip_restricts_a_mapping_to_that_address() {
+    require_root();
+    let node = Node::start("10.244.61.0/24");
+    node.netns
+        .ip(&["addr", "add", "198.18.0.3/24", "dev", "uplink0"]);
+    let pod = node.add_pod_with("hp-ip", &mappings(&[(30080, "tcp", Some("198.18.0.3"))]));
+    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    round_trip(&node.external, node_port("198.18.0.3", 30080), b"ok").expect("the mapped address");
+    assert!(
+        round_trip(&node.external, node_port(NODE_ADDR, 30080), b"no").is_err(),
+        "the other node address is not mapped"
+    );
+}
+
+#[test]
+fn a_taken_host_port_is_refused_with_code_105_and_nothing_changes() {
+    require_root();
+    let node = Node::start("10.244.62.0/24");
+    let first = node.add_pod_with("hp-first", &mappings(&[(30080, "tcp", None)]));
+    let _server = EchoServer::start(&first.netns, CONTAINER_PORT);
+    let (second, outcome) =
+        node.try_add("hp-second", &mappings(&[(30080, "tcp", Some(NODE_ADDR))]));
+    let error = outcome.error(105);
+    assert!(
+        error["msg"].as_str().unwrap_or("").contains("30080"),
+        "{error}"
+    );
+    assert_eq!(node.host_veths().len(), 1, "no veth for the refused pod");
+    assert_eq!(
+        node.network.allocated().len(),
+        1,
+        "its address was released"
+    );
+    assert!(ebpf_cni_tests::cni::veths(&second).is_empty());
+    round_trip(&node.external, node_port(NODE_ADDR, 30080), b"still first")
+        .expect("the first pod keeps it");
+    // UDP on the same number is another port.
+    node.add_pod_with("hp-udp", &mappings(&[(30080, "udp", None)]));
+}
+
+#[test]
+fn del_and_gc_remove_exactly_the_pods_mappings() {
+    require_root();
+    let node = Node::start("10.244.63.0/24");
+    let a = node.add_pod_with(
+        "hp-a",
+        &mappings(&[(30001, "tcp", None), (30002, "tcp", None)]),
+    );
+    let b = node.add_pod_with("hp-b", &mappings(&[(30003, "tcp", None)]));
+    let _c = node.add_pod_with("hp-c", &mappings(&[(30004, "tcp", None)]));
+    assert_eq!(ports(&node).len(), 4);
+    node.del_pod(&a);
+    let left: Vec<u64> = ports(&node)
+        .iter()
+        .filter_map(|row| row["host_port"].as_u64())
+        .collect();
+    assert_eq!(left, [30003, 30004]);
+    let mut gc = node.network.config("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([{ "containerID": b.container_id, "ifname": "eth0" }]);
+    Call::bare("GC", &gc).run(&node.netns).ok();
+    let left: Vec<u64> = ports(&node)
+        .iter()
+        .filter_map(|row| row["host_port"].as_u64())
+        .collect();
+    assert_eq!(left, [30003]);
+    // The freed port can be mapped again.
+    node.add_pod_with("hp-d", &mappings(&[(30001, "tcp", None)]));
+}
+
+#[test]
+fn five_thousand_mappings_still_hit_the_right_pods() {
+    require_root();
+    const PODS: u16 = 50;
+    const PER_POD: u16 = 100;
+    let node = Node::start("10.244.64.0/24");
+    let pods: Vec<_> = (0..PODS)
+        .map(|n| {
+            let list: Vec<(u16, &str, Option<&str>)> = (0..PER_POD)
+                .map(|k| (20000 + n * PER_POD + k, "tcp", None))
+                .collect();
+            node.add_pod_with(&format!("many-{n}"), &mappings(&list))
+        })
+        .collect();
+    assert_eq!(ports(&node).len(), usize::from(PODS * PER_POD));
+    for n in [0, 17, 49] {
+        let server = EchoServer::start(&pods[usize::from(n)].netns, CONTAINER_PORT);
+        for k in [0, 57, PER_POD - 1] {
+            let port = 20000 + n * PER_POD + k;
+            let payload = format!("pod {n} port {port}").into_bytes();
+            let back = round_trip(&node.external, node_port(NODE_ADDR, port), &payload)
+                .unwrap_or_else(|e| panic!("host port {port}: {e}"));
+            assert_eq!(back, payload);
+        }
+        assert_eq!(
+            server.peers().len(),
+            3,
+            "pod {n} got exactly its three connections"
+        );
+    }
+}
