@@ -188,8 +188,25 @@ pub fn tcp_crr(
     seconds: u32,
 ) -> anyhow::Result<f64> {
     let port = 7002;
-    let _server = PongServer::start(server, port)?;
-    let to = SocketAddr::from((server_ip, port));
+    tcp_crr_via(
+        client,
+        server,
+        port,
+        SocketAddr::from((server_ip, port)),
+        seconds,
+    )
+}
+
+/// TCP_CRR to a server listening on `listen_port` inside `server`, reached at `to`
+/// (for example the node's address and a host port mapped to it).
+pub fn tcp_crr_via(
+    client: &Netns,
+    server: &Netns,
+    listen_port: u16,
+    to: SocketAddr,
+    seconds: u32,
+) -> anyhow::Result<f64> {
+    let _server = PongServer::start(server, listen_port)?;
     let duration = Duration::from_secs(u64::from(seconds));
     spawn_in(client, move || -> anyhow::Result<f64> {
         let start = Instant::now();

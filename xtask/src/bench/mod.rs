@@ -4,6 +4,7 @@
 //! and repeated, and reported as median (min-max). Figures whose capability is not
 //! built are reported as missing, never invented.
 
+mod hostport;
 mod load;
 mod memory;
 mod reference;
@@ -34,7 +35,12 @@ pub struct Plan {
 
 impl Plan {
     fn seconds(self) -> u32 {
-        if self.quick { 2 } else { 5 }
+        if self.quick { 1 } else { 5 }
+    }
+
+    /// ADDs timed at each mapping count in the hostPort figures.
+    fn timed_adds(self) -> usize {
+        if self.quick { 3 } else { 10 }
     }
     fn repeats(self) -> usize {
         3
@@ -57,7 +63,7 @@ pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
     figures.extend(add_del_times(plan)?);
     figures.extend(pod_to_pod(plan)?);
     figures.extend(pod_to_external(plan)?);
-    figures.extend(missing_figures());
+    figures.extend(hostport::hostport(plan)?);
     figures.extend(memory()?);
 
     let report = Report {
@@ -141,40 +147,6 @@ fn figure(
         higher_is_better,
         values,
     }
-}
-
-/// Figures whose capability is an open issue: shown, never invented.
-fn missing_figures() -> Vec<Figure> {
-    let missing = |name: &str, unit: &str, higher: bool, why: &str| Figure {
-        name: name.into(),
-        unit: unit.into(),
-        higher_is_better: higher,
-        values: vec![
-            (Contender::EbpfCni, Value::Missing(why.into())),
-            (Contender::Reference, Value::Missing(why.into())),
-            (Contender::Raw, Value::NotApplicable),
-        ],
-    };
-    vec![
-        missing(
-            "hostPort connection rate, 0 other mappings",
-            "ops/s",
-            true,
-            "hostPort not built yet",
-        ),
-        missing(
-            "hostPort connection rate, 5,000 other mappings",
-            "ops/s",
-            true,
-            "hostPort not built yet",
-        ),
-        missing(
-            "ADD time with 5,000 mappings",
-            "ms",
-            false,
-            "hostPort not built yet",
-        ),
-    ]
 }
 
 fn text(command: &mut Command) -> String {

@@ -54,13 +54,13 @@ impl RefNode {
         })
     }
 
-    fn portmap_config(&self, prev: Option<&Value>) -> Value {
+    fn portmap_config(&self, prev: Option<&Value>, mappings: &Value) -> Value {
         let mut config = json!({
             "cniVersion": "1.0.0",
             "name": self.name,
             "type": "portmap",
             "capabilities": { "portMappings": true },
-            "runtimeConfig": { "portMappings": [] },
+            "runtimeConfig": { "portMappings": mappings },
         });
         if let Some(prev) = prev {
             config["prevResult"] = prev.clone();
@@ -70,6 +70,16 @@ impl RefNode {
 
     /// ADD through the chain; returns the pod's address.
     pub fn add(&self, container_id: &str, pod: &Netns) -> anyhow::Result<Ipv4Addr> {
+        self.add_with_ports(container_id, pod, &json!([]))
+    }
+
+    /// ADD with `runtimeConfig.portMappings` (a JSON list) for portmap.
+    pub fn add_with_ports(
+        &self,
+        container_id: &str,
+        pod: &Netns,
+        mappings: &Value,
+    ) -> anyhow::Result<Ipv4Addr> {
         let bridge = Call::new(
             "ADD",
             container_id,
@@ -85,7 +95,7 @@ impl RefNode {
             container_id,
             "eth0",
             Some(pod),
-            &self.portmap_config(Some(&result)),
+            &self.portmap_config(Some(&result), mappings),
         )
         .run_plugin(&self.netns, &plugin("portmap"));
         ensure!(portmap.success, "portmap ADD failed: {}", portmap.stdout);
@@ -102,7 +112,7 @@ impl RefNode {
             container_id,
             "eth0",
             Some(pod),
-            &self.portmap_config(None),
+            &self.portmap_config(None, &json!([])),
         )
         .run_plugin(&self.netns, &plugin("portmap"));
         ensure!(portmap.success, "portmap DEL failed: {}", portmap.stdout);

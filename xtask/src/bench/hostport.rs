@@ -1,0 +1,170 @@
+//! hostPort figures: the connection rate from the external host through one host port
+//! with 0 and with 5,000 other mappings installed, and ADD time with 5,000 mappings;
+//! ebpf-cni (one hash lookup) against the reference portmap (iptables DNAT chains).
+
+use std::{net::SocketAddr, time::Instant};
+
+use ebpf_cni_tests::{
+    netns::Netns,
+    node::{NODE_ADDR, Node},
+};
+use serde_json::{Value, json};
+
+use super::{
+    Plan, figure, load,
+    reference::RefNode,
+    report::{Contender, Figure},
+};
+
+const HOST_PORT: u16 = 40000;
+const CONTAINER_PORT: u16 = 7002;
+/// 50 pods of 100 mappings each.
+const PODS: u16 = 50;
+const PER_POD: u16 = 100;
+
+fn mappings(first: u16, count: u16) -> Value {
+    let list: Vec<Value> = (0..count)
+        .map(|k| json!({ "hostPort": first + k, "containerPort": CONTAINER_PORT, "protocol": "tcp" }))
+        .collect();
+    Value::Array(list)
+}
+
+/// One contender's node, able to add pods with mappings.
+trait Mapper {
+    fn add(&self, id: &str, pod: &Netns, mappings: &Value) -> anyhow::Result<()>;
+    fn external(&self) -> &Netns;
+}
+
+impl Mapper for Node {
+    fn add(&self, id: &str, pod: &Netns, mappings: &Value) -> anyhow::Result<()> {
+        let mut config = self.network.config("1.1.0");
+        config["runtimeConfig"] = json!({ "portMappings": mappings });
+        let out =
+            ebpf_cni_tests::cni::Call::new("ADD", id, "eth0", Some(pod), &config).run(&self.netns);
+        anyhow::ensure!(out.success, "ADD failed: {}", out.stdout);
+        Ok(())
+    }
+    fn external(&self) -> &Netns {
+        &self.external
+    }
+}
+
+impl Mapper for RefNode {
+    fn add(&self, id: &str, pod: &Netns, mappings: &Value) -> anyhow::Result<()> {
+        self.add_with_ports(id, pod, mappings).map(drop)
+    }
+    fn external(&self) -> &Netns {
+        &self.external
+    }
+}
+
+/// Samples of one contender: CRR at 0 and at 5,000 mappings, ADD times at both.
+struct Samples {
+    crr: [Vec<f64>; 2],
+    add: [Vec<f64>; 2],
+}
+
+fn measure(mapper: &dyn Mapper, plan: Plan, tag: &str) -> anyhow::Result<Samples> {
+    let target = Netns::new(&format!("{tag}hp"));
+    mapper.add(&format!("{tag}-target"), &target, &mappings(HOST_PORT, 1))?;
+    load::tune_client(mapper.external());
+    let to = SocketAddr::from((NODE_ADDR.parse::<std::net::Ipv4Addr>()?, HOST_PORT));
+    let mut samples = Samples {
+        crr: [Vec::new(), Vec::new()],
+        add: [Vec::new(), Vec::new()],
+    };
+    let mut timed: Vec<Netns> = Vec::new();
+    let mut others: Vec<Netns> = Vec::new();
+    for size in 0..2 {
+        for _ in 0..plan.repeats() {
+            samples.crr[size].push(load::tcp_crr_via(
+                mapper.external(),
+                &target,
+                CONTAINER_PORT,
+                to,
+                plan.seconds(),
+            )?);
+        }
+        for n in 0..plan.timed_adds() {
+            let pod = Netns::new(&format!("{tag}ta"));
+            let first = 30000 + u16::try_from(size * plan.timed_adds() + n)?;
+            let start = Instant::now();
+            mapper.add(
+                &format!("{tag}-timed-{size}-{n}"),
+                &pod,
+                &mappings(first, 1),
+            )?;
+            samples.add[size].push(start.elapsed().as_secs_f64() * 1000.0);
+            timed.push(pod);
+        }
+        if size == 0 {
+            eprintln!("bench: installing {} mappings for {tag}", PODS * PER_POD);
+            for n in 0..PODS {
+                let pod = Netns::new(&format!("{tag}mp"));
+                mapper.add(
+                    &format!("{tag}-map-{n}"),
+                    &pod,
+                    &mappings(41000 + n * PER_POD, PER_POD),
+                )?;
+                others.push(pod);
+            }
+        }
+    }
+    Ok(samples)
+}
+
+pub(super) fn hostport(plan: Plan) -> anyhow::Result<Vec<Figure>> {
+    eprintln!("bench: hostPort");
+    let node = Node::start("10.245.0.0/16");
+    let ours = measure(&node, plan, "e")?;
+    drop(node);
+    let refnode = RefNode::new("10.244.0.0/16");
+    let theirs = measure(&refnode, plan, "r")?;
+    drop(refnode);
+    let pick = |index: usize, add: bool| {
+        vec![
+            (
+                Contender::EbpfCni,
+                if add {
+                    ours.add[index].clone()
+                } else {
+                    ours.crr[index].clone()
+                },
+            ),
+            (
+                Contender::Reference,
+                if add {
+                    theirs.add[index].clone()
+                } else {
+                    theirs.crr[index].clone()
+                },
+            ),
+        ]
+    };
+    Ok(vec![
+        figure(
+            "hostPort connection rate, 0 other mappings",
+            "ops/s",
+            true,
+            pick(0, false),
+        ),
+        figure(
+            "hostPort connection rate, 5,000 other mappings",
+            "ops/s",
+            true,
+            pick(1, false),
+        ),
+        figure(
+            "ADD time with one mapping, 0 other mappings",
+            "ms",
+            false,
+            pick(0, true),
+        ),
+        figure(
+            "ADD time with one mapping, 5,000 other mappings",
+            "ms",
+            false,
+            pick(1, true),
+        ),
+    ])
+}
