@@ -98,20 +98,9 @@ fn echo(mut stream: TcpStream, stop: &AtomicBool, received: &AtomicU64) {
 pub fn round_trip(netns: &Netns, to: SocketAddr, payload: &[u8]) -> Result<Vec<u8>, String> {
     let payload = payload.to_vec();
     run_in(netns, move || {
-        let mut stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)
+        let stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)
             .map_err(|e| format!("connect {to}: {e}"))?;
-        stream
-            .set_read_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(&payload)
-            .map_err(|e| format!("write: {e}"))?;
-        let mut back = vec![0u8; payload.len()];
-        stream
-            .read_exact(&mut back)
-            .map_err(|e| format!("read: {e}"))?;
-        let _ = stream.shutdown(Shutdown::Both);
-        Ok(back)
+        exchange(stream, &payload)
     })
 }
 
@@ -134,24 +123,30 @@ pub fn round_trip_from(
         setsockopt(&socket, ReuseAddr, &true).map_err(|e| e.to_string())?;
         let local = SockaddrIn::new(0, 0, 0, 0, from_port);
         bind(socket.as_raw_fd(), &local).map_err(|e| format!("bind {from_port}: {e}"))?;
-        let mut stream = TcpStream::from(socket);
+        let stream = TcpStream::from(socket);
         let remote = SockaddrIn::from(match to {
             SocketAddr::V4(v4) => v4,
             SocketAddr::V6(_) => return Err("IPv4 only".into()),
         });
         connect(stream.as_raw_fd(), &remote).map_err(|e| format!("connect {to}: {e}"))?;
-        stream
-            .set_read_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(&payload)
-            .map_err(|e| format!("write: {e}"))?;
-        let mut back = vec![0u8; payload.len()];
-        stream
-            .read_exact(&mut back)
-            .map_err(|e| format!("read: {e}"))?;
-        Ok(back)
+        exchange(stream, &payload)
     })
+}
+
+/// Sends `payload` on a connected `stream` and reads the same number of bytes back.
+fn exchange(mut stream: TcpStream, payload: &[u8]) -> Result<Vec<u8>, String> {
+    stream
+        .set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(payload)
+        .map_err(|e| format!("write: {e}"))?;
+    let mut back = vec![0u8; payload.len()];
+    stream
+        .read_exact(&mut back)
+        .map_err(|e| format!("read: {e}"))?;
+    let _ = stream.shutdown(Shutdown::Both);
+    Ok(back)
 }
 
 /// Opens `count` TCP connections from `netns` to `to` and keeps them open, then
