@@ -60,11 +60,27 @@ pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
     let started = Instant::now();
 
     let mut figures = Vec::new();
-    figures.extend(add_del_times(plan)?);
-    figures.extend(pod_to_pod(plan)?);
-    figures.extend(pod_to_external(plan)?);
-    figures.extend(hostport::hostport(plan)?);
-    figures.extend(memory()?);
+    let mut sections = Vec::new();
+    let mut section = |name: &str, measured: anyhow::Result<Vec<Figure>>| {
+        let took = started.elapsed().as_secs_f64()
+            - sections
+                .iter()
+                .map(|(_, secs): &(String, f64)| secs)
+                .sum::<f64>();
+        eprintln!("bench: {name} took {took:.0} s");
+        sections.push((name.to_owned(), took));
+        measured.map(|measured| figures.extend(measured))
+    };
+    section("ADD/DEL", add_del_times(plan))?;
+    section("pod to pod", pod_to_pod(plan))?;
+    section("pod to external", pod_to_external(plan))?;
+    section("hostPort", hostport::hostport(plan))?;
+    section("memory", memory())?;
+    let sections = sections
+        .iter()
+        .map(|(name, secs)| format!("{name} {secs:.0} s"))
+        .collect::<Vec<_>>()
+        .join(", ");
 
     let report = Report {
         title: "ebpf-cni benchmarks".into(),
@@ -83,7 +99,10 @@ pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
             "Reference: Debian's containernetworking-plugins (bridge with isGateway, isDefaultGateway, ipMasq, hairpinMode; host-local; portmap), run as a runtime runs a conflist.".into(),
             "TCP_RR and TCP_CRR use the project's own bounded client and server (xtask/src/bench/load.rs); throughput uses iperf3.".into(),
             "2 shared cores: absolute numbers are noisy, ratios within one run are what to read.".into(),
-            format!("The run took {:.0} s.", started.elapsed().as_secs_f64()),
+            format!(
+                "The run took {:.0} s ({sections}).",
+                started.elapsed().as_secs_f64()
+            ),
         ],
         figures,
     };
