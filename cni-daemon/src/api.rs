@@ -140,6 +140,10 @@ pub struct Status {
     /// The address pods' traffic to the outside is translated to.
     #[serde(default)]
     pub node_addr: Option<std::net::Ipv4Addr>,
+    /// The node addresses a hostPort mapping without hostIP covers (loopback aside),
+    /// as the datapath has them now.
+    #[serde(default)]
+    pub host_port_addrs: Vec<std::net::Ipv4Addr>,
 }
 
 /// One program attached to one interface.

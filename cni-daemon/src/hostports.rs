@@ -1,10 +1,14 @@
 //! hostPort mappings: the `HOSTPORTS` map kept equal to the endpoint records' port
-//! mappings, and the conflict rule (one (protocol, host address, host port) per node).
+//! mappings, the `HOSTPORT_TARGETS` bitmap equal to the container ports they lead to,
+//! and the conflict rule (one (protocol, host address, host port) per node).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+};
 
-use aya::maps::{HashMap, MapData, MapError};
-use cni_ebpf_common::{PortKey, PortTarget};
+use aya::maps::{Array, HashMap, MapData, MapError};
+use cni_ebpf_common::{PortKey, PortTarget, TARGET_WORDS};
 
 use crate::api::{Endpoint, PortMapping};
 
@@ -20,36 +24,86 @@ pub enum HostPortError {
 
 pub struct HostPorts {
     map: HashMap<MapData, PortKey, PortTarget>,
+    targets: Array<MapData, u32>,
+    /// Mappings per container port (whatever the protocol): a port's bit is set while
+    /// its count is above zero.
+    target_counts: BTreeMap<u16, usize>,
 }
 
 impl HostPorts {
-    /// Makes the map hold exactly the mappings of `endpoints`.
+    /// Makes the maps hold exactly the mappings of `endpoints`.
     pub fn open<'a>(
         mut map: HashMap<MapData, PortKey, PortTarget>,
+        mut targets: Array<MapData, u32>,
         endpoints: impl Iterator<Item = &'a Endpoint>,
     ) -> Result<Self, HostPortError> {
         let stale: Vec<PortKey> = map.keys().collect::<Result<_, _>>()?;
         for key in stale {
             crate::maps::removed(map.remove(&key))?;
         }
-        let mut host_ports = Self { map };
+        for word in 0..TARGET_WORDS {
+            if targets.get(&word, 0)? != 0 {
+                targets.set(word, 0, 0)?;
+            }
+        }
+        let mut host_ports = Self {
+            map,
+            targets,
+            target_counts: BTreeMap::new(),
+        };
         for endpoint in endpoints {
             host_ports.add(endpoint)?;
         }
         Ok(host_ports)
     }
 
+    /// Adds `endpoint`'s mappings: all of them, or none when one fails.
     pub fn add(&mut self, endpoint: &Endpoint) -> Result<(), HostPortError> {
-        for (key, target) in entries(endpoint)? {
-            self.map.insert(key, target, 0)?;
+        let entries = entries(endpoint)?;
+        for (done, (key, target)) in entries.iter().enumerate() {
+            let added = self
+                .map
+                .insert(key, target, 0)
+                .map_err(HostPortError::from)
+                .and_then(|()| self.count_target(target.pod_port, true));
+            if let Err(error) = added {
+                let _ = crate::maps::removed(self.map.remove(key));
+                for (key, target) in &entries[..done] {
+                    let _ = crate::maps::removed(self.map.remove(key));
+                    let _ = self.count_target(target.pod_port, false);
+                }
+                return Err(error);
+            }
         }
         Ok(())
     }
 
     pub fn remove(&mut self, endpoint: &Endpoint) -> Result<(), HostPortError> {
-        for (key, _) in entries(endpoint)? {
+        for (key, target) in entries(endpoint)? {
             crate::maps::removed(self.map.remove(&key))?;
+            self.count_target(target.pod_port, false)?;
         }
+        Ok(())
+    }
+
+    /// One mapping more (`more`) or less leads to `port`; its bit follows.
+    fn count_target(&mut self, port: u16, more: bool) -> Result<(), HostPortError> {
+        let count = self.target_counts.entry(port).or_default();
+        *count = if more {
+            *count + 1
+        } else {
+            count.saturating_sub(1)
+        };
+        if *count == 0 {
+            self.target_counts.remove(&port);
+        }
+        let word = u32::from(port) / 32;
+        let first = u16::try_from(word * 32).unwrap_or(u16::MAX);
+        let bits = self
+            .target_counts
+            .range(first..=first.saturating_add(31))
+            .fold(0u32, |bits, (port, _)| bits | 1 << (port % 32));
+        self.targets.set(word, bits, 0)?;
         Ok(())
     }
 }

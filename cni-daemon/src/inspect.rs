@@ -168,6 +168,15 @@ pub fn status_table(view: &StatusView) -> String {
         "nat counters: {}\n",
         crate::nat::view::counters_line(&view.nat_counters)
     ));
+    let addrs: Vec<String> = status
+        .host_port_addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    out.push_str(&format!(
+        "hostPort addresses: {} (and 127.0.0.0/8 for the node's own processes)\n",
+        addrs.join(" ")
+    ));
     if !status.attachments.is_empty() {
         out.push_str(&format!(
             "{:<16} {:>8} {:<20} {}\n",

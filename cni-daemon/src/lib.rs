@@ -24,6 +24,8 @@ pub mod nat;
 #[cfg(feature = "daemon")]
 pub mod node;
 #[cfg(feature = "daemon")]
+pub mod node_addrs;
+#[cfg(feature = "daemon")]
 pub mod run;
 #[cfg(feature = "daemon")]
 pub mod server;

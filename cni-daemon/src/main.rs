@@ -44,6 +44,11 @@ struct Cli {
         global = true
     )]
     state_dir: PathBuf,
+    /// cgroup v2 folder whose processes reach hostPorts through the node's addresses and
+    /// 127.0.0.1 (socket programs; only sockets of the daemon's network namespace are
+    /// touched). Default: the root of the first cgroup v2 mount.
+    #[arg(long, env = "EBPF_CNID_CGROUP", global = true)]
+    cgroup: Option<PathBuf>,
     /// Output of the inspection commands.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -109,6 +114,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 state_dir: cli.state_dir,
                 attach,
                 nat,
+                cgroup: cli.cgroup,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

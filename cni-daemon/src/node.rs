@@ -3,7 +3,9 @@
 //! addresses are in the endpoints map; `CLUSTER_CIDRS` is the union of the records'
 //! cluster ranges).
 
-use std::path::Path;
+use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
+
+use cni_ebpf_common::SockConfig;
 
 use crate::{
     api::{Endpoint, EndpointId, Status},
@@ -11,6 +13,7 @@ use crate::{
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
     nat::{self, Nat, NatError, NatSettings, Sweep},
+    node_addrs::{NodeAddrError, NodeAddrs},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +26,10 @@ pub enum NodeError {
     Nat(#[from] NatError),
     #[error(transparent)]
     HostPort(#[from] HostPortError),
+    #[error(transparent)]
+    NodeAddr(#[from] NodeAddrError),
+    #[error("cannot read this namespace's cookie: {0}")]
+    NetnsCookie(std::io::Error),
 }
 
 pub struct Node {
@@ -30,17 +37,21 @@ pub struct Node {
     endpoints: Endpoints,
     nat: Nat,
     host_ports: HostPorts,
+    node_addrs: NodeAddrs,
 }
 
 impl Node {
     /// Reconciles after a (re)start: records whose veth is gone are dropped with their
     /// pins, every remaining pod gets this daemon's programs (swapped into its pinned
     /// links), and pins without a record are removed. Then NAT starts as `nat` says
-    /// (`None`: off), see [`nat::start`].
+    /// (`None`: off), see [`nat::start`]. hostPorts: the mappings of the records, the
+    /// node's addresses, and the socket programs on `cgroup` (`None`: the node's own
+    /// processes do not reach hostPorts).
     pub fn open(
         mut datapath: Datapath,
         state_dir: &Path,
         nat: Option<NatSettings>,
+        cgroup: Option<&Path>,
     ) -> Result<Self, NodeError> {
         let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
         for endpoint in &gone {
@@ -61,12 +72,33 @@ impl Node {
             "endpoints reconciled"
         );
         let nat = nat::start(&mut datapath, nat, endpoints.list())?;
-        let host_ports = HostPorts::open(datapath.take_hostports_map()?, endpoints.list())?;
+        let maps = datapath.take_hostport_maps()?;
+        let host_ports = HostPorts::open(
+            datapath.take_hostports_map()?,
+            maps.targets,
+            endpoints.list(),
+        )?;
+        let mut node_addrs = NodeAddrs::open(maps.node_addrs);
+        node_addrs.sync()?;
+        let mut sock_config = maps.sock_config;
+        if let Some(cgroup) = cgroup {
+            let netns_cookie =
+                crate::datapath::sock::netns_cookie().map_err(NodeError::NetnsCookie)?;
+            sock_config
+                .set(0, SockConfig { netns_cookie }, 0)
+                .map_err(HostPortError::from)?;
+            datapath.attach_sockets(cgroup)?;
+        } else {
+            sock_config
+                .set(0, SockConfig { netns_cookie: 0 }, 0)
+                .map_err(HostPortError::from)?;
+        }
         Ok(Self {
             datapath,
             endpoints,
             nat,
             host_ports,
+            node_addrs,
         })
     }
 
@@ -80,7 +112,13 @@ impl Node {
             nat_enabled: self.nat.settings().is_some(),
             uplink: self.nat.settings().map(|s| s.uplink.clone()),
             node_addr: self.nat.settings().map(|s| s.node_addr),
+            host_port_addrs: self.node_addrs.current().iter().copied().collect(),
         }
+    }
+
+    /// Refills `NODE_ADDRS` from the namespace's addresses; returns them.
+    pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
+        Ok(self.node_addrs.sync()?)
     }
 
     pub fn nat_enabled(&self) -> bool {
@@ -124,10 +162,12 @@ impl Node {
             .as_ref()
             .map(|endpoint| self.host_ports.add(endpoint))
         {
-            if let Some(endpoint) = &with_ports {
-                let _ = self.host_ports.remove(endpoint);
+            // `add` left none of this endpoint's mappings behind; the rest goes too.
+            if let Ok(Some(endpoint)) = self.endpoints.detach(&id) {
+                let _ = self.datapath.detach_pod(&endpoint.host_veth);
+                let _ = self.datapath.forget_counters(endpoint.host_ifindex);
+                let _ = self.sync_cluster_cidrs();
             }
-            let _ = self.detach(&id);
             return Err(error.into());
         }
         Ok(())

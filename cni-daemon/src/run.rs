@@ -12,9 +12,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     bpffs,
     datapath::Datapath,
+    datapath::sock::cgroup2_mount,
     nat::{self, NatArgs},
     node::Node,
-    server,
+    node_addrs, server,
 };
 
 /// What `run` needs; every path is a flag so several simulated nodes can share a machine.
@@ -26,6 +27,9 @@ pub struct RunConfig {
     pub state_dir: PathBuf,
     pub attach: Vec<String>,
     pub nat: NatArgs,
+    /// The cgroup v2 folder of the socket programs (hostPorts for the node's own
+    /// processes); `None`: the root of the first cgroup v2 mount.
+    pub cgroup: Option<PathBuf>,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
@@ -38,9 +42,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .attach_counter(interface)
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
-    let node = Node::open(datapath, &config.state_dir, nat_settings)?;
+    let cgroup = config.cgroup.clone().or_else(root_cgroup);
+    let node = Node::open(datapath, &config.state_dir, nat_settings, cgroup.as_deref())?;
     let sweeping = node.nat_enabled();
     let node = Arc::new(Mutex::new(node));
+    let address_watch = tokio::spawn(node_addrs::watch(Arc::clone(&node)));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
     tracing::info!(
@@ -61,11 +67,27 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     if let Some(sweeper) = sweeper {
         sweeper.abort();
     }
+    address_watch.abort();
     // The counter programs detach when the datapath drops; pod and uplink programs stay
     // attached through their pinned links, and maps stay pinned, for the next start.
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome
+}
+
+/// The root of the machine's cgroup v2 hierarchy: where the socket programs reach every
+/// process of the node (those of other namespaces are skipped by the programs).
+fn root_cgroup() -> Option<PathBuf> {
+    let found = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|mountinfo| cgroup2_mount(&mountinfo));
+    if found.is_none() {
+        tracing::warn!(
+            "no cgroup v2 is mounted and no --cgroup was given: the node's own processes \
+             cannot reach hostPorts (pods and other hosts still can)"
+        );
+    }
+    found
 }
 
 /// Every `interval`, removes the NAT flows idle past their timeout. The sweep is

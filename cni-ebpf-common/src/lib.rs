@@ -12,7 +12,9 @@ pub mod nat;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
-pub use hostport::{HostPortFlow, PortKey, PortTarget};
+pub use hostport::{
+    HAIRPIN_ADDR, HostPortFlow, PortKey, PortTarget, SockConfig, SockRevKey, TARGET_WORDS,
+};
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
 pub use stats::{SourceKey, TrafficCounters};
@@ -41,6 +43,16 @@ pub mod map_names {
     pub const HOSTPORTS: &str = "HOSTPORTS";
     /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::HostPortFlow`].
     pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
+    /// Hash: node IPv4 address (`[u8; 4]`) -> `u8` (1).
+    pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    /// Array of [`crate::TARGET_WORDS`] `u32`: bit `port % 32` of word `port / 32` is set
+    /// when a mapping leads to that container port.
+    pub const HOSTPORT_TARGETS: &str = "HOSTPORT_TARGETS";
+    /// Array of one [`crate::SockConfig`].
+    pub const SOCK_CONFIG: &str = "SOCK_CONFIG";
+    /// LRU hash: [`crate::SockRevKey`] -> [`crate::HostPortFlow`], the address a
+    /// translated socket really dialled.
+    pub const SOCK_REV: &str = "SOCK_REV";
 }
 
 /// Names of the programs in the eBPF object.
@@ -55,4 +67,19 @@ pub mod program_names {
     pub const UPLINK_EGRESS: &str = "uplink_egress";
     /// TC ingress of the uplink: replies translated back and delivered to pods.
     pub const UPLINK_INGRESS: &str = "uplink_ingress";
+    /// cgroup connect4: a node socket connecting to a hostPort goes to the pod.
+    pub const SOCK_CONNECT4: &str = "hostport_connect4";
+    /// cgroup sendmsg4: the same for unconnected UDP.
+    pub const SOCK_SENDMSG4: &str = "hostport_sendmsg4";
+    /// cgroup recvmsg4: UDP replies seem to come from the address dialled.
+    pub const SOCK_RECVMSG4: &str = "hostport_recvmsg4";
+    /// cgroup getpeername4: the peer is the address dialled.
+    pub const SOCK_GETPEERNAME4: &str = "hostport_getpeername4";
+    /// The socket programs, in attach order.
+    pub const SOCKET_PROGRAMS: [&str; 4] = [
+        SOCK_CONNECT4,
+        SOCK_SENDMSG4,
+        SOCK_RECVMSG4,
+        SOCK_GETPEERNAME4,
+    ];
 }

@@ -9,7 +9,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     csum::IP_CSUM,
-    endpoints,
+    endpoints, hostport,
     metrics::{self, Direction},
     route,
 };
@@ -28,8 +28,18 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
         return Ok(metrics::drop_packet(DropReason::MalformedIpv4));
     }
     match endpoints::lookup(ip.dst_addr) {
-        Some(destination) => deliver(ctx, eth, &ip, &destination),
-        None => route::to_uplink(ctx, eth, &ip, ifindex),
+        Some(destination) => {
+            if hostport::reply_to_pod(ctx, &ip)? {
+                // Source rewritten: deliver with the headers as they are now.
+                let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+                return deliver(ctx, eth, &ip, &destination);
+            }
+            deliver(ctx, eth, &ip, &destination)
+        }
+        None => match hostport::from_pod(ctx, eth, &ip)? {
+            Some(verdict) => Ok(verdict),
+            None => route::to_uplink(ctx, eth, &ip, ifindex),
+        },
     }
 }
 

@@ -1,21 +1,27 @@
-//! hostPort on the uplink: a connection to a mapped node address and port is handed to
-//! the pod (destination rewritten, delivered with `bpf_redirect_peer`), and the pod's
-//! replies get the node address and port back on the way out. No iptables DNAT chain:
-//! one hash lookup, whatever the number of mappings.
+//! hostPort: a connection to a mapped node address and port is handed to the pod
+//! (destination rewritten, delivered with `bpf_redirect_peer`), and the pod's replies get
+//! the node address and port back. No iptables DNAT chain: one hash lookup, whatever the
+//! number of mappings. Three ways in:
+//! - from another host, on the uplink's ingress ([`inbound`]; replies: [`outbound`] on
+//!   the uplink's egress);
+//! - from a pod of this node, on its veth ([`from_pod`]; replies to that pod:
+//!   [`reply_to_pod`]); a pod reaching its own hostPort (hairpin) is also given
+//!   [`HAIRPIN_ADDR`] as source, else it would receive a packet from itself;
+//! - from the node's own processes, at the socket level (`crate::sock`), which uses
+//!   [`local_mapping`].
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{Array, HashMap, LruHashMap},
     programs::TcContext,
 };
-use cni_ebpf_common::{HostPortFlow, NatKey, PortKey, PortTarget};
-use network_types::ip::Ipv4Hdr;
+use cni_ebpf_common::{HAIRPIN_ADDR, HostPortFlow, NatKey, PortKey, PortTarget, TARGET_WORDS};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum},
+    csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum, TCP, UDP},
     endpoints, forward,
 };
-use network_types::eth::EthHdr;
 
 /// Mappings per node: 5,000 must fit with room to spare.
 const MAX_MAPPINGS: u32 = 16384;
@@ -27,10 +33,41 @@ static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPINGS, 0
 #[map(name = "HOSTPORT_FLOWS")]
 static HOSTPORT_FLOWS: LruHashMap<NatKey, HostPortFlow> = LruHashMap::pinned(MAX_FLOWS, 0);
 
-/// The mapping of (`proto`, `addr`, `port`): for that address, else a mapping without
-/// hostIP, which covers the node's uplink address (the address the datapath knows).
+#[map(name = "NODE_ADDRS")]
+static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(256, 0);
+
+#[map(name = "HOSTPORT_TARGETS")]
+static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS, 0);
+
+/// Whether `addr` is one of the node's own addresses.
 #[inline(always)]
-fn mapping(proto: u8, addr: [u8; 4], port: u16, node_addr: [u8; 4]) -> Option<PortTarget> {
+fn is_node_addr(addr: [u8; 4]) -> bool {
+    // SAFETY: only the presence is read.
+    unsafe { NODE_ADDRS.get(&addr) }.is_some()
+}
+
+/// The mapping of (`proto`, `addr`, `port`) when `addr` is a node address: for exactly
+/// that address, else a mapping without hostIP.
+#[inline(always)]
+fn mapping(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
+    if !is_node_addr(addr) {
+        return None;
+    }
+    lookup(proto, addr, port)
+}
+
+/// Like [`mapping`] for the node's own sockets, where loopback addresses (127.0.0.0/8)
+/// count as node addresses too.
+#[inline(always)]
+pub fn local_mapping(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
+    if addr[0] != 127 && !is_node_addr(addr) {
+        return None;
+    }
+    lookup(proto, addr, port)
+}
+
+#[inline(always)]
+fn lookup(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
     let key = PortKey {
         host_addr: addr,
         host_port: port,
@@ -40,9 +77,6 @@ fn mapping(proto: u8, addr: [u8; 4], port: u16, node_addr: [u8; 4]) -> Option<Po
     // SAFETY: values are copied at once.
     if let Some(target) = unsafe { HOSTPORTS.get(&key) } {
         return Some(*target);
-    }
-    if addr != node_addr {
-        return None;
     }
     let any = PortKey {
         host_addr: [0; 4],
@@ -54,7 +88,7 @@ fn mapping(proto: u8, addr: [u8; 4], port: u16, node_addr: [u8; 4]) -> Option<Po
 /// Whether `port` is a host port of `proto` on the node address (source NAT skips it).
 #[inline(always)]
 pub fn is_host_port(proto: u8, port: u16, node_addr: [u8; 4]) -> bool {
-    mapping(proto, node_addr, port, node_addr).is_some()
+    lookup(proto, node_addr, port).is_some()
 }
 
 /// A TCP/UDP packet arriving on the uplink for a mapped host port: rewritten to the pod
@@ -66,13 +100,12 @@ pub fn inbound(
     ip: &Ipv4Hdr,
     l4: usize,
     l4_csum: L4Csum,
-    node_addr: [u8; 4],
 ) -> Result<Option<i32>, i64> {
     let ports: [u8; 4] = ctx.load(l4)?;
     let client_port = u16::from_be_bytes([ports[0], ports[1]]);
     let host_port = u16::from_be_bytes([ports[2], ports[3]]);
     let proto = ip.proto as u8;
-    let Some(target) = mapping(proto, ip.dst_addr, host_port, node_addr) else {
+    let Some(target) = mapping(proto, ip.dst_addr, host_port) else {
         return Ok(None);
     };
     let Some(pod) = endpoints::lookup(target.pod_addr) else {
@@ -119,4 +152,99 @@ pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Re
     csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, host.host_addr, l4_csum)?;
     csum::set_port(ctx, l4, pod_port, host.host_port, l4_csum)?;
     Ok(true)
+}
+
+/// A pod's TCP/UDP packet for an address that is not a pod's: a connection to a node
+/// address and host port goes to the mapped pod (from [`HAIRPIN_ADDR`] when that pod is
+/// the sender), and a reply on a hairpin connection goes back to the pod as coming from
+/// the host address and port. `Ok(None)`: neither.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i32>, i64> {
+    let proto = ip.proto as u8;
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+        return Ok(None);
+    }
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let Some(l4_csum) = L4Csum::of(proto, l4) else {
+        return Ok(None);
+    };
+    let ports: [u8; 4] = ctx.load(l4)?;
+    let src_port = u16::from_be_bytes([ports[0], ports[1]]);
+    let dst_port = u16::from_be_bytes([ports[2], ports[3]]);
+    if ip.dst_addr == HAIRPIN_ADDR {
+        let flow = NatKey {
+            pod_addr: ip.src_addr,
+            remote_addr: HAIRPIN_ADDR,
+            pod_port: src_port,
+            remote_port: dst_port,
+            proto,
+            pad: [0; 3],
+        };
+        // SAFETY: the value is copied at once.
+        let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
+            return Ok(None);
+        };
+        let Some(pod) = endpoints::lookup(ip.src_addr) else {
+            return Ok(None);
+        };
+        csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, host.host_addr, l4_csum)?;
+        csum::set_port(ctx, l4, src_port, host.host_port, l4_csum)?;
+        csum::set_addr(ctx, IP_DST, IP_CSUM, HAIRPIN_ADDR, ip.src_addr, l4_csum)?;
+        let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+        return forward::deliver(ctx, eth, &ip, &pod).map(Some);
+    }
+    let Some(target) = mapping(proto, ip.dst_addr, dst_port) else {
+        return Ok(None);
+    };
+    let Some(pod) = endpoints::lookup(target.pod_addr) else {
+        return Ok(None);
+    };
+    let hairpin = target.pod_addr == ip.src_addr;
+    let client = if hairpin { HAIRPIN_ADDR } else { ip.src_addr };
+    let flow = NatKey {
+        pod_addr: target.pod_addr,
+        remote_addr: client,
+        pod_port: target.pod_port,
+        remote_port: src_port,
+        proto,
+        pad: [0; 3],
+    };
+    let host = HostPortFlow {
+        host_addr: ip.dst_addr,
+        host_port: dst_port,
+        pad: [0; 2],
+    };
+    let _ = HOSTPORT_FLOWS.insert(&flow, &host, 0);
+    if hairpin {
+        csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, HAIRPIN_ADDR, l4_csum)?;
+    }
+    csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
+    csum::set_port(ctx, l4 + 2, dst_port, target.pod_port, l4_csum)?;
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    forward::deliver(ctx, eth, &ip, &pod).map(Some)
+}
+
+/// A pod's packet for another pod of this node: when it leaves a port some mapping
+/// leads to and belongs to a hostPort connection from that pod, its source becomes the
+/// host address and port. Returns whether it was rewritten. Other packets cost one
+/// array read.
+#[inline(always)]
+pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    let proto = ip.proto as u8;
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+        return Ok(false);
+    }
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let Some(l4_csum) = L4Csum::of(proto, l4) else {
+        return Ok(false);
+    };
+    let src_port = u16::from_be_bytes(ctx.load(l4)?);
+    let word = HOSTPORT_TARGETS
+        .get(u32::from(src_port) / 32)
+        .copied()
+        .unwrap_or(0);
+    if word & (1 << (src_port % 32)) == 0 {
+        return Ok(false);
+    }
+    outbound(ctx, ip, l4, l4_csum)
 }

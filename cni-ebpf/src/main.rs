@@ -17,6 +17,7 @@ mod pod;
 mod rev_nat;
 mod route;
 mod snat;
+mod sock;
 mod stats;
 mod uplink;
 

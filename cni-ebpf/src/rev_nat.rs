@@ -43,9 +43,9 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
         return Ok(TC_ACT_OK);
     };
     if ip.dst_addr != config.node_addr {
-        // Another address: only a hostPort mapped to exactly that address applies.
+        // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
-            let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum, config.node_addr)?;
+            let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
             return Ok(delivered.unwrap_or(TC_ACT_OK));
         }
         return Ok(TC_ACT_OK);
@@ -65,7 +65,7 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, flags) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
-                let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum, config.node_addr)?;
+                let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
                 return Ok(delivered.unwrap_or(TC_ACT_OK));
             };
             csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;

@@ -1,5 +1,5 @@
-//! `ebpf-cnid` as a real process inside a node namespace, with its own bpffs folder and
-//! socket, stopped and uninstalled on drop.
+//! `ebpf-cnid` as a real process inside a node namespace, with its own bpffs folder,
+//! socket and cgroup, stopped and uninstalled on drop.
 
 use std::{
     ffi::OsString,
@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{bins, netns::Netns, unique_name};
+use crate::{bins, cgroup::Cgroup, netns::Netns, unique_name};
 
 /// How long a starting daemon may take to answer `status`.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -21,6 +21,9 @@ pub struct Instance {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub log: PathBuf,
+    /// Where the daemon attaches its node-local hostPort programs: only processes in
+    /// it (the tests' node-local clients) are translated, never the machine's.
+    pub cgroup: Cgroup,
 }
 
 impl Instance {
@@ -32,10 +35,11 @@ impl Instance {
             socket: run_dir.join("ebpf-cnid.sock"),
             state_dir: run_dir.join("state"),
             log: std::env::temp_dir().join(format!("{name}.log")),
+            cgroup: Cgroup::new(),
         }
     }
 
-    /// The flags that select this instance: bpffs folder, socket, state folder.
+    /// The flags that select this instance: bpffs folder, socket, state folder, cgroup.
     pub fn flags(&self) -> Vec<OsString> {
         vec![
             "--bpf-dir".into(),
@@ -44,6 +48,8 @@ impl Instance {
             self.socket.clone().into(),
             "--state-dir".into(),
             self.state_dir.clone().into(),
+            "--cgroup".into(),
+            self.cgroup.path().into(),
         ]
     }
 
@@ -94,6 +100,7 @@ impl Drop for Instance {
         if let Some(run_dir) = self.socket.parent() {
             let _ = fs::remove_dir_all(run_dir);
         }
+        // `cgroup` is removed when the field drops, after `uninstall` above used it.
     }
 }
 

@@ -1,6 +1,6 @@
-//! Building blocks for tests and the demo: network namespaces, the daemon as a real
-//! process, and the project's binaries. Everything created has a per-process unique name
-//! and is removed on drop, also when a test panics.
+//! Building blocks for tests and the demo: network namespaces, cgroups, the daemon as a
+//! real process, and the project's binaries. Everything created has a per-process unique
+//! name and is removed on drop, also when a test panics.
 //!
 //! Nothing here touches the machine's own network namespace: links are created with
 //! `ip -n <ns>` directly inside the namespaces the caller made.
@@ -12,6 +12,7 @@
 
 pub mod bins;
 pub mod bpf_object;
+pub mod cgroup;
 pub mod cni;
 pub mod daemon;
 pub mod frames;
@@ -22,8 +23,8 @@ pub mod traffic;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Prefix of every namespace, bpffs folder and socket folder this code creates, so that
-/// leftovers of a killed run are recognisable.
+/// Prefix of every namespace, bpffs folder, socket folder and cgroup this code creates,
+/// so that leftovers of a killed run are recognisable.
 pub const PREFIX: &str = "ecni";
 
 /// A name unique to this process and call: `ecni-<pid>-<n>-<tag>`.
@@ -44,14 +45,26 @@ pub fn require_root() {
     );
 }
 
-/// Removes namespaces, bpffs folders and socket folders left by runs that were killed
-/// before their guards ran (their pid no longer exists). Returns what it removed.
+/// Removes namespaces, bpffs folders, socket folders and cgroups (killing what still
+/// runs in them) left by runs that were killed before their guards ran (their pid no
+/// longer exists). Returns what it removed.
 pub fn sweep_stale() -> Vec<String> {
     let mut removed = Vec::new();
+    let cgroup_mount = cgroup::mount_point();
     let netns = std::fs::read_dir("/run/netns").into_iter().flatten();
     let bpf = std::fs::read_dir("/sys/fs/bpf").into_iter().flatten();
     let run = std::fs::read_dir("/run").into_iter().flatten();
-    for entry in netns.chain(bpf).chain(run).filter_map(Result::ok) {
+    let cgroups = cgroup_mount
+        .as_ref()
+        .and_then(|mount| std::fs::read_dir(mount).ok())
+        .into_iter()
+        .flatten();
+    for entry in netns
+        .chain(bpf)
+        .chain(run)
+        .chain(cgroups)
+        .filter_map(Result::ok)
+    {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
             .strip_prefix(&format!("{PREFIX}-"))
@@ -69,6 +82,12 @@ pub fn sweep_stale() -> Vec<String> {
                 .args(["netns", "del", &name])
                 .status()
                 .is_ok_and(|status| status.success())
+        } else if cgroup_mount
+            .as_ref()
+            .is_some_and(|mount| path.parent() == Some(mount.as_path()))
+        {
+            // A cgroup's files cannot be deleted: only rmdir of the emptied folder works.
+            cgroup::remove(&path)
         } else {
             std::fs::remove_dir_all(&path).is_ok()
         };

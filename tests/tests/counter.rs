@@ -52,7 +52,11 @@ fn daemon_counts_pings_per_source_on_the_attached_veth() {
     let mut daemon = Daemon::start(&node, &instance, &["up0"]);
 
     let status = instance.cli_json(&["status"]);
-    let attachments = status["attachments"].as_array().expect("attachments");
+    let all = status["attachments"].as_array().expect("attachments");
+    // The socket programs (hostPorts for the node's processes) sit on the cgroup.
+    let on_cgroup = all.iter().filter(|a| a["mode"] == "cgroup").count();
+    assert_eq!(on_cgroup, 4, "status: {status}");
+    let attachments: Vec<_> = all.iter().filter(|a| a["mode"] != "cgroup").collect();
     assert_eq!(attachments.len(), 1, "status: {status}");
     assert_eq!(attachments[0]["interface"], "up0");
     assert_eq!(attachments[0]["program"], "count_by_source");

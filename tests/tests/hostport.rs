@@ -1,11 +1,13 @@
 //! hostPort in eBPF: an external host reaches a pod through the node's address and a
-//! host port (TCP and UDP), hostIP restricts a mapping, conflicts are refused with code
+//! host port (TCP and UDP), a mapping without hostIP follows the node's addresses as
+//! they come and go, hostIP restricts a mapping, conflicts are refused with code
 //! 105, DEL and GC remove mappings, and 5,000 mappings still hit the right pods.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use ebpf_cni_tests::{
     cni::Call,
+    daemon::eventually,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node},
     require_root,
     traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip},
@@ -90,6 +92,42 @@ fn host_ip_restricts_a_mapping_to_that_address() {
     assert!(
         round_trip(&node.external, node_port(NODE_ADDR, 30080), b"no").is_err(),
         "the other node address is not mapped"
+    );
+}
+
+#[test]
+fn a_mapping_without_host_ip_covers_an_address_the_node_gains_later() {
+    require_root();
+    let node = Node::start("10.244.65.0/24");
+    let pod = node.add_pod_with("hp-later", &mappings(&[(30080, "tcp", None)]));
+    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let later = node_port("198.18.0.4", 30080);
+    let addrs = |node: &Node| {
+        node.instance.cli_json(&["status"])["host_port_addrs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(addrs(&node), [json!(NODE_ADDR)]);
+    node.netns
+        .ip(&["addr", "add", "198.18.0.4/24", "dev", "uplink0"]);
+    // The daemon hears of the address from the kernel (rtnetlink) and maps it.
+    assert!(
+        eventually(Duration::from_secs(5), || round_trip(
+            &node.external,
+            later,
+            b"new address"
+        )
+        .is_ok_and(|back| back == b"new address")),
+        "the added address reaches the pod"
+    );
+    assert_eq!(addrs(&node), [json!(NODE_ADDR), json!("198.18.0.4")]);
+    node.netns
+        .ip(&["addr", "del", "198.18.0.4/24", "dev", "uplink0"]);
+    assert!(
+        eventually(Duration::from_secs(5), || addrs(&node)
+            == [json!(NODE_ADDR)]),
+        "a removed address is no longer a hostPort address"
     );
 }
 

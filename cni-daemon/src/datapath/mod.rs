@@ -1,8 +1,9 @@
 //! Loading the eBPF object and attaching its programs (synchronous core). Pod
 //! programs and their pinned links are in [`pod`], the uplink's (source NAT) in
-//! [`uplink`].
+//! [`uplink`], the socket programs (hostPorts for the node's processes) in [`sock`].
 
 mod pod;
+pub mod sock;
 mod uplink;
 
 use std::path::{Path, PathBuf};
@@ -51,6 +52,11 @@ pub enum DatapathError {
     },
     #[error("no interface {0} in the daemon's network namespace")]
     NoInterface(String),
+    #[error("cannot open the cgroup folder {path}: {source}")]
+    Cgroup {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot add the clsact qdisc to {interface}: {source}")]
     Clsact {
         interface: String,
@@ -82,6 +88,14 @@ impl Datapath {
             program_names::UPLINK_INGRESS,
         ] {
             classifier(&mut ebpf, name)?
+                .load()
+                .map_err(|source| DatapathError::Program {
+                    program: name,
+                    source,
+                })?;
+        }
+        for name in program_names::SOCKET_PROGRAMS {
+            sock::sock_program(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program {
                     program: name,

@@ -4,8 +4,10 @@
 //! in time.
 //!
 //! This module owns the threads (`spawn_in`, `run_in`, `Background`); `tcp` and `udp`
-//! own the traffic itself.
+//! own the traffic itself; `probe` runs the one client that must be a process of its
+//! own (in a cgroup).
 
+mod probe;
 mod tcp;
 mod udp;
 
@@ -23,6 +25,7 @@ use std::{
 use nix::sched::{CloneFlags, setns};
 
 pub use self::{
+    probe::probe,
     tcp::{EchoServer, Stream, many_connections, round_trip, round_trip_from},
     udp::{UdpEcho, udp_round_trip},
 };

@@ -1,0 +1,102 @@
+//! The node's own IPv4 addresses in `NODE_ADDRS`: what a hostPort mapping without
+//! hostIP covers (portmap's `--dst-type LOCAL`). The map is filled at start and
+//! refilled on every address change the kernel announces (rtnetlink's IPv4 address
+//! group), so an address added later is a hostPort address at once.
+
+use std::{
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+};
+
+use aya::maps::{HashMap, MapData, MapError};
+use futures::StreamExt;
+use rtnetlink::{
+    constants::RTMGRP_IPV4_IFADDR,
+    sys::{AsyncSocket, SocketAddr},
+};
+
+use crate::node::Node;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeAddrError {
+    #[error("cannot list the node's addresses: {0}")]
+    List(#[from] nix::Error),
+    #[error("node addresses map: {0}")]
+    Map(#[from] MapError),
+}
+
+pub struct NodeAddrs {
+    map: HashMap<MapData, [u8; 4], u8>,
+    current: BTreeSet<Ipv4Addr>,
+}
+
+impl NodeAddrs {
+    pub fn open(map: HashMap<MapData, [u8; 4], u8>) -> Self {
+        Self {
+            map,
+            current: BTreeSet::new(),
+        }
+    }
+
+    /// The addresses of the last [`Self::sync`].
+    pub fn current(&self) -> &BTreeSet<Ipv4Addr> {
+        &self.current
+    }
+
+    /// Makes the map hold exactly the namespace's IPv4 addresses, loopback aside (the
+    /// socket hooks treat 127.0.0.0/8 as the node's by themselves). Returns them.
+    pub fn sync(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeAddrError> {
+        let current: BTreeSet<Ipv4Addr> = nix::ifaddrs::getifaddrs()?
+            .filter_map(|entry| entry.address?.as_sockaddr_in().map(|sin| sin.ip()))
+            .filter(|addr| !addr.is_loopback())
+            .collect();
+        let listed: Vec<[u8; 4]> = self.map.keys().collect::<Result<_, _>>()?;
+        for stale in listed {
+            if !current.contains(&Ipv4Addr::from(stale)) {
+                crate::maps::removed(self.map.remove(&stale))?;
+            }
+        }
+        for addr in &current {
+            self.map.insert(addr.octets(), 1, 0)?;
+        }
+        self.current.clone_from(&current);
+        Ok(current)
+    }
+}
+
+/// Refills `NODE_ADDRS` on every IPv4 address change, until the task is dropped. A
+/// watcher that cannot start is logged: hostPorts then cover the addresses known at
+/// start.
+pub async fn watch(node: Arc<Mutex<Node>>) {
+    let (mut connection, _handle, mut messages) = match rtnetlink::new_connection() {
+        Ok(parts) => parts,
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch the node's addresses");
+            return;
+        }
+    };
+    let groups = SocketAddr::new(0, RTMGRP_IPV4_IFADDR);
+    if let Err(error) = connection.socket_mut().socket_mut().bind(&groups) {
+        tracing::warn!(%error, "cannot watch the node's addresses");
+        return;
+    }
+    let connection = tokio::spawn(connection);
+    while messages.next().await.is_some() {
+        let node = Arc::clone(&node);
+        let synced = tokio::task::spawn_blocking(move || {
+            let mut node = match node.lock() {
+                Ok(node) => node,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            node.sync_node_addrs()
+        })
+        .await;
+        match synced {
+            Ok(Ok(addrs)) => tracing::info!(?addrs, "node addresses changed"),
+            Ok(Err(error)) => tracing::warn!(%error, "cannot refresh the node's addresses"),
+            Err(error) => tracing::warn!(%error, "node address task failed"),
+        }
+    }
+    connection.abort();
+}
