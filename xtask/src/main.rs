@@ -45,6 +45,10 @@ enum Task {
         /// Shorter runs (under three minutes), written under target/bench.
         #[arg(long)]
         quick: bool,
+        /// With --quick: run one section only (add-del, pod-to-pod, pod-to-external,
+        /// hostport, memory).
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -72,7 +76,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Task::Test { args } => test::run(&root, &args)?,
         Task::Demo => demo::run(&root)?,
-        Task::Bench { quick } => bench::run(&root, bench::Plan { quick })?,
+        Task::Bench { quick, only } => bench::run(&root, bench::Plan { quick }, only.as_deref())?,
     }
     Ok(())
 }

@@ -42,6 +42,10 @@ impl Plan {
     fn timed_adds(self) -> usize {
         if self.quick { 3 } else { 10 }
     }
+    /// Pods of 100 mappings each in the hostPort figures (see `hostport`).
+    fn mapped_pods(self) -> u16 {
+        if self.quick { 10 } else { 50 }
+    }
     fn repeats(self) -> usize {
         3
     }
@@ -52,7 +56,27 @@ impl Plan {
 
 const PARALLEL_PODS: usize = 30;
 
-pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
+/// The sections, in run order; `--only <name>` runs one (with `--quick`, for work on it).
+pub const SECTIONS: [&str; 5] = [
+    "add-del",
+    "pod-to-pod",
+    "pod-to-external",
+    "hostport",
+    "memory",
+];
+
+pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
+    if let Some(only) = only {
+        anyhow::ensure!(
+            plan.quick,
+            "--only is for --quick runs: BENCHMARKS.md always holds every figure"
+        );
+        anyhow::ensure!(
+            SECTIONS.contains(&only),
+            "no section {only}; sections: {}",
+            SECTIONS.join(", ")
+        );
+    }
     let tools = setup::full()?;
     let built = build::all(root, &tools, Profile::Release)?;
     bins::use_dir(built.bin_dir.clone());
@@ -61,7 +85,12 @@ pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
 
     let mut figures = Vec::new();
     let mut sections = Vec::new();
-    let mut section = |name: &str, measured: anyhow::Result<Vec<Figure>>| {
+    let runs = |name: &str| only.is_none_or(|only| only == name);
+    let mut section = |name: &str, measure: &dyn Fn() -> anyhow::Result<Vec<Figure>>| {
+        if !runs(name) {
+            return Ok(());
+        }
+        let measured = measure();
         let took = started.elapsed().as_secs_f64()
             - sections
                 .iter()
@@ -71,11 +100,11 @@ pub fn run(root: &Path, plan: Plan) -> anyhow::Result<()> {
         sections.push((name.to_owned(), took));
         measured.map(|measured| figures.extend(measured))
     };
-    section("ADD/DEL", add_del_times(plan))?;
-    section("pod to pod", pod_to_pod(plan))?;
-    section("pod to external", pod_to_external(plan))?;
-    section("hostPort", hostport::hostport(plan))?;
-    section("memory", memory())?;
+    section("add-del", &|| add_del_times(plan))?;
+    section("pod-to-pod", &|| pod_to_pod(plan))?;
+    section("pod-to-external", &|| pod_to_external(plan))?;
+    section("hostport", &|| hostport::hostport(plan))?;
+    section("memory", &memory)?;
     let sections = sections
         .iter()
         .map(|(name, secs)| format!("{name} {secs:.0} s"))
