@@ -59,6 +59,11 @@ pub enum Response {
     },
     Endpoints {
         endpoints: Vec<Endpoint>,
+        /// What the node's own stack sent into each pod (its host veth's kernel TX
+        /// counters): the part of "to pod" the datapath does not see. A list, as the
+        /// tagged enum cannot carry maps with integer keys through JSON.
+        #[serde(default)]
+        stack_sent: Vec<LinkCounters>,
     },
     Collected {
         removed: Vec<Endpoint>,
@@ -144,6 +149,14 @@ pub struct Status {
     /// as the datapath has them now.
     #[serde(default)]
     pub host_port_addrs: Vec<std::net::Ipv4Addr>,
+}
+
+/// Packets and bytes through a link, from the kernel's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkCounters {
+    pub ifindex: u32,
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 /// One program attached to one interface.

@@ -8,7 +8,7 @@ use cni_ebpf_common::{DropReason, EndpointCounters, SourceKey, TrafficCounters, 
 use serde::Serialize;
 
 use crate::{
-    api::{Endpoint, Status},
+    api::{Endpoint, LinkCounters, Status},
     bpffs,
 };
 
@@ -116,20 +116,33 @@ impl From<EndpointCounters> for CountersView {
     }
 }
 
-/// Joins the daemon's endpoints with the pinned counters.
+/// Joins the daemon's endpoints with the pinned counters; "to pod" adds what the node's
+/// stack sent (`stack_sent`, the host veths' kernel TX counters) to what the datapath
+/// delivered.
 pub fn endpoint_views(
     endpoints: Vec<Endpoint>,
     counters: &BTreeMap<u32, EndpointCounters>,
+    stack_sent: &[LinkCounters],
 ) -> Vec<EndpointView> {
     endpoints
         .into_iter()
-        .map(|endpoint| EndpointView {
-            counters: counters
+        .map(|endpoint| {
+            let mut view = counters
                 .get(&endpoint.host_ifindex)
                 .copied()
                 .map(CountersView::from)
-                .unwrap_or_default(),
-            endpoint,
+                .unwrap_or_default();
+            let sent = stack_sent
+                .iter()
+                .find(|sent| sent.ifindex == endpoint.host_ifindex);
+            if let Some(sent) = sent {
+                view.to_pod_packets += sent.packets;
+                view.to_pod_bytes += sent.bytes;
+            }
+            EndpointView {
+                counters: view,
+                endpoint,
+            }
         })
         .collect()
 }

@@ -18,6 +18,8 @@ pub mod hostports;
 #[cfg(feature = "daemon")]
 pub mod inspect;
 #[cfg(feature = "daemon")]
+pub mod link_stats;
+#[cfg(feature = "daemon")]
 mod maps;
 #[cfg(feature = "daemon")]
 pub mod nat;

@@ -140,12 +140,16 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Endpoints => {
-            let endpoints = match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
-                Response::Endpoints { endpoints } => endpoints,
-                other => bail!("unexpected answer from the daemon: {other:?}"),
-            };
+            let (endpoints, stack_sent) =
+                match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
+                    Response::Endpoints {
+                        endpoints,
+                        stack_sent,
+                    } => (endpoints, stack_sent),
+                    other => bail!("unexpected answer from the daemon: {other:?}"),
+                };
             let counters = inspect::endpoint_counters(&cli.bpf_dir)?;
-            let views = inspect::endpoint_views(endpoints, &counters);
+            let views = inspect::endpoint_views(endpoints, &counters, &stack_sent);
             match cli.output {
                 Output::Json => print_json(&views),
                 Output::Table => print(&inspect::endpoints_table(&views)),
@@ -161,7 +165,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Ports => {
             let endpoints = match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
-                Response::Endpoints { endpoints } => endpoints,
+                Response::Endpoints { endpoints, .. } => endpoints,
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
             let rows = inspect::port_rows(&endpoints);

@@ -16,6 +16,7 @@ use tokio::{
 use crate::{
     api::{self, Envelope, PROTOCOL_VERSION, Request, Response},
     hostports::HostPortError,
+    link_stats,
     node::{Node, NodeError},
 };
 
@@ -55,7 +56,16 @@ async fn handle(mut stream: UnixStream, node: &Mutex<Node>) -> anyhow::Result<()
     let mut body = vec![0u8; api::frame_len(prefix)?];
     stream.read_exact(&mut body).await?;
     let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
-        Ok(envelope) if envelope.version == PROTOCOL_VERSION => answer(envelope.body, node),
+        Ok(envelope) if envelope.version == PROTOCOL_VERSION => {
+            let mut response = answer(envelope.body, node);
+            if let Response::Endpoints { stack_sent, .. } = &mut response {
+                match link_stats::tx_counters().await {
+                    Ok(counters) => *stack_sent = counters,
+                    Err(error) => tracing::warn!(%error, "cannot read the veths' counters"),
+                }
+            }
+            response
+        }
         Ok(envelope) => Response::Error {
             message: format!(
                 "protocol version {} is not served (this daemon: {PROTOCOL_VERSION})",
@@ -92,6 +102,8 @@ fn answer(request: Request, node: &Mutex<Node>) -> Response {
         }),
         Request::List => Ok(Response::Endpoints {
             endpoints: node.list(),
+            // Filled in by `handle`, outside the lock.
+            stack_sent: Vec::new(),
         }),
         Request::Gc { network, keep } => node
             .collect(&network, &keep)

@@ -61,8 +61,6 @@ pub mod program_names {
     pub const COUNT_BY_SOURCE: &str = "count_by_source";
     /// TC ingress of a pod's host-side veth: traffic leaving the pod.
     pub const FROM_POD: &str = "from_pod";
-    /// TC egress of a pod's host-side veth: traffic the node's stack sends to the pod.
-    pub const TO_POD: &str = "to_pod";
     /// TC egress of the uplink: source NAT of pod traffic leaving the node.
     pub const UPLINK_EGRESS: &str = "uplink_egress";
     /// TC ingress of the uplink: replies translated back and delivered to pods.

@@ -1,5 +1,10 @@
-//! TC entries on a pod's host-side veth. Ingress there is traffic leaving the pod;
-//! egress is what the node's stack sends to the pod.
+//! The TC entry on a pod's host-side veth: its ingress is traffic leaving the pod.
+//!
+//! There is no program on the veth's egress (what the node's own stack sends to the
+//! pod): each TCX attach waits for an RCU grace period under the rtnl lock, and a second
+//! one made ADD twice as slow. What the datapath delivers into a pod it counts itself
+//! (`forward::deliver`); what the stack sends is in the veth's kernel TX counters, which
+//! the daemon adds in `ebpf-cnid endpoints`.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use network_types::eth::{EthHdr, EtherType};
@@ -35,12 +40,6 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
     } else {
         Ok(TC_ACT_OK)
     }
-}
-
-#[classifier]
-pub fn to_pod(ctx: TcContext) -> i32 {
-    metrics::count(ifindex(&ctx), Direction::ToPod, ctx.len());
-    TC_ACT_OK
 }
 
 /// The device the program runs on (the host-side veth).

@@ -113,3 +113,46 @@ fn pods_reach_each_other_with_ip_forwarding_off_in_the_node() {
     assert!(ping(&b.netns, &a.ip.to_string()), "and back");
     tcp_ok(&a.netns, &b.ip.to_string(), PORT);
 }
+
+#[test]
+fn what_the_node_sends_a_pod_and_what_pods_send_each_other_both_count_as_to_pod() {
+    require_root();
+    let node = Node::start("10.244.39.0/24");
+    let a = node.add_pod("count-a");
+    let b = node.add_pod("count-b");
+    let to_pod = |pod: &Pod| {
+        let endpoints = node.instance.cli_json(&["endpoints"]);
+        endpoints
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|endpoint| endpoint["id"]["container_id"] == pod.container_id.as_str())
+            .and_then(|endpoint| endpoint["counters"]["to_pod_packets"].as_u64())
+            .expect("the pod's counters")
+    };
+    let before = to_pod(&a);
+    // From the node's stack: the veth's kernel counters (no TC program on its egress).
+    assert!(
+        node.netns
+            .run(
+                "ping",
+                &["-c", "3", "-i", "0.2", "-W", "2", &a.ip.to_string()]
+            )
+            .status
+            .success()
+    );
+    let after_node = to_pod(&a);
+    assert!(after_node >= before + 3, "{before} -> {after_node}");
+    // From another pod: delivered and counted by the datapath.
+    assert!(
+        b.netns
+            .run(
+                "ping",
+                &["-c", "3", "-i", "0.2", "-W", "2", &a.ip.to_string()]
+            )
+            .status
+            .success()
+    );
+    let after_pod = to_pod(&a);
+    assert!(after_pod >= after_node + 3, "{after_node} -> {after_pod}");
+}

@@ -1,14 +1,13 @@
 //! IPv4 through the pod veth programs, run by the kernel through BPF_PROG_TEST_RUN:
 //! `from_pod` forwards to a known pod with rewritten MACs, one TTL less and a valid
-//! checksum for every TTL, hands unknown or expiring destinations to the stack unchanged,
-//! and `to_pod` lets everything through, counted for the veth.
+//! checksum for every TTL, counted for both veths, and hands unknown or expiring
+//! destinations to the stack unchanged.
 
-use cni_ebpf_common::{EndpointCounters, program_names};
+use cni_ebpf_common::EndpointCounters;
 use ebpf_cni_tests::{
     frames::{
-        BROADCAST, GATEWAY, IP, IP_CHECK, IP_END, LOOPBACK, PEER, SENDER, TC_ACT_OK, UNKNOWN,
-        all_drops, arp, assert_forwarded, assert_passes_unchanged,
-        assert_reference_checksum_is_right, counters, datapath, ethernet, from_pod,
+        IP, IP_CHECK, IP_END, LOOPBACK, PEER, SENDER, UNKNOWN, all_drops, assert_forwarded,
+        assert_passes_unchanged, assert_reference_checksum_is_right, counters, datapath, from_pod,
         icmp_echo_request, internet_checksum, ipv4, ipv4_header_is_valid, no_drops, tcp_syn,
     },
     require_root,
@@ -83,29 +82,4 @@ fn ipv4_to_an_unknown_or_expiring_destination_goes_to_the_stack_unchanged() {
         "nothing delivered to the pod"
     );
     assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
-}
-
-// --- to_pod -------------------------------------------------------------------------------
-
-#[test]
-fn to_pod_passes_every_frame_unchanged_and_counts_it_for_the_veth() {
-    require_root();
-    let object = datapath();
-    let frames = [
-        ipv4(&PEER, SENDER.ip, 64, 1, &icmp_echo_request()),
-        arp(2, PEER.info.host_mac, GATEWAY, SENDER.ip),
-        ethernet(BROADCAST, PEER.info.host_mac, 0x88cc),
-    ];
-    for frame in &frames {
-        let run = object.run(program_names::TO_POD, frame);
-        assert_eq!(run.verdict, TC_ACT_OK, "to_pod lets {frame:02x?} through");
-        assert_eq!(&run.frame, frame, "to_pod does not rewrite");
-    }
-    let bytes = frames.iter().map(Vec::len).sum();
-    assert_eq!(
-        object.endpoint_counters(LOOPBACK),
-        counters(0, 0, 3, bytes),
-        "three frames delivered to the pod behind ifindex 1"
-    );
-    assert_eq!(all_drops(&object), no_drops(), "to_pod never drops");
 }

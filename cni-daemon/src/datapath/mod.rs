@@ -83,7 +83,6 @@ impl Datapath {
         for name in [
             program_names::COUNT_BY_SOURCE,
             program_names::FROM_POD,
-            program_names::TO_POD,
             program_names::UPLINK_EGRESS,
             program_names::UPLINK_INGRESS,
         ] {

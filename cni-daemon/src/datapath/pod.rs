@@ -1,6 +1,7 @@
-//! The pod programs on each pod's host-side veth, attached through links pinned under
-//! `<bpf dir>/links/<veth>_<ingress|egress>` (bpffs refuses dots in names), so they
-//! keep forwarding while the daemon is stopped or killed.
+//! The pod program on each pod's host-side veth, attached through a link pinned at
+//! `<bpf dir>/links/<veth>_ingress` (bpffs refuses dots in names), so it keeps
+//! forwarding while the daemon is stopped or killed. Daemons before 0.2 also pinned a
+//! `<veth>_egress` counting program; a restart removes those links.
 //!
 //! On a restart the daemon swaps its freshly loaded programs into the pinned links
 //! (`attach_to_link`, atomic), so a changed object replaces the programs without any
@@ -19,11 +20,13 @@ use cni_ebpf_common::program_names;
 
 use super::{Datapath, DatapathError, classifier, ensure_clsact, has_tcx};
 
-/// The two programs of a pod veth: where they attach and their pin's suffix.
-const POD_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
-    (program_names::FROM_POD, TcAttachType::Ingress, "ingress"),
-    (program_names::TO_POD, TcAttachType::Egress, "egress"),
-];
+/// The program of a pod veth: where it attaches and its pin's suffix (one program: see
+/// the eBPF `pod` module for why there is none on egress).
+const POD_PROGRAMS: [(&str, TcAttachType, &str); 1] =
+    [(program_names::FROM_POD, TcAttachType::Ingress, "ingress")];
+
+/// Pin suffix of the egress counting program earlier daemons attached.
+const LEGACY_EGRESS: &str = "egress";
 
 impl Datapath {
     /// Attaches (or re-attaches, replacing the program in place) the pod programs on
@@ -35,9 +38,9 @@ impl Datapath {
         if !tcx {
             ensure_clsact(host_veth)?;
         }
-        // Each TCX attach waits for an RCU grace period under the rtnl lock (~10 ms
-        // here, measured with strace -T): most of ADD's time. Attaching both at once
-        // does not help, the lock serializes them.
+        self.remove_legacy_egress(host_veth)?;
+        // Each TCX attach waits for an RCU grace period under the rtnl lock (4 to 24 ms
+        // here, in steps of a 4 ms jiffy): most of ADD's time.
         for (name, attach_type, suffix) in POD_PROGRAMS {
             let program = classifier(&mut self.ebpf, name)?;
             if tcx {
@@ -70,7 +73,24 @@ impl Datapath {
                 let _ = tc::qdisc_detach_program(host_veth, attach_type, name);
             }
         }
-        Ok(())
+        self.remove_legacy_egress(host_veth)
+    }
+
+    /// Removes the egress link an earlier daemon pinned for `host_veth`, if any (with
+    /// TCX, the link ends with its pin; netlink filters of that program are left to
+    /// the veth's removal: they only counted).
+    fn remove_legacy_egress(&self, host_veth: &str) -> Result<(), DatapathError> {
+        let pin = self
+            .links_dir()
+            .join(format!("{host_veth}_{LEGACY_EGRESS}"));
+        match fs::remove_file(&pin) {
+            Ok(()) => {
+                tracing::info!(pin = %pin.display(), "removed an earlier daemon's egress link");
+                Ok(())
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(pin_error(&pin, source)),
+        }
     }
 
     /// Host veths that have pinned links (for reconciliation after a restart); the

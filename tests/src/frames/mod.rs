@@ -102,9 +102,9 @@ pub const ELSEWHERE: Pod = pod([10, 0, 0, 30], 30, 30);
 /// Every pod [`datapath`] seeds.
 pub const PODS: [&Pod; 3] = [&SENDER, &PEER, &ELSEWHERE];
 
-/// Fresh maps with the three pods, and both programs loaded.
+/// Fresh maps with the three pods, and the pod program loaded.
 pub fn datapath() -> BpfObject {
-    let mut object = BpfObject::load("pod", &[program_names::FROM_POD, program_names::TO_POD]);
+    let mut object = BpfObject::load("pod", &[program_names::FROM_POD]);
     for pod in PODS {
         object.insert_endpoint(pod.ip, pod.info);
     }
