@@ -214,3 +214,48 @@ fn del_ends_the_node_local_path_to_the_pod() {
         );
     }
 }
+
+#[test]
+fn the_node_local_path_survives_a_killed_and_restarted_daemon_without_doubling_its_hooks() {
+    require_root();
+    let mut node = Node::start("10.244.77.0/24");
+    let pod = node.add_pod_with("local-restart", &mappings(&[(30080, "tcp", None)]));
+    let server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let dial = |node: &Node, message: &str| {
+        probe_from(&node.netns, node, "tcp", addr(LOOPBACK, 30080), message)
+            .unwrap_or_else(|error| panic!("{message}: {error}"))
+    };
+    dial(&node, "before");
+    node.daemon.kill();
+    dial(&node, "while the daemon is dead");
+    node.daemon = ebpf_cni_tests::daemon::Daemon::start(&node.netns, &node.instance, &[]);
+    dial(&node, "after the restart");
+    assert_eq!(server.peers().len(), 3, "every connection reached the pod");
+    // The restarted daemon's programs replaced the old ones on the cgroup.
+    let attached = node.netns.run(
+        "bpftool",
+        &[
+            "-j",
+            "cgroup",
+            "show",
+            &node.instance.cgroup.path().display().to_string(),
+        ],
+    );
+    let attached: Value = serde_json::from_slice(&attached.stdout).expect("bpftool's JSON");
+    let names: Vec<&str> = attached
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|program| program["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "hostport_connect4",
+            "hostport_sendmsg4",
+            "hostport_recvmsg4",
+            "hostport_getpeername4"
+        ],
+        "one of each"
+    );
+}
