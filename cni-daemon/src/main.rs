@@ -197,9 +197,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                         .with_context(|| format!("cannot remove {}", cli.state_dir.display()));
                 }
             }
-            // The socket (and its folder, when nothing else is in it) goes too.
+            // The socket, the plugin's cache of IPAM versions beside it, and their folder
+            // when nothing else is in it, go too.
             let _ = std::fs::remove_file(&cli.socket);
             if let Some(folder) = cli.socket.parent() {
+                let _ = std::fs::remove_file(folder.join("ipam-versions.json"));
                 let _ = std::fs::remove_dir(folder);
             }
             tracing::info!(bpf_dir = %cli.bpf_dir.display(), "uninstalled");

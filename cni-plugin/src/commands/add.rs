@@ -34,7 +34,7 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
             format!("{ifname} already exists in {}", netns_path.display()),
         ));
     }
-    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path)?;
+    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
     let daemon = inv.daemon();
     daemon.require_ready()?;
     let pod_mac = inv.conf.runtime_mac()?;

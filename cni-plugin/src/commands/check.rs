@@ -63,7 +63,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         }
     }
 
-    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path)?;
+    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
     let env = CallEnv {
         command: "CHECK",
         ..CallEnv::default()

@@ -21,7 +21,10 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     );
     failures.record("veth removal", teardown::delete_host_veth(&host_veth));
     let ipam_type = inv.conf.ipam_type()?;
-    if let Some(ipam) = failures.record("IPAM lookup", Ipam::find(ipam_type, &inv.env.path)) {
+    if let Some(ipam) = failures.record(
+        "IPAM lookup",
+        Ipam::find(ipam_type, &inv.env.path, inv.ipam_versions()),
+    ) {
         let env = CallEnv {
             command: "DEL",
             ..CallEnv::default()

@@ -47,7 +47,10 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     }
 
     let ipam_type = inv.conf.ipam_type()?;
-    if let Some(ipam) = failures.record("IPAM lookup", Ipam::find(ipam_type, &inv.env.path)) {
+    if let Some(ipam) = failures.record(
+        "IPAM lookup",
+        Ipam::find(ipam_type, &inv.env.path, inv.ipam_versions()),
+    ) {
         match failures.record("IPAM VERSION", ipam.supports(CniVersion::V1_1_0)) {
             Some(true) => {
                 let env = CallEnv {

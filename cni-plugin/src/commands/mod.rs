@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::{
     daemon::Daemon,
+    ipam::VersionCache,
     spec::{self, CniError, Command, Environment, ErrorCode, NetConf},
 };
 
@@ -33,6 +34,11 @@ impl Invocation {
 impl Invocation {
     pub fn daemon(&self) -> Daemon {
         Daemon::new(self.conf.daemon_socket.clone())
+    }
+
+    /// The IPAM plugins' supported versions, cached beside the daemon's socket.
+    pub fn ipam_versions(&self) -> VersionCache {
+        VersionCache::beside_socket(self.conf.daemon_socket.as_deref())
     }
 
     pub fn container_id(&self) -> Result<&str, CniError> {

@@ -5,6 +5,19 @@
 //! (incompatible version), we ask it for VERSION and retry once with the highest version
 //! both sides support (Debian's host-local 1.1.1 stops at 1.0.0, so a 1.1.0 network still
 //! gets addresses). Its result is read in whatever version it printed.
+//!
+//! Each exec of host-local costs ADD time, and the negotiation above costs three (ADD,
+//! VERSION, ADD) on every ADD of a 1.1.0 network with such a plugin. So the VERSION
+//! answer is cached beside the daemon socket ([`VersionCache`]): a call whose cniVersion
+//! the plugin is known not to speak is downgraded before the first exec (one exec), and
+//! STATUS and GC read the cache instead of asking. A cached answer is tied to the plugin
+//! file's identity (size, mtime, inode), so an upgraded plugin is asked again; a cache
+//! that cannot be read only means "ask", and a wrong one only costs the old retry (a code
+//! 1 always asks the plugin afresh).
+
+#[cfg(test)]
+mod tests;
+mod versions;
 
 use std::{
     io::Write,
@@ -16,10 +29,13 @@ use serde_json::Value;
 
 use crate::spec::{CniError, CniResult, CniVersion, ErrorCode};
 
+pub use versions::VersionCache;
+
 /// An IPAM plugin found in CNI_PATH.
 pub struct Ipam {
     plugin: PathBuf,
     name: String,
+    versions: VersionCache,
 }
 
 /// Environment overrides for one call; everything else is inherited from our own
@@ -35,8 +51,12 @@ pub struct CallEnv<'a> {
 
 impl Ipam {
     /// Finds `plugin_type` in CNI_PATH. A name with a path separator is refused: the spec
-    /// names plugins, it does not take paths.
-    pub fn find(plugin_type: &str, cni_path: &[PathBuf]) -> Result<Self, CniError> {
+    /// names plugins, it does not take paths. `versions` remembers what it speaks.
+    pub fn find(
+        plugin_type: &str,
+        cni_path: &[PathBuf],
+        versions: VersionCache,
+    ) -> Result<Self, CniError> {
         if plugin_type.is_empty() || plugin_type.contains('/') || plugin_type == ".." {
             return Err(CniError::new(
                 ErrorCode::InvalidConfig,
@@ -50,6 +70,7 @@ impl Ipam {
             .map(|plugin| Self {
                 plugin,
                 name: plugin_type.to_owned(),
+                versions,
             })
             .ok_or_else(|| {
                 CniError::new(
@@ -82,43 +103,37 @@ impl Ipam {
         self.call(env, config).map(drop)
     }
 
-    /// Whether the plugin speaks `version` (asks it with VERSION).
+    /// Whether the plugin speaks `version` (from the cache, else asked with VERSION).
     pub fn supports(&self, version: CniVersion) -> Result<bool, CniError> {
-        Ok(self.supported_versions()?.contains(&version))
+        let known = match self.versions.get(&self.plugin) {
+            Some(known) => known,
+            None => self.ask_versions()?,
+        };
+        Ok(known.contains(&version))
     }
 
     fn call(&self, env: &CallEnv<'_>, config: &Value) -> Result<Option<Value>, CniError> {
-        match self.exec(env, config) {
+        // A version the plugin is known not to speak is not tried: one exec, not three.
+        let cached = self
+            .versions
+            .get(&self.plugin)
+            .filter(|known| requested(config).is_some_and(|version| !known.contains(&version)))
+            .and_then(|known| downgraded(config, &known));
+        let first = cached.as_ref().unwrap_or(config);
+        match self.exec(env, first) {
             Err(error) if error.code == ErrorCode::IncompatibleVersion => {
-                let config = self.downgraded(config)?.ok_or(error)?;
-                self.exec(env, &config)
+                // Asked afresh, not from the cache: if the cache chose `first`, it was wrong.
+                let retry = downgraded(config, &self.ask_versions()?)
+                    .filter(|retry| retry != first)
+                    .ok_or(error)?;
+                self.exec(env, &retry)
             }
             other => other,
         }
     }
 
-    /// `config` with the highest cniVersion the plugin supports below the requested one,
-    /// or `None` when there is nothing lower to try.
-    fn downgraded(&self, config: &Value) -> Result<Option<Value>, CniError> {
-        let requested: Option<CniVersion> = config["cniVersion"]
-            .as_str()
-            .and_then(|version| version.parse().ok());
-        let Some(requested) = requested else {
-            return Ok(None);
-        };
-        let best = self
-            .supported_versions()?
-            .into_iter()
-            .filter(|version| *version < requested)
-            .max();
-        Ok(best.map(|version| {
-            let mut config = config.clone();
-            config["cniVersion"] = Value::String(version.to_string());
-            config
-        }))
-    }
-
-    fn supported_versions(&self) -> Result<Vec<CniVersion>, CniError> {
+    /// Asks the plugin with VERSION, and caches its answer.
+    fn ask_versions(&self) -> Result<Vec<CniVersion>, CniError> {
         let request = serde_json::json!({ "cniVersion": CniVersion::V1_1_0.to_string() });
         let env = CallEnv {
             command: "VERSION",
@@ -127,15 +142,15 @@ impl Ipam {
         let reply = self
             .exec(&env, &request)?
             .ok_or_else(|| self.failed("printed nothing for VERSION"))?;
-        Ok(reply["supportedVersions"]
-            .as_array()
-            .map(|versions| {
-                versions
-                    .iter()
-                    .filter_map(|version| version.as_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default())
+        let Some(answered) = reply["supportedVersions"].as_array() else {
+            return Ok(Vec::new());
+        };
+        let answered: Vec<String> = answered
+            .iter()
+            .filter_map(|version| Some(version.as_str()?.to_owned()))
+            .collect();
+        self.versions.put(&self.plugin, &answered);
+        Ok(versions::known(&answered))
     }
 
     /// One execution: stdin is `config`, stdout is parsed as JSON (empty is `None`), a
@@ -220,4 +235,22 @@ impl Ipam {
     pub fn path(&self) -> &Path {
         &self.plugin
     }
+}
+
+/// The config's cniVersion, when it is one we know.
+fn requested(config: &Value) -> Option<CniVersion> {
+    config["cniVersion"].as_str()?.parse().ok()
+}
+
+/// `config` with the highest version of `supported` below the requested one, or `None`
+/// when there is nothing lower to try.
+fn downgraded(config: &Value, supported: &[CniVersion]) -> Option<Value> {
+    let requested = requested(config)?;
+    let best = supported
+        .iter()
+        .filter(|version| **version < requested)
+        .max()?;
+    let mut config = config.clone();
+    config["cniVersion"] = Value::String(best.to_string());
+    Some(config)
 }
