@@ -75,25 +75,57 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     ));
     show(&node.instance.cli(&["nat"]))?;
 
-    say("6. What the datapath knows and counted (ebpf-cnid endpoints, status, counters)");
+    say("6. hostPort in eBPF: pod c maps node port 30080 to its port 8080; no iptables rule");
+    let c = node.add_pod_with(
+        "demo-pod-c",
+        &serde_json::json!({ "portMappings": [
+            { "hostPort": 30080, "containerPort": PORT, "protocol": "tcp" }
+        ]}),
+    );
+    let in_c = EchoServer::start(&c.netns, PORT);
+    let host_port: SocketAddr = format!("{NODE_ADDR}:30080").parse()?;
+    round_trip(&node.external, host_port, b"from outside").map_err(anyhow::Error::msg)?;
+    round_trip(&a.netns, host_port, b"from pod a").map_err(anyhow::Error::msg)?;
+    round_trip(&c.netns, host_port, b"from pod c itself").map_err(anyhow::Error::msg)?;
+    let probe = ebpf_cni_tests::bins::path("ecni-probe");
+    ebpf_cni_tests::traffic::probe(
+        &node.netns,
+        &node.instance.cgroup,
+        &probe,
+        &["tcp", "127.0.0.1:30080", "from the node"],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let seen: Vec<String> = in_c
+        .peers()
+        .iter()
+        .map(|peer| peer.ip().to_string())
+        .collect();
+    say(&format!(
+        "   {host_port} from the external host, pod a, pod c itself (hairpin) and the node (127.0.0.1:30080)"
+    ));
+    say(&format!("   pod c saw them come from: {}", seen.join(", ")));
+    show(&node.instance.cli(&["ports"]))?;
+
+    say("7. What the datapath knows and counted (ebpf-cnid endpoints, status, counters)");
     show(&node.instance.cli(&["endpoints"]))?;
     show(&node.instance.cli(&["status"]))?;
     show(&node.instance.cli(&["counters"]))?;
 
-    say("7. The daemon is killed (SIGKILL): pods keep talking through the pinned programs");
+    say("8. The daemon is killed (SIGKILL): pods keep talking through the pinned programs");
     node.daemon.kill();
     ping(&a.netns, "pod a", &b.ip.to_string())?;
 
-    say("\n8. Clean up: DEL both pods, then remove the daemon's pins and every namespace");
+    say("\n9. Clean up: DEL the pods, then remove the daemon's pins and every namespace");
     node.daemon = ebpf_cni_tests::daemon::Daemon::start(&node.netns, &node.instance, &["uplink0"]);
     node.del_pod(&a);
     node.del_pod(&b);
+    node.del_pod(&c);
     ensure!(node.host_veths().is_empty(), "DEL left a veth behind");
     ensure!(
         node.network.allocated().is_empty(),
         "DEL left an address allocated"
     );
-    drop((a, b));
+    drop((a, b, c));
     drop(node);
     say("   done: no namespace, link or pin of the demo is left");
     Ok(())
