@@ -30,6 +30,11 @@ pub struct Envelope<T> {
 pub enum Request {
     /// Is the datapath loaded, and where is it attached?
     Status,
+    /// Attach the pod program to a new host veth ahead of [`Request::Attach`]: its TCX
+    /// attach waits for an RCU grace period, and the plugin runs IPAM meanwhile.
+    Prepare { host_veth: String },
+    /// Undo a [`Request::Prepare`] whose ADD failed before [`Request::Attach`].
+    Unprepare { host_veth: String },
     /// Record a pod's endpoint and write it into the datapath (replaces an earlier record
     /// of the same id, so a retried ADD is harmless).
     Attach(Box<Endpoint>),
@@ -50,6 +55,11 @@ pub enum Request {
 #[serde(tag = "response", rename_all = "snake_case")]
 pub enum Response {
     Status(Status),
+    Prepared,
+    Unprepared {
+        /// Whether the program was detached (false: unknown, or an endpoint uses it).
+        detached: bool,
+    },
     Attached,
     Detached {
         existed: bool,

@@ -11,8 +11,11 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use cni_daemon::{
     api::{self, Request, Response},
-    bpffs, inspect,
+    bpffs,
+    datapath::{sock, tc_block},
+    inspect,
     nat::{self, NatArgs},
+    node,
     run::{self, RunConfig},
 };
 use tracing_subscriber::EnvFilter;
@@ -188,6 +191,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                     cli.socket.display()
                 );
             }
+            remove_pod_block(&cli.state_dir)?;
             bpffs::remove(&cli.bpf_dir)?;
             match std::fs::remove_dir_all(&cli.state_dir) {
                 Ok(()) => {}
@@ -208,6 +212,24 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Removes the pods' TC block filter and its anchor. They live in the daemon's network
+/// namespace, which the daemon recorded (`<state dir>/tc-block-netns`): from any other
+/// namespace uninstall refuses before removing anything, rather than leave the pods'
+/// program running without its maps' pins, or touch another namespace's block.
+fn remove_pod_block(state_dir: &Path) -> anyhow::Result<()> {
+    let recorded = std::fs::read_to_string(state_dir.join(node::BLOCK_NETNS_FILE)).ok();
+    let Some(recorded) = recorded.and_then(|text| text.trim().parse::<u64>().ok()) else {
+        return Ok(());
+    };
+    if sock::netns_cookie().context("cannot read this namespace's cookie")? != recorded {
+        bail!(
+            "the daemon ran in another network namespace: run uninstall inside it (for \
+             example with nsenter --net=<its netns path>); nothing was removed"
+        );
+    }
+    tc_block::remove().context("cannot remove the pods' TC block")
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

@@ -30,6 +30,28 @@ pub enum NodeError {
     NodeAddr(#[from] NodeAddrError),
     #[error("cannot read this namespace's cookie: {0}")]
     NetnsCookie(std::io::Error),
+    #[error("cannot write {path}: {source}")]
+    State {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Where `uninstall` learns in which network namespace the pods' TC block lives.
+pub const BLOCK_NETNS_FILE: &str = "tc-block-netns";
+
+/// Records the daemon's netns cookie beside the endpoint records: `uninstall` removes
+/// the block's filter and anchor only from that namespace, never from another one (the
+/// CLI may run elsewhere, as the tests run it).
+fn record_block_netns(state_dir: &Path) -> Result<(), NodeError> {
+    let cookie = crate::datapath::sock::netns_cookie().map_err(NodeError::NetnsCookie)?;
+    let path = state_dir.join(BLOCK_NETNS_FILE);
+    std::fs::create_dir_all(state_dir)
+        .and_then(|()| std::fs::write(&path, cookie.to_string()))
+        .map_err(|source| NodeError::State {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 pub struct Node {
@@ -38,6 +60,10 @@ pub struct Node {
     nat: Nat,
     host_ports: HostPorts,
     node_addrs: NodeAddrs,
+    /// Host veths whose pod program [`Self::prepare`] attached and no endpoint uses yet.
+    /// A plugin that dies in between leaves its name here and its pin in bpffs until
+    /// the next start, whose reconciliation removes pins without a record.
+    prepared: BTreeSet<String>,
 }
 
 impl Node {
@@ -53,6 +79,8 @@ impl Node {
         nat: Option<NatSettings>,
         cgroup: Option<&Path>,
     ) -> Result<Self, NodeError> {
+        datapath.install_pod_block()?;
+        record_block_netns(state_dir)?;
         let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
         for endpoint in &gone {
             datapath.detach_pod(&endpoint.host_veth)?;
@@ -99,6 +127,7 @@ impl Node {
             nat,
             host_ports,
             node_addrs,
+            prepared: BTreeSet::new(),
         })
     }
 
@@ -130,8 +159,31 @@ impl Node {
         Ok(self.nat.sweep(now_ns).map_err(NatError::from)?)
     }
 
-    /// Attaches the pod programs, records the endpoint and adds its cluster ranges; a
-    /// failure undoes all three.
+    /// Attaches the pod program to `host_veth` before its endpoint is known (see
+    /// [`crate::api::Request::Prepare`]); [`Self::attach`] then finds it in place.
+    pub fn prepare(&mut self, host_veth: &str) -> Result<(), NodeError> {
+        self.datapath.attach_pod(host_veth)?;
+        self.prepared.insert(host_veth.to_owned());
+        Ok(())
+    }
+
+    /// Detaches what [`Self::prepare`] attached, unless an endpoint uses it by now.
+    /// Returns whether it detached anything.
+    pub fn unprepare(&mut self, host_veth: &str) -> Result<bool, NodeError> {
+        if !self.prepared.remove(host_veth)
+            || self
+                .endpoints
+                .list()
+                .any(|endpoint| endpoint.host_veth == host_veth)
+        {
+            return Ok(false);
+        }
+        self.datapath.detach_pod(host_veth)?;
+        Ok(true)
+    }
+
+    /// Attaches the pod program (unless [`Self::prepare`] did), records the endpoint
+    /// and adds its cluster ranges; a failure undoes all three.
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
         // hostPorts are checked before anything changes: a conflict leaves no trace.
         if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {
@@ -145,7 +197,9 @@ impl Node {
         let veth = endpoint.host_veth.clone();
         let ifindex = endpoint.host_ifindex;
         let with_ports = (!mappings.is_empty()).then(|| endpoint.clone());
-        self.datapath.attach_pod(&veth)?;
+        if !self.prepared.remove(&veth) {
+            self.datapath.attach_pod(&veth)?;
+        }
         if let Err(error) = self.endpoints.attach(endpoint) {
             let _ = self.datapath.detach_pod(&veth);
             let _ = self.datapath.forget_counters(ifindex);

@@ -93,6 +93,10 @@ fn answer(request: Request, node: &Mutex<Node>) -> Response {
     };
     let outcome = match request {
         Request::Status => Ok(Response::Status(node.status())),
+        Request::Prepare { host_veth } => node.prepare(&host_veth).map(|()| Response::Prepared),
+        Request::Unprepare { host_veth } => node
+            .unprepare(&host_veth)
+            .map(|detached| Response::Unprepared { detached }),
         Request::Attach(endpoint) => node.attach(*endpoint).map(|()| Response::Attached),
         Request::Detach(id) => node.detach(&id).map(|endpoint| Response::Detached {
             existed: endpoint.is_some(),

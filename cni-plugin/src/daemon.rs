@@ -44,6 +44,28 @@ impl Daemon {
         }
     }
 
+    /// Has the pod program attached to `host_veth` ahead of [`Self::attach`].
+    pub fn prepare(&self, host_veth: &str) -> Result<(), CniError> {
+        let request = Request::Prepare {
+            host_veth: host_veth.to_owned(),
+        };
+        match self.call(&request)? {
+            Response::Prepared => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Undoes [`Self::prepare`] (a failed ADD's rollback).
+    pub fn unprepare(&self, host_veth: &str) -> Result<(), CniError> {
+        let request = Request::Unprepare {
+            host_veth: host_veth.to_owned(),
+        };
+        match self.call(&request)? {
+            Response::Unprepared { .. } => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub fn attach(&self, endpoint: Endpoint) -> Result<(), CniError> {
         match self.call(&Request::Attach(Box::new(endpoint)))? {
             Response::Attached => Ok(()),

@@ -6,6 +6,7 @@ use std::{
     fs,
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
+    sync::Mutex,
     thread,
     time::{Duration, Instant},
 };
@@ -24,6 +25,9 @@ pub struct Instance {
     /// Where the daemon attaches its node-local hostPort programs: only processes in
     /// it (the tests' node-local clients) are translated, never the machine's.
     pub cgroup: Cgroup,
+    /// The network namespace the daemon runs in, once started: the CLI runs there too
+    /// (uninstall must, to remove the pods' TC block).
+    netns: Mutex<Option<PathBuf>>,
 }
 
 impl Instance {
@@ -36,6 +40,7 @@ impl Instance {
             state_dir: run_dir.join("state"),
             log: std::env::temp_dir().join(format!("{name}.log")),
             cgroup: Cgroup::new(),
+            netns: Mutex::new(None),
         }
     }
 
@@ -53,9 +58,22 @@ impl Instance {
         ]
     }
 
-    /// `ebpf-cnid <instance flags> <args>` (run from the caller's namespace).
+    /// `ebpf-cnid <instance flags> <args>`, in the daemon's namespace once a daemon
+    /// was started (else in the caller's).
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(bins::path("ebpf-cnid"))
+        let netns = self.netns.lock().map_or(None, |netns| netns.clone());
+        let mut command = match netns {
+            Some(netns) => {
+                let mut command = Command::new("nsenter");
+                command
+                    .arg(format!("--net={}", netns.display()))
+                    .arg("--")
+                    .arg(bins::path("ebpf-cnid"));
+                command
+            }
+            None => Command::new(bins::path("ebpf-cnid")),
+        };
+        command
             .args(self.flags())
             .args(args)
             .output()
@@ -122,6 +140,9 @@ impl Daemon {
             .append(true)
             .open(&instance.log)
             .expect("cannot open the daemon log");
+        if let Ok(mut netns) = instance.netns.lock() {
+            *netns = Some(node.path());
+        }
         let mut command = node.command(bins::path("ebpf-cnid"));
         command
             .args(instance.flags())

@@ -53,10 +53,16 @@ fn daemon_counts_pings_per_source_on_the_attached_veth() {
 
     let status = instance.cli_json(&["status"]);
     let all = status["attachments"].as_array().expect("attachments");
-    // The socket programs (hostPorts for the node's processes) sit on the cgroup.
+    // The socket programs (hostPorts for the node's processes) sit on the cgroup, the
+    // pod program in the pods' TC block.
     let on_cgroup = all.iter().filter(|a| a["mode"] == "cgroup").count();
     assert_eq!(on_cgroup, 4, "status: {status}");
-    let attachments: Vec<_> = all.iter().filter(|a| a["mode"] != "cgroup").collect();
+    let in_block = all.iter().filter(|a| a["mode"] == "tc block").count();
+    assert_eq!(in_block, 1, "status: {status}");
+    let attachments: Vec<_> = all
+        .iter()
+        .filter(|a| a["mode"] != "cgroup" && a["mode"] != "tc block")
+        .collect();
     assert_eq!(attachments.len(), 1, "status: {status}");
     assert_eq!(attachments[0]["interface"], "up0");
     assert_eq!(attachments[0]["program"], "count_by_source");

@@ -103,6 +103,15 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
         );
         assert!(node.host_veths().is_empty(), "{what}: a host veth was left");
         assert!(veths(&pod).is_empty(), "{what}: a pod interface was left");
+        // The pod program is attached while IPAM runs: a failure takes it away too.
+        let pins = std::fs::read_dir(node.instance.bpf_dir.join("links"))
+            .map(|pins| {
+                pins.filter_map(Result::ok)
+                    .filter(|pin| pin.file_name().to_string_lossy().starts_with("veb"))
+                    .count()
+            })
+            .unwrap_or(0);
+        assert_eq!(pins, 0, "{what}: a pod program's link was left pinned");
         assert!(
             node.network.allocated().is_empty(),
             "{what}: an address was left allocated"

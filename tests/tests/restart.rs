@@ -11,6 +11,7 @@ use ebpf_cni_tests::{
     require_root,
     traffic::{EchoServer, Stream, run_in},
 };
+use serde_json::Value;
 
 const PORT: u16 = 8080;
 
@@ -76,21 +77,44 @@ fn sigkill_of_the_daemon_does_not_interrupt_a_tcp_stream_between_pods() {
         ["rst-a", "rst-b"],
         "c's record was dropped"
     );
-    let links = std::fs::read_dir(node.instance.bpf_dir.join("links"))
-        .expect("links folder")
-        .filter_map(Result::ok)
-        .filter(|pin| pin.file_name().to_string_lossy().starts_with("veb"))
-        .count();
-    assert_eq!(links, 2, "two pods, one pinned link each; c's pin is gone");
+    assert_eq!(
+        attached_programs(&node),
+        ["from_pod", "from_pod"],
+        "both pods' veths are bound to the block with this daemon's program"
+    );
     stream.finish().expect("the stream never failed");
 }
 
-/// Names of the TCX programs attached to the pods' host veths, both directions, asked
-/// from the kernel (Debian's bpftool predates TCX and cannot list them).
+/// Names of the programs that see each pod veth's traffic, asked from the kernel: TCX
+/// programs on either direction (Debian's bpftool predates TCX and cannot list them),
+/// and the BPF filters of the TC block the veth's clsact ingress is bound to (`tc -j`).
 fn attached_programs(node: &Node) -> Vec<String> {
     let veths = node.host_veths();
     assert!(!veths.is_empty(), "the pods' veths exist");
-    run_in(&node.netns, move || {
+    let json = |args: &[&str]| -> Value {
+        serde_json::from_slice(&node.netns.run("tc", args).stdout).unwrap_or(Value::Null)
+    };
+    let mut names = Vec::new();
+    for veth in &veths {
+        let qdiscs = json(&["-j", "qdisc", "show", "dev", veth]);
+        let blocks = qdiscs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|qdisc| qdisc["ingress_block"].as_u64());
+        for block in blocks {
+            let filters = json(&["-j", "filter", "show", "block", &block.to_string()]);
+            names.extend(
+                filters
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|filter| filter["options"]["bpf_name"].as_str())
+                    .map(str::to_owned),
+            );
+        }
+    }
+    names.extend(run_in(&node.netns, move || {
         let mut names = Vec::new();
         for veth in &veths {
             for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
@@ -104,7 +128,8 @@ fn attached_programs(node: &Node) -> Vec<String> {
             }
         }
         names
-    })
+    }));
+    names
 }
 
 #[test]
@@ -132,6 +157,21 @@ fn uninstall_detaches_every_program_and_removes_every_pin() {
         "{before:?}"
     );
     assert_eq!(before.len(), 2, "nothing but the pod programs: {before:?}");
+
+    // From outside the daemon's namespace uninstall refuses and removes nothing: the
+    // pods' TC block lives in that namespace.
+    let outside = std::process::Command::new(ebpf_cni_tests::bins::path("ebpf-cnid"))
+        .args(node.instance.flags())
+        .arg("uninstall")
+        .output()
+        .expect("ebpf-cnid runs");
+    assert!(
+        !outside.status.success(),
+        "uninstall from another namespace: {}",
+        String::from_utf8_lossy(&outside.stderr)
+    );
+    assert!(node.instance.bpf_dir.exists(), "nothing was removed");
+    assert!(reaches_b(), "nor detached");
 
     let out = node.instance.cli(&["uninstall"]);
     assert!(

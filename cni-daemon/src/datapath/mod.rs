@@ -4,6 +4,7 @@
 
 mod pod;
 pub mod sock;
+pub mod tc_block;
 mod uplink;
 
 use std::path::{Path, PathBuf};
@@ -52,6 +53,8 @@ pub enum DatapathError {
     },
     #[error("no interface {0} in the daemon's network namespace")]
     NoInterface(String),
+    #[error("pods' TC block: {0}")]
+    TcBlock(#[from] tc_block::TcBlockError),
     #[error("cannot open the cgroup folder {path}: {source}")]
     Cgroup {
         path: String,

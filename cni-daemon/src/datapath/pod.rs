@@ -1,15 +1,18 @@
-//! The pod program on each pod's host-side veth, attached through a link pinned at
-//! `<bpf dir>/links/<veth>_ingress` (bpffs refuses dots in names), so it keeps
-//! forwarding while the daemon is stopped or killed. Daemons before 0.2 also pinned a
-//! `<veth>_egress` counting program; a restart removes those links.
+//! The pod program on every pod's host-side veth, through the shared TC block of
+//! [`tc_block`](super::tc_block): the daemon puts `from_pod` into the block once at
+//! start, and a pod's veth only has its ingress bound to the block. The filter and the
+//! bindings live in the kernel, so forwarding goes on while the daemon is stopped or
+//! killed, and a restarted daemon swaps its program into the filter in one step.
 //!
-//! On a restart the daemon swaps its freshly loaded programs into the pinned links
-//! (`attach_to_link`, atomic), so a changed object replaces the programs without any
-//! gap and without touching endpoints. Kernels without TCX (< 6.6) get netlink clsact
-//! filters instead, which outlive the process by themselves; there a restart replaces
-//! the filter (detach by name, attach), a gap of a few microseconds.
+//! Daemons before 0.2 attached the program to each veth through a TCX link pinned at
+//! `<bpf dir>/links/<veth>_ingress` (plus a counting program at `<veth>_egress`); a
+//! restart binds those veths to the block first, then removes the old links.
 
-use std::{fs, io, path::PathBuf};
+use std::{
+    fs, io,
+    os::fd::{AsFd, AsRawFd},
+    path::PathBuf,
+};
 
 use aya::programs::{
     SchedClassifier, TcAttachType,
@@ -18,83 +21,68 @@ use aya::programs::{
 };
 use cni_ebpf_common::program_names;
 
-use super::{Datapath, DatapathError, classifier, ensure_clsact, has_tcx};
+use super::{Datapath, DatapathError, classifier, tc_block};
+use crate::api::Attachment;
 
-/// The program of a pod veth: where it attaches and its pin's suffix (one program: see
-/// the eBPF `pod` module for why there is none on egress).
-const POD_PROGRAMS: [(&str, TcAttachType, &str); 1] =
-    [(program_names::FROM_POD, TcAttachType::Ingress, "ingress")];
-
-/// Pin suffix of the egress counting program earlier daemons attached.
-const LEGACY_EGRESS: &str = "egress";
+/// Pin suffixes of the per-veth links earlier daemons made.
+const LEGACY_SUFFIXES: [&str; 2] = ["ingress", "egress"];
 
 impl Datapath {
-    /// Attaches (or re-attaches, replacing the program in place) the pod programs on
-    /// `host_veth`.
+    /// Puts this daemon's `from_pod` into the pods' block (replacing the previous
+    /// daemon's program in place); run once at start, before pods are bound.
+    pub fn install_pod_block(&mut self) -> Result<(), DatapathError> {
+        let name = program_names::FROM_POD;
+        let program = classifier(&mut self.ebpf, name)?;
+        let fd = program.fd().map_err(|source| DatapathError::Program {
+            program: name,
+            source,
+        })?;
+        let raw = u32::try_from(fd.as_fd().as_raw_fd()).unwrap_or_default();
+        tc_block::install(raw, name)?;
+        tracing::info!(
+            block = tc_block::POD_BLOCK,
+            program = name,
+            "pod filter installed"
+        );
+        self.attachments.push(Attachment {
+            interface: format!("block {}", tc_block::POD_BLOCK),
+            ifindex: nix::net::if_::if_nametoindex(tc_block::ANCHOR).unwrap_or(0),
+            program: name.to_owned(),
+            mode: "tc block".to_owned(),
+        });
+        Ok(())
+    }
+
+    /// Binds `host_veth`'s ingress to the pods' block (already bound is fine), and
+    /// removes the per-veth links an earlier daemon left.
     pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
-        let links_dir = self.links_dir();
-        fs::create_dir_all(&links_dir).map_err(|source| pin_error(&links_dir, source))?;
-        let tcx = has_tcx();
-        if !tcx {
-            ensure_clsact(host_veth)?;
-        }
-        self.remove_legacy_egress(host_veth)?;
-        // Each TCX attach waits for an RCU grace period under the rtnl lock (4 to 24 ms
-        // here, in steps of a 4 ms jiffy): most of ADD's time.
-        for (name, attach_type, suffix) in POD_PROGRAMS {
-            let program = classifier(&mut self.ebpf, name)?;
-            if tcx {
-                attach_pinned(
-                    program,
-                    name,
-                    host_veth,
-                    attach_type,
-                    links_dir.join(format!("{host_veth}_{suffix}")),
-                )?;
-            } else {
-                attach_netlink(program, name, host_veth, attach_type)?;
+        tc_block::bind_interface(host_veth)?;
+        self.remove_legacy_links(host_veth)
+    }
+
+    /// Unbinds `host_veth` from the block. A veth that is already gone took its binding
+    /// with it: not an error.
+    pub fn detach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
+        tc_block::unbind_interface(host_veth)?;
+        self.remove_legacy_links(host_veth)
+    }
+
+    /// Removes the per-veth links an earlier daemon pinned for `host_veth`, if any (a
+    /// TCX link ends with its pin).
+    fn remove_legacy_links(&self, host_veth: &str) -> Result<(), DatapathError> {
+        for suffix in LEGACY_SUFFIXES {
+            let pin = self.links_dir().join(format!("{host_veth}_{suffix}"));
+            match fs::remove_file(&pin) {
+                Ok(()) => tracing::info!(pin = %pin.display(), "removed an earlier daemon's link"),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(pin_error(&pin, source)),
             }
         }
         Ok(())
     }
 
-    /// Detaches the pod programs of `host_veth` (its pins go; with TCX the links end with
-    /// them). A veth that is already gone took its programs with it: not an error.
-    pub fn detach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
-        for (name, attach_type, suffix) in POD_PROGRAMS {
-            let pin = self.links_dir().join(format!("{host_veth}_{suffix}"));
-            match fs::remove_file(&pin) {
-                Ok(()) => {}
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => return Err(pin_error(&pin, source)),
-            }
-            if !has_tcx() {
-                // Absent veth or filter: nothing to detach.
-                let _ = tc::qdisc_detach_program(host_veth, attach_type, name);
-            }
-        }
-        self.remove_legacy_egress(host_veth)
-    }
-
-    /// Removes the egress link an earlier daemon pinned for `host_veth`, if any (with
-    /// TCX, the link ends with its pin; netlink filters of that program are left to
-    /// the veth's removal: they only counted).
-    fn remove_legacy_egress(&self, host_veth: &str) -> Result<(), DatapathError> {
-        let pin = self
-            .links_dir()
-            .join(format!("{host_veth}_{LEGACY_EGRESS}"));
-        match fs::remove_file(&pin) {
-            Ok(()) => {
-                tracing::info!(pin = %pin.display(), "removed an earlier daemon's egress link");
-                Ok(())
-            }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(pin_error(&pin, source)),
-        }
-    }
-
-    /// Host veths that have pinned links (for reconciliation after a restart); the
-    /// uplink's pins are not a pod's.
+    /// Host veths with per-veth links pinned by an earlier daemon (for reconciliation
+    /// after an upgrade); the uplink's pins are not a pod's.
     pub fn pinned_pods(&self) -> Vec<String> {
         let Ok(entries) = fs::read_dir(self.links_dir()) else {
             return Vec::new();

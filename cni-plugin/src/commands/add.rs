@@ -1,5 +1,9 @@
 //! ADD: IPAM, the veth pair (peer created inside the pod), addresses and routes, the
 //! daemon hand-off, the result. Any failure after a change undoes every change.
+//!
+//! IPAM runs on its own thread while the veth pair is created and the daemon attaches
+//! the pod program to its host side: that attach waits for an RCU grace period (the
+//! longest step of ADD), and the IPAM plugin's process needs none of it.
 
 use std::{
     fs::File,
@@ -54,6 +58,7 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
 struct Applied {
     ipam: bool,
     veth: bool,
+    prepared: bool,
     daemon: bool,
 }
 
@@ -68,6 +73,8 @@ impl Applied {
         let mut failures = Failures::default();
         if let (true, Ok(id)) = (self.daemon, inv.endpoint_id()) {
             failures.record("daemon detach", teardown::detach(&inv.daemon(), id));
+        } else if self.prepared {
+            failures.record("daemon unprepare", inv.daemon().unprepare(host_veth));
         }
         if self.veth {
             failures.record("veth removal", teardown::delete_host_veth(host_veth));
@@ -103,33 +110,24 @@ fn apply(
     pod_mac: Option<[u8; 6]>,
     applied: &mut Applied,
 ) -> Result<CniResult, CniError> {
-    let container_id = inv.container_id()?;
     let ifname = inv.ifname()?;
-    let mut result = ipam.add(inv.raw())?;
-    applied.ipam = true;
+    let (addresses, link) = std::thread::scope(|scope| {
+        let addresses = scope.spawn(|| ipam.add(inv.raw()));
+        let link = create_link(inv, pod_netns, host_veth, pod_mac, applied);
+        let addresses = addresses
+            .join()
+            .unwrap_or_else(|_| Err(CniError::internal("the IPAM thread panicked")));
+        (addresses, link)
+    });
+    applied.ipam = addresses.is_ok();
+    link?;
+    let mut result = addresses?;
     if result.ips.is_empty() {
         return Err(CniError::new(
             ErrorCode::IpamFailed,
             "the IPAM plugin returned no address",
         ));
     }
-
-    let alias = naming::host_alias(&inv.conf.name, container_id, ifname);
-    let mtu = inv.conf.mtu;
-    block_on(async {
-        let netlink = Netlink::connect().map_err(setup_error)?;
-        let created = netlink
-            .create_veth(host_veth, &alias, ifname, pod_netns, mtu, pod_mac)
-            .await;
-        created.map_err(|error| match error {
-            LinkError::Exists(what) => CniError::new(
-                ErrorCode::InterfaceExists,
-                format!("cannot create the veth pair: {what} already exists"),
-            ),
-            other => setup_error(other),
-        })
-    })??;
-    applied.veth = true;
 
     let routes = pod_routes(&result);
     let pod = configure_pod(pod_netns, ifname, &result.ips, &routes)?;
@@ -200,6 +198,36 @@ fn apply(
         })
         .collect();
     Ok(result)
+}
+
+/// The veth pair, its peer created inside the pod, and the pod program on its host side.
+fn create_link(
+    inv: &Invocation,
+    pod_netns: &File,
+    host_veth: &str,
+    pod_mac: Option<[u8; 6]>,
+    applied: &mut Applied,
+) -> Result<(), CniError> {
+    let alias = naming::host_alias(&inv.conf.name, inv.container_id()?, inv.ifname()?);
+    let ifname = inv.ifname()?;
+    let mtu = inv.conf.mtu;
+    block_on(async {
+        let netlink = Netlink::connect().map_err(setup_error)?;
+        let created = netlink
+            .create_veth(host_veth, &alias, ifname, pod_netns, mtu, pod_mac)
+            .await;
+        created.map_err(|error| match error {
+            LinkError::Exists(what) => CniError::new(
+                ErrorCode::InterfaceExists,
+                format!("cannot create the veth pair: {what} already exists"),
+            ),
+            other => setup_error(other),
+        })
+    })??;
+    applied.veth = true;
+    inv.daemon().prepare(host_veth)?;
+    applied.prepared = true;
+    Ok(())
 }
 
 /// The IPv4 routes the pod gets: the IPAM result's, with a route without `gw` sent via

@@ -1,0 +1,328 @@
+//! One shared TC filter block for every pod veth (rtnetlink, synchronous wrappers).
+//!
+//! Attaching a BPF program to a device (TCX link or cls_bpf filter alike) waits for an
+//! RCU grace period under the rtnl lock: 4 to 24 ms here, the longest step of ADD by far.
+//! A shared block (Linux 4.16) moves that cost to the daemon's start: the `from_pod`
+//! filter is added once to block [`POD_BLOCK`], kept alive by an anchor veth pair
+//! bound to it, and a new pod's host veth only gets a `clsact` qdisc whose ingress is
+//! bound to the block, which costs no grace period (an expedited one at most). A
+//! restarted daemon replaces the filter's program in place (`NLM_F_REPLACE` on the same
+//! preference and handle): every pod switches at once, without a gap.
+//!
+//! Block indexes are per network namespace, so every node (and every simulated node of
+//! the tests) uses the same index.
+
+use std::future::Future;
+
+use futures::{StreamExt, TryStreamExt};
+use rtnetlink::{
+    Handle, LinkVeth,
+    packet_core::{
+        NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
+        NetlinkPayload, Nla,
+    },
+    packet_route::{
+        RouteNetlinkMessage,
+        tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
+    },
+};
+
+/// The block every pod veth's ingress is bound to.
+pub const POD_BLOCK: u32 = 0xec01;
+/// The anchor pair that keeps the block (and its filter) alive while no pod exists.
+pub const ANCHOR: &str = "ecnblock0";
+const ANCHOR_PEER: &str = "ecnblock1";
+/// Preference and handle of the `from_pod` filter in the block.
+const FILTER_PREF: u16 = 1;
+const FILTER_HANDLE: u32 = 1;
+
+/// `TCA_INGRESS_BLOCK` (not named by netlink-packet-route yet).
+const TCA_INGRESS_BLOCK: u16 = 13;
+const ETH_P_ALL: u16 = 0x0003;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TcBlockError {
+    #[error("cannot open a netlink socket: {0}")]
+    Socket(#[from] std::io::Error),
+    #[error("{what}: {source}")]
+    Netlink {
+        what: String,
+        source: rtnetlink::Error,
+    },
+    #[error("no interface {0} in the daemon's network namespace")]
+    NoInterface(String),
+}
+
+fn netlink(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> TcBlockError {
+    let what = what.into();
+    move |source| TcBlockError::Netlink { what, source }
+}
+
+/// Errno of a netlink error, positive (EEXIST = 17).
+fn errno(error: &rtnetlink::Error) -> Option<i32> {
+    match error {
+        rtnetlink::Error::NetlinkError(message) => message.code.map(|code| -code.get()),
+        _ => None,
+    }
+}
+
+/// Runs `work` with a fresh rtnetlink connection on a thread of its own with its own
+/// small runtime. The callers are synchronous and hold the node's lock, which other
+/// requests wait for on the daemon's worker threads: work that needed those workers
+/// (for its connection task or its I/O) would wait for them forever.
+fn with_netlink<T, F, Fut>(work: F) -> Result<T, TcBlockError>
+where
+    T: Send,
+    F: FnOnce(Handle) -> Fut + Send,
+    Fut: Future<Output = Result<T, TcBlockError>>,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async {
+                    let (connection, handle, _) = rtnetlink::new_connection()?;
+                    let connection = tokio::spawn(connection);
+                    let outcome = work(handle).await;
+                    connection.abort();
+                    outcome
+                })
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(TcBlockError::Socket(std::io::Error::other(
+                    "netlink thread panicked",
+                )))
+            })
+    })
+}
+
+/// Makes the block exist with `program_fd` as its filter: the anchor pair (created if
+/// missing) bound to it, and the filter added or its program replaced.
+pub fn install(program_fd: u32, program_name: &str) -> Result<(), TcBlockError> {
+    let name = program_name.to_owned();
+    with_netlink(|handle| async move {
+        let anchor = match link_index(&handle, ANCHOR).await? {
+            Some(index) => index,
+            None => {
+                handle
+                    .link()
+                    .add(LinkVeth::new(ANCHOR, ANCHOR_PEER).build())
+                    .execute()
+                    .await
+                    .map_err(netlink(format!("creating the block anchor {ANCHOR}")))?;
+                link_index(&handle, ANCHOR)
+                    .await?
+                    .ok_or_else(|| TcBlockError::NoInterface(ANCHOR.to_owned()))?
+            }
+        };
+        bind(&handle, anchor).await?;
+        let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
+        filter.header.parent = POD_BLOCK.into();
+        filter.header.handle = FILTER_HANDLE.into();
+        filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
+        filter.attributes = vec![
+            TcAttribute::Kind("bpf".to_owned()),
+            TcAttribute::Options(vec![
+                TcOption::Bpf(TcFilterBpfOption::ProgFd(program_fd)),
+                TcOption::Bpf(TcFilterBpfOption::ProgName(name)),
+                TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+            ]),
+        ];
+        request(
+            &handle,
+            RouteNetlinkMessage::NewTrafficFilter(filter),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
+        .map_err(netlink(format!(
+            "adding the pod filter to block {POD_BLOCK}"
+        )))
+    })
+}
+
+/// Removes the filter and the anchor (uninstall); what is already gone is not an error.
+pub fn remove() -> Result<(), TcBlockError> {
+    with_netlink(|handle| async move {
+        let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
+        filter.header.parent = POD_BLOCK.into();
+        filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
+        match request(&handle, RouteNetlinkMessage::DelTrafficFilter(filter), 0).await {
+            Ok(()) => {}
+            Err(error) if matches!(errno(&error), Some(libc::ENOENT | libc::EINVAL)) => {}
+            Err(error) => return Err(netlink("removing the pod filter")(error)),
+        }
+        if let Some(anchor) = link_index(&handle, ANCHOR).await? {
+            match handle.link().del(anchor).execute().await {
+                Ok(()) => {}
+                Err(error) if errno(&error) == Some(libc::ENODEV) => {}
+                Err(error) => return Err(netlink(format!("deleting {ANCHOR}"))(error)),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Binds `interface`'s ingress to the block (a `clsact` qdisc with `ingress_block`);
+/// already bound is fine, another `clsact` there is replaced.
+pub fn bind_interface(interface: &str) -> Result<(), TcBlockError> {
+    let interface = interface.to_owned();
+    with_netlink(|handle| async move {
+        let index = link_index(&handle, &interface)
+            .await?
+            .ok_or(TcBlockError::NoInterface(interface))?;
+        bind(&handle, index).await
+    })
+}
+
+/// Removes `interface`'s `clsact` qdisc (it leaves the block); a missing interface or
+/// qdisc is not an error.
+pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
+    let interface = interface.to_owned();
+    with_netlink(|handle| async move {
+        let Some(index) = link_index(&handle, &interface).await? else {
+            return Ok(());
+        };
+        match request(
+            &handle,
+            RouteNetlinkMessage::DelQueueDiscipline(clsact(index)),
+            0,
+        )
+        .await
+        {
+            Ok(()) => Ok(()),
+            Err(error)
+                if matches!(
+                    errno(&error),
+                    Some(libc::ENOENT | libc::EINVAL | libc::ENODEV)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(netlink(format!("removing the clsact qdisc of {interface}"))(error)),
+        }
+    })
+}
+
+/// Whether `interface`'s ingress is bound to the block.
+pub fn is_bound(interface: &str) -> Result<bool, TcBlockError> {
+    let interface = interface.to_owned();
+    with_netlink(|handle| async move {
+        let Some(index) = link_index(&handle, &interface).await? else {
+            return Ok(false);
+        };
+        Ok(bound_block(&handle, index).await? == Some(POD_BLOCK))
+    })
+}
+
+async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
+    match bound_block(handle, index).await? {
+        Some(POD_BLOCK) => return Ok(()),
+        Some(_) => {
+            // A clsact of someone else's making, or bound elsewhere: ours replaces it.
+            request(
+                handle,
+                RouteNetlinkMessage::DelQueueDiscipline(clsact(index)),
+                0,
+            )
+            .await
+            .map_err(netlink(format!(
+                "removing the clsact qdisc of link {index}"
+            )))?;
+        }
+        None => {}
+    }
+    let mut qdisc = clsact(index);
+    qdisc
+        .attributes
+        .push(TcAttribute::Other(rtnetlink::packet_core::DefaultNla::new(
+            TCA_INGRESS_BLOCK,
+            POD_BLOCK.to_ne_bytes().to_vec(),
+        )));
+    request(
+        handle,
+        RouteNetlinkMessage::NewQueueDiscipline(qdisc),
+        NLM_F_CREATE | NLM_F_EXCL,
+    )
+    .await
+    .map_err(netlink(format!(
+        "binding link {index} to block {POD_BLOCK}"
+    )))
+}
+
+/// The block `index`'s clsact ingress is bound to: `Some(0)` for a clsact of its own,
+/// `None` without clsact.
+async fn bound_block(handle: &Handle, index: u32) -> Result<Option<u32>, TcBlockError> {
+    let qdiscs: Vec<TcMessage> = handle
+        .qdisc()
+        .get()
+        .index(index as i32)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(netlink(format!("listing the qdiscs of link {index}")))?;
+    Ok(qdiscs
+        .iter()
+        .filter(|qdisc| {
+            qdisc.header.index == index as i32
+                && qdisc.attributes.iter().any(
+                    |attribute| matches!(attribute, TcAttribute::Kind(kind) if kind == "clsact"),
+                )
+        })
+        .map(|qdisc| {
+            qdisc
+                .attributes
+                .iter()
+                .find_map(|attribute| match attribute {
+                    TcAttribute::Other(nla) if nla.kind() == TCA_INGRESS_BLOCK => {
+                        let mut bytes = [0u8; 4];
+                        nla.emit_value(&mut bytes);
+                        Some(u32::from_ne_bytes(bytes))
+                    }
+                    _ => None,
+                })
+                .unwrap_or(0)
+        })
+        .next())
+}
+
+fn clsact(index: u32) -> TcMessage {
+    let mut qdisc = TcMessage::with_index(index as i32);
+    qdisc.header.parent = TcHandle::CLSACT;
+    qdisc.header.handle = TcHandle::from(0xffff_0000);
+    qdisc
+        .attributes
+        .push(TcAttribute::Kind("clsact".to_owned()));
+    qdisc
+}
+
+async fn link_index(handle: &Handle, name: &str) -> Result<Option<u32>, TcBlockError> {
+    let mut links = handle.link().get().match_name(name.to_owned()).execute();
+    match links.try_next().await {
+        Ok(Some(link)) => Ok(Some(link.header.index)),
+        Ok(None) => Ok(None),
+        Err(error) if errno(&error) == Some(libc::ENODEV) => Ok(None),
+        Err(error) => Err(netlink(format!("looking up {name}"))(error)),
+    }
+}
+
+/// Sends `message` with `flags` (plus request and ack) and waits for the kernel's answer.
+async fn request(
+    handle: &Handle,
+    message: RouteNetlinkMessage,
+    flags: u16,
+) -> Result<(), rtnetlink::Error> {
+    let mut request = NetlinkMessage::from(message);
+    request.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+    let mut responses = handle.clone().request(request)?;
+    while let Some(response) = responses.next().await {
+        if let NetlinkPayload::Error(error) = response.payload
+            && error.code.is_some()
+        {
+            return Err(rtnetlink::Error::NetlinkError(error));
+        }
+    }
+    Ok(())
+}
