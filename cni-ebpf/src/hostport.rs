@@ -91,6 +91,18 @@ pub fn is_host_port(proto: u8, port: u16, node_addr: [u8; 4]) -> bool {
     lookup(proto, node_addr, port).is_some()
 }
 
+/// Records `flow` -> `host`, writing only when the flow is new or now leads elsewhere:
+/// an update takes the bucket's lock and recycles an LRU node on every packet, a lookup
+/// does neither (and still marks the entry as used for the LRU).
+#[inline(always)]
+fn remember(flow: &NatKey, host: &HostPortFlow) {
+    // SAFETY: the value is compared at once.
+    let known = unsafe { HOSTPORT_FLOWS.get(flow) }.is_some_and(|known| known == host);
+    if !known {
+        let _ = HOSTPORT_FLOWS.insert(flow, host, 0);
+    }
+}
+
 /// A TCP/UDP packet arriving on the uplink for a mapped host port: rewritten to the pod
 /// and delivered. `Ok(None)` when no mapping matches.
 #[inline(always)]
@@ -124,7 +136,7 @@ pub fn inbound(
         host_port,
         pad: [0; 2],
     };
-    let _ = HOSTPORT_FLOWS.insert(&flow, &host, 0);
+    remember(&flow, &host);
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, host_port, target.pod_port, l4_csum)?;
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
@@ -214,7 +226,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
         host_port: dst_port,
         pad: [0; 2],
     };
-    let _ = HOSTPORT_FLOWS.insert(&flow, &host, 0);
+    remember(&flow, &host);
     if hairpin {
         csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, HAIRPIN_ADDR, l4_csum)?;
     }
