@@ -12,4 +12,5 @@ pub mod link;
 pub mod log;
 pub mod naming;
 pub mod netns;
+pub mod output;
 pub mod spec;

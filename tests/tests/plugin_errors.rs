@@ -174,3 +174,42 @@ fn gc_and_status_are_refused_below_1_1_0() {
 fn bytes(config: &Value) -> Vec<u8> {
     serde_json::to_vec(config).expect("encodes")
 }
+
+#[test]
+fn a_panic_still_prints_one_error_json_with_code_100_and_the_configs_version() {
+    use std::{
+        io::Write,
+        process::{Command, Stdio},
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ecni-panic"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ecni-panic starts");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(br#"{"cniVersion": "0.4.0", "name": "net", "type": "ebpf-cni"}"#)
+        .expect("config written");
+    let out = child.wait_with_output().expect("ecni-panic ends");
+    assert_eq!(out.status.code(), Some(1), "a failure exit");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "one document: {stdout}");
+    let error: Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    assert_eq!(error["code"], 100, "{error}");
+    assert_eq!(error["cniVersion"], "0.4.0", "{error}");
+    assert!(
+        error["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("panicked")),
+        "{error}"
+    );
+    assert!(
+        error["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("deliberate")),
+        "{error}"
+    );
+}
