@@ -149,6 +149,10 @@ pub fn inbound(
 pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Result<bool, i64> {
     let ports: [u8; 4] = ctx.load(l4)?;
     let pod_port = u16::from_be_bytes([ports[0], ports[1]]);
+    // Most packets (every source-NATed one) leave other ports: one array read, no hash.
+    if !is_target_port(pod_port) {
+        return Ok(false);
+    }
     let flow = NatKey {
         pod_addr: ip.src_addr,
         remote_addr: ip.dst_addr,
@@ -239,7 +243,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
 /// A pod's packet for another pod of this node: when it leaves a port some mapping
 /// leads to and belongs to a hostPort connection from that pod, its source becomes the
 /// host address and port. Returns whether it was rewritten. Other packets cost one
-/// array read.
+/// array read (in [`outbound`]).
 #[inline(always)]
 pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let proto = ip.proto as u8;
@@ -250,13 +254,16 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(false);
     };
-    let src_port = u16::from_be_bytes(ctx.load(l4)?);
+    outbound(ctx, ip, l4, l4_csum)
+}
+
+/// Whether some mapping leads to container port `port` (the `HOSTPORT_TARGETS` bitmap):
+/// only packets leaving such a port can be hostPort replies.
+#[inline(always)]
+fn is_target_port(port: u16) -> bool {
     let word = HOSTPORT_TARGETS
-        .get(u32::from(src_port) / 32)
+        .get(u32::from(port) / 32)
         .copied()
         .unwrap_or(0);
-    if word & (1 << (src_port % 32)) == 0 {
-        return Ok(false);
-    }
-    outbound(ctx, ip, l4, l4_csum)
+    word & (1 << (port % 32)) != 0
 }
