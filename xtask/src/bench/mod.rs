@@ -44,7 +44,7 @@ impl Plan {
     }
     /// Pods of 100 mappings each in the hostPort figures (see `hostport`).
     fn mapped_pods(self) -> u16 {
-        if self.quick { 10 } else { 50 }
+        if self.quick { 5 } else { 50 }
     }
     fn repeats(self) -> usize {
         3
