@@ -137,6 +137,31 @@ pub fn external_host(node: &Netns) -> Netns {
     external
 }
 
+/// `runtimeConfig` with `portMappings` to `container_port`: one entry per (host port,
+/// protocol, hostIP) of `list`.
+pub fn port_mappings(container_port: u16, list: &[(u16, &str, Option<&str>)]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = list
+        .iter()
+        .map(|(host_port, protocol, host_ip)| {
+            let mut entry = serde_json::json!({
+                "hostPort": host_port,
+                "containerPort": container_port,
+                "protocol": protocol,
+            });
+            if let Some(ip) = host_ip {
+                entry["hostIP"] = serde_json::json!(ip);
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({ "portMappings": entries })
+}
+
+/// `ip:port`.
+pub fn socket(ip: &str, port: u16) -> std::net::SocketAddr {
+    format!("{ip}:{port}").parse().expect("an address and port")
+}
+
 /// A pod made by [`Node::add_pod`].
 pub struct Pod {
     pub container_id: String,

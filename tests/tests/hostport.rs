@@ -3,12 +3,12 @@
 //! they come and go, hostIP restricts a mapping, conflicts are refused with code
 //! 105, DEL and GC remove mappings, and 5,000 mappings still hit the right pods.
 
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
 use ebpf_cni_tests::{
     cni::Call,
     daemon::eventually,
-    node::{EXTERNAL_ADDR, NODE_ADDR, Node},
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings, socket},
     require_root,
     traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip},
 };
@@ -17,21 +17,7 @@ use serde_json::{Value, json};
 const CONTAINER_PORT: u16 = 8080;
 
 fn mappings(list: &[(u16, &str, Option<&str>)]) -> Value {
-    let entries: Vec<Value> = list
-        .iter()
-        .map(|(host_port, protocol, host_ip)| {
-            let mut entry = json!({ "hostPort": host_port, "containerPort": CONTAINER_PORT, "protocol": protocol });
-            if let Some(ip) = host_ip {
-                entry["hostIP"] = json!(ip);
-            }
-            entry
-        })
-        .collect();
-    json!({ "portMappings": entries })
-}
-
-fn node_port(addr: &str, port: u16) -> SocketAddr {
-    format!("{addr}:{port}").parse().expect("address")
+    port_mappings(CONTAINER_PORT, list)
 }
 
 fn ports(node: &Node) -> Vec<Value> {
@@ -53,13 +39,12 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     let tcp = EchoServer::start(&pod.netns, CONTAINER_PORT);
     let udp = UdpEcho::start(&pod.netns, CONTAINER_PORT);
 
-    let back =
-        round_trip(&node.external, node_port(NODE_ADDR, 30080), b"via hostPort").expect("TCP");
+    let back = round_trip(&node.external, socket(NODE_ADDR, 30080), b"via hostPort").expect("TCP");
     assert_eq!(back, b"via hostPort");
     let back = udp_round_trip(
         &node.external,
         0,
-        node_port(NODE_ADDR, 30053),
+        socket(NODE_ADDR, 30053),
         b"udp via hostPort",
     )
     .expect("UDP");
@@ -77,7 +62,7 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     );
     assert_eq!(ports(&node).len(), 2);
     // An unmapped port still belongs to the node: refused, not misdelivered.
-    assert!(round_trip(&node.external, node_port(NODE_ADDR, 30081), b"x").is_err());
+    assert!(round_trip(&node.external, socket(NODE_ADDR, 30081), b"x").is_err());
 }
 
 #[test]
@@ -88,9 +73,9 @@ fn host_ip_restricts_a_mapping_to_that_address() {
         .ip(&["addr", "add", "198.18.0.3/24", "dev", "uplink0"]);
     let pod = node.add_pod_with("hp-ip", &mappings(&[(30080, "tcp", Some("198.18.0.3"))]));
     let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    round_trip(&node.external, node_port("198.18.0.3", 30080), b"ok").expect("the mapped address");
+    round_trip(&node.external, socket("198.18.0.3", 30080), b"ok").expect("the mapped address");
     assert!(
-        round_trip(&node.external, node_port(NODE_ADDR, 30080), b"no").is_err(),
+        round_trip(&node.external, socket(NODE_ADDR, 30080), b"no").is_err(),
         "the other node address is not mapped"
     );
 }
@@ -101,7 +86,7 @@ fn a_mapping_without_host_ip_covers_an_address_the_node_gains_later() {
     let node = Node::start("10.244.65.0/24");
     let pod = node.add_pod_with("hp-later", &mappings(&[(30080, "tcp", None)]));
     let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    let later = node_port("198.18.0.4", 30080);
+    let later = socket("198.18.0.4", 30080);
     let addrs = |node: &Node| {
         node.instance.cli_json(&["status"])["host_port_addrs"]
             .as_array()
@@ -151,7 +136,7 @@ fn a_taken_host_port_is_refused_with_code_105_and_nothing_changes() {
         "its address was released"
     );
     assert!(ebpf_cni_tests::cni::veths(&second).is_empty());
-    round_trip(&node.external, node_port(NODE_ADDR, 30080), b"still first")
+    round_trip(&node.external, socket(NODE_ADDR, 30080), b"still first")
         .expect("the first pod keeps it");
     // UDP on the same number is another port.
     node.add_pod_with("hp-udp", &mappings(&[(30080, "udp", None)]));
@@ -206,7 +191,7 @@ fn five_thousand_mappings_still_hit_the_right_pods() {
         for k in [0, 57, PER_POD - 1] {
             let port = 20000 + n * PER_POD + k;
             let payload = format!("pod {n} port {port}").into_bytes();
-            let back = round_trip(&node.external, node_port(NODE_ADDR, port), &payload)
+            let back = round_trip(&node.external, socket(NODE_ADDR, port), &payload)
                 .unwrap_or_else(|e| panic!("host port {port}: {e}"));
             assert_eq!(back, payload);
         }

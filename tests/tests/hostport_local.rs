@@ -13,11 +13,11 @@ use std::{
 
 use ebpf_cni_tests::{
     netns::Netns,
-    node::{NODE_ADDR, Node},
+    node::{NODE_ADDR, Node, port_mappings, socket},
     require_root,
     traffic::{EchoServer, UdpEcho, probe, round_trip, udp_round_trip},
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const CONTAINER_PORT: u16 = 8080;
 const LOOPBACK: &str = "127.0.0.1";
@@ -26,21 +26,7 @@ const LOOPBACK: &str = "127.0.0.1";
 const HAIRPIN_ADDR: &str = "169.254.42.1";
 
 fn mappings(list: &[(u16, &str, Option<&str>)]) -> Value {
-    let entries: Vec<Value> = list
-        .iter()
-        .map(|(host_port, protocol, host_ip)| {
-            let mut entry = json!({ "hostPort": host_port, "containerPort": CONTAINER_PORT, "protocol": protocol });
-            if let Some(ip) = host_ip {
-                entry["hostIP"] = json!(ip);
-            }
-            entry
-        })
-        .collect();
-    json!({ "portMappings": entries })
-}
-
-fn addr(ip: &str, port: u16) -> SocketAddr {
-    format!("{ip}:{port}").parse().expect("address")
+    port_mappings(CONTAINER_PORT, list)
 }
 
 /// `ecni-probe <protocol> <to> <message>` from `netns`, inside the node daemon's cgroup.
@@ -78,7 +64,7 @@ fn the_node_reaches_a_pod_at_loopback_and_its_address_over_tcp_and_sees_the_dial
     let node = Node::start("10.244.70.0/24");
     let pod = node.add_pod_with("local-tcp", &mappings(&[(30080, "tcp", None)]));
     let server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    for dialled in [addr(LOOPBACK, 30080), addr(NODE_ADDR, 30080)] {
+    for dialled in [socket(LOOPBACK, 30080), socket(NODE_ADDR, 30080)] {
         let message = format!("node to {dialled}");
         let answer = probe_from(&node.netns, &node, "tcp", dialled, &message)
             .unwrap_or_else(|error| panic!("{dialled}: {error}"));
@@ -98,7 +84,7 @@ fn the_node_reaches_a_pod_at_loopback_and_its_address_over_udp_and_replies_come_
     let node = Node::start("10.244.71.0/24");
     let pod = node.add_pod_with("local-udp", &mappings(&[(30053, "udp", None)]));
     let server = UdpEcho::start(&pod.netns, CONTAINER_PORT);
-    for dialled in [addr(LOOPBACK, 30053), addr(NODE_ADDR, 30053)] {
+    for dialled in [socket(LOOPBACK, 30053), socket(NODE_ADDR, 30053)] {
         let message = format!("node to {dialled}");
         let answer = probe_from(&node.netns, &node, "udp", dialled, &message)
             .unwrap_or_else(|error| panic!("{dialled}: {error}"));
@@ -118,11 +104,23 @@ fn a_host_ip_mapping_is_reachable_from_the_node_at_that_address_but_not_through_
     let node = Node::start("10.244.72.0/24");
     let pod = node.add_pod_with("local-ip", &mappings(&[(30080, "tcp", Some(NODE_ADDR))]));
     let server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    let answer = probe_from(&node.netns, &node, "tcp", addr(NODE_ADDR, 30080), "mapped")
-        .expect("the mapped address");
+    let answer = probe_from(
+        &node.netns,
+        &node,
+        "tcp",
+        socket(NODE_ADDR, 30080),
+        "mapped",
+    )
+    .expect("the mapped address");
     assert_eq!(answer["reply"], "mapped");
     assert_refused(
-        probe_from(&node.netns, &node, "tcp", addr(LOOPBACK, 30080), "loopback"),
+        probe_from(
+            &node.netns,
+            &node,
+            "tcp",
+            socket(LOOPBACK, 30080),
+            "loopback",
+        ),
         "127.0.0.1 only reaches mappings without hostIP",
     );
     assert_eq!(server.peers().len(), 1);
@@ -135,7 +133,7 @@ fn a_process_of_the_cgroup_in_another_namespace_is_not_translated() {
     let pod = node.add_pod_with("local-ns", &mappings(&[(30080, "tcp", None)]));
     let server = EchoServer::start(&pod.netns, CONTAINER_PORT);
     // The same probe and cgroup in the node's namespace is translated...
-    probe_from(&node.netns, &node, "tcp", addr(LOOPBACK, 30080), "node")
+    probe_from(&node.netns, &node, "tcp", socket(LOOPBACK, 30080), "node")
         .expect("from the node's namespace");
     // ...but the programs act only on sockets of the daemon's namespace.
     assert_refused(
@@ -143,7 +141,7 @@ fn a_process_of_the_cgroup_in_another_namespace_is_not_translated() {
             &node.external,
             &node,
             "tcp",
-            addr(LOOPBACK, 30080),
+            socket(LOOPBACK, 30080),
             "elsewhere",
         ),
         "another namespace's loopback is its own",
@@ -167,10 +165,15 @@ fn a_pod_reaches_another_pod_through_the_node_address_and_keeps_its_own_source()
     let tcp = EchoServer::start(&target.netns, CONTAINER_PORT);
     let udp = UdpEcho::start(&target.netns, CONTAINER_PORT);
 
-    let back = round_trip(&client.netns, addr(NODE_ADDR, 30080), b"pod to pod").expect("TCP");
+    let back = round_trip(&client.netns, socket(NODE_ADDR, 30080), b"pod to pod").expect("TCP");
     assert_eq!(back, b"pod to pod");
-    let back =
-        udp_round_trip(&client.netns, 0, addr(NODE_ADDR, 30053), b"pod to pod udp").expect("UDP");
+    let back = udp_round_trip(
+        &client.netns,
+        0,
+        socket(NODE_ADDR, 30053),
+        b"pod to pod udp",
+    )
+    .expect("UDP");
     assert_eq!(back, b"pod to pod udp");
     assert_eq!(ips(&tcp.peers()), [IpAddr::V4(client.ip)]);
     assert_eq!(ips(&udp.peers()), [IpAddr::V4(client.ip)]);
@@ -189,10 +192,10 @@ fn a_pod_reaching_its_own_host_port_sees_the_hairpin_address() {
 
     // Both clients only accept replies from the address they dialled (TCP by its
     // handshake, UDP by connect()), so success also proves the replies are translated.
-    let back = round_trip(&pod.netns, addr(NODE_ADDR, 30080), b"to myself").expect("TCP");
+    let back = round_trip(&pod.netns, socket(NODE_ADDR, 30080), b"to myself").expect("TCP");
     assert_eq!(back, b"to myself");
     let back =
-        udp_round_trip(&pod.netns, 0, addr(NODE_ADDR, 30053), b"to myself udp").expect("UDP");
+        udp_round_trip(&pod.netns, 0, socket(NODE_ADDR, 30053), b"to myself udp").expect("UDP");
     assert_eq!(back, b"to myself udp");
     let hairpin: IpAddr = HAIRPIN_ADDR.parse().expect("address");
     assert_eq!(ips(&tcp.peers()), [hairpin]);
@@ -205,9 +208,9 @@ fn del_ends_the_node_local_path_to_the_pod() {
     let node = Node::start("10.244.76.0/24");
     let pod = node.add_pod_with("local-del", &mappings(&[(30080, "tcp", None)]));
     let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    probe_from(&node.netns, &node, "tcp", addr(LOOPBACK, 30080), "before").expect("before DEL");
+    probe_from(&node.netns, &node, "tcp", socket(LOOPBACK, 30080), "before").expect("before DEL");
     node.del_pod(&pod);
-    for dialled in [addr(LOOPBACK, 30080), addr(NODE_ADDR, 30080)] {
+    for dialled in [socket(LOOPBACK, 30080), socket(NODE_ADDR, 30080)] {
         assert_refused(
             probe_from(&node.netns, &node, "tcp", dialled, "after"),
             &format!("{dialled} after DEL"),
@@ -222,7 +225,7 @@ fn the_node_local_path_survives_a_killed_and_restarted_daemon_without_doubling_i
     let pod = node.add_pod_with("local-restart", &mappings(&[(30080, "tcp", None)]));
     let server = EchoServer::start(&pod.netns, CONTAINER_PORT);
     let dial = |node: &Node, message: &str| {
-        probe_from(&node.netns, node, "tcp", addr(LOOPBACK, 30080), message)
+        probe_from(&node.netns, node, "tcp", socket(LOOPBACK, 30080), message)
             .unwrap_or_else(|error| panic!("{message}: {error}"))
     };
     dial(&node, "before");

@@ -97,7 +97,7 @@ impl Datapath {
                 })?;
         }
         for name in program_names::SOCKET_PROGRAMS {
-            sock::sock_program(&mut ebpf, name)?
+            program::<aya::programs::CgroupSockAddr>(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program {
                     program: name,
@@ -183,6 +183,14 @@ fn classifier<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut SchedClassifier, DatapathError> {
+    program(ebpf, name)
+}
+
+/// The program `name` of the object, as the program type `P` it must be.
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, DatapathError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(DatapathError::MissingProgram(name))?
         .try_into()

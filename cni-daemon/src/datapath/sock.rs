@@ -41,7 +41,7 @@ impl Datapath {
             source,
         })?;
         for name in program_names::SOCKET_PROGRAMS {
-            let program = sock_program(&mut self.ebpf, name)?;
+            let program: &mut CgroupSockAddr = super::program(&mut self.ebpf, name)?;
             let program_error = |source| DatapathError::Program {
                 program: name,
                 source,
@@ -91,19 +91,6 @@ impl Datapath {
             sock_config: Array::try_from(sock_config)?,
         })
     }
-}
-
-pub(super) fn sock_program<'a>(
-    ebpf: &'a mut aya::Ebpf,
-    name: &'static str,
-) -> Result<&'a mut CgroupSockAddr, DatapathError> {
-    ebpf.program_mut(name)
-        .ok_or(DatapathError::MissingProgram(name))?
-        .try_into()
-        .map_err(|source| DatapathError::Program {
-            program: name,
-            source,
-        })
 }
 
 fn remove_if_present(path: &Path) -> Result<(), DatapathError> {
