@@ -40,3 +40,54 @@ pub fn emit(json: &str) {
     let _ = writeln!(stdout, "{json}");
     let _ = stdout.flush();
 }
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    /// Set in the child run of the test below, which then panics under the real hook.
+    const CHILD: &str = "EBPF_CNI_PANIC_HOOK_CHILD";
+
+    #[test]
+    fn a_panic_prints_one_error_json_with_code_100_and_the_configs_version() {
+        if std::env::var_os(CHILD).is_some() {
+            super::remember_version(br#"{"cniVersion": "0.4.0"}"#);
+            super::install_panic_hook();
+            panic!("a deliberate panic, as a bug would");
+        }
+        // The hook exits the process: it runs in a child, this same test binary.
+        let out = Command::new(std::env::current_exe().expect("the test binary"))
+            .args([
+                "--exact",
+                "output::tests::a_panic_prints_one_error_json_with_code_100_and_the_configs_version",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("the child runs");
+        assert_eq!(out.status.code(), Some(1), "the hook's exit status");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // The test harness prints its own text, also before the document on its line.
+        let documents: Vec<serde_json::Value> = stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str(&line[line.find('{')?..]).ok())
+            .collect();
+        assert_eq!(documents.len(), 1, "one document: {stdout}");
+        let error = &documents[0];
+        assert_eq!(error["code"], 100, "{error}");
+        assert_eq!(error["cniVersion"], "0.4.0", "{error}");
+        assert!(
+            error["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("panicked")),
+            "{error}"
+        );
+        assert!(
+            error["details"]
+                .as_str()
+                .is_some_and(|d| d.contains("deliberate")),
+            "{error}"
+        );
+    }
+}
