@@ -37,7 +37,11 @@ impl Datapath {
             program: name,
             source,
         })?;
-        let raw = u32::try_from(fd.as_fd().as_raw_fd()).unwrap_or_default();
+        // A file descriptor is never negative.
+        let raw = u32::try_from(fd.as_fd().as_raw_fd()).map_err(|_| DatapathError::Program {
+            program: name,
+            source: aya::programs::ProgramError::NotLoaded,
+        })?;
         tc_block::install(raw, name)?;
         tracing::info!(
             block = tc_block::POD_BLOCK,

@@ -206,17 +206,6 @@ pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
     })
 }
 
-/// Whether `interface`'s ingress is bound to the block.
-pub fn is_bound(interface: &str) -> Result<bool, TcBlockError> {
-    let interface = interface.to_owned();
-    with_netlink(|handle| async move {
-        let Some(index) = link_index(&handle, &interface).await? else {
-            return Ok(false);
-        };
-        Ok(bound_block(&handle, index).await? == Some(POD_BLOCK))
-    })
-}
-
 async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
     match bound_block(handle, index).await? {
         Some(POD_BLOCK) => return Ok(()),
