@@ -47,6 +47,17 @@ impl Netns {
         command
     }
 
+    /// The namespace's iptables rules (`iptables-save` without its comment lines, which
+    /// carry timestamps): to show that nothing was written.
+    pub fn iptables_rules(&self) -> String {
+        let out = self.run("iptables-save", &[]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Runs `program args` inside the namespace and returns its output, whatever its exit.
     pub fn run(&self, program: &str, args: &[&str]) -> Output {
         self.command(program)

@@ -32,6 +32,7 @@ fn ports(node: &Node) -> Vec<Value> {
 fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     require_root();
     let node = Node::start("10.244.60.0/24");
+    let rules_before = node.netns.iptables_rules();
     let pod = node.add_pod_with(
         "hp",
         &mappings(&[(30080, "tcp", None), (30053, "udp", None)]),
@@ -63,6 +64,11 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     assert_eq!(ports(&node).len(), 2);
     // An unmapped port still belongs to the node: refused, not misdelivered.
     assert!(round_trip(&node.external, socket(NODE_ADDR, 30081), b"x").is_err());
+    assert_eq!(
+        node.netns.iptables_rules(),
+        rules_before,
+        "no iptables rule was written"
+    );
 }
 
 #[test]

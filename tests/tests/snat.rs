@@ -7,7 +7,6 @@ use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
 
 use ebpf_cni_tests::{
     daemon::eventually,
-    netns::Netns,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
     traffic::{EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, udp_round_trip},
@@ -25,15 +24,6 @@ fn node_ips(peers: &[SocketAddr]) -> BTreeSet<String> {
     peers.iter().map(|peer| peer.ip().to_string()).collect()
 }
 
-fn iptables_rules(netns: &Netns) -> String {
-    let out = netns.run("iptables-save", &[]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn nat_table(node: &Node) -> Value {
     node.instance.cli_json(&["nat"])
 }
@@ -42,7 +32,7 @@ fn nat_table(node: &Node) -> Value {
 fn the_external_host_sees_the_node_address_for_tcp_udp_and_icmp() {
     require_root();
     let node = Node::start("10.244.50.0/24");
-    let rules_before = iptables_rules(&node.netns);
+    let rules_before = node.netns.iptables_rules();
     let pods: Vec<Pod> = (0..2).map(|n| node.add_pod(&format!("snat-{n}"))).collect();
     let tcp = EchoServer::start(&node.external, TCP_PORT);
     let udp = UdpEcho::start(&node.external, UDP_PORT);
@@ -82,7 +72,7 @@ fn the_external_host_sees_the_node_address_for_tcp_udp_and_icmp() {
         );
     }
     assert_eq!(
-        iptables_rules(&node.netns),
+        node.netns.iptables_rules(),
         rules_before,
         "no iptables rule was written"
     );
