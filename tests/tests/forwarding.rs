@@ -156,3 +156,25 @@ fn what_the_node_sends_a_pod_and_what_pods_send_each_other_both_count_as_to_pod(
     let after_pod = to_pod(&a);
     assert!(after_pod >= after_node + 3, "{after_node} -> {after_pod}");
 }
+
+#[test]
+fn pods_added_after_the_block_anchor_was_deleted_by_hand_are_still_forwarded() {
+    require_root();
+    let node = Node::start("10.244.38.0/24");
+    // With no pod bound to it, the pods' TC block (and the program in it) goes with its
+    // anchor.
+    node.netns.ip(&["link", "del", "ecnblock0"]);
+    let a = node.add_pod("anchor-a");
+    let b = node.add_pod("anchor-b");
+    sysctl(&node.netns, "net.ipv4.ip_forward=0");
+    assert!(
+        ping(&a.netns, &b.ip.to_string()),
+        "pod to pod through eBPF (IP forwarding is off)"
+    );
+    assert!(
+        node.netns
+            .ip(&["link", "show", "ecnblock0"])
+            .contains("ecnblock0"),
+        "the anchor is back"
+    );
+}

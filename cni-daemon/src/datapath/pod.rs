@@ -24,6 +24,9 @@ use cni_ebpf_common::program_names;
 use super::{Datapath, DatapathError, classifier, tc_block};
 use crate::api::Attachment;
 
+/// How `status` shows the block's attachment.
+const BLOCK_MODE: &str = "tc block";
+
 /// Pin suffixes of the per-veth links earlier daemons made.
 const LEGACY_SUFFIXES: [&str; 2] = ["ingress", "egress"];
 
@@ -48,18 +51,31 @@ impl Datapath {
             program = name,
             "pod filter installed"
         );
+        if self.attachments.iter().any(|a| a.mode == BLOCK_MODE) {
+            return Ok(());
+        }
         self.attachments.push(Attachment {
             interface: format!("block {}", tc_block::POD_BLOCK),
             ifindex: nix::net::if_::if_nametoindex(tc_block::ANCHOR).unwrap_or(0),
             program: name.to_owned(),
-            mode: "tc block".to_owned(),
+            mode: BLOCK_MODE.to_owned(),
         });
         Ok(())
     }
 
-    /// Binds `host_veth`'s ingress to the pods' block (already bound is fine), and
-    /// removes the per-veth links an earlier daemon left.
+    /// Binds `host_veth`'s ingress to the pods' block (already bound is fine; a block
+    /// whose anchor was deleted is installed again first), and removes the per-veth
+    /// links an earlier daemon left.
     pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
+        if !tc_block::anchor_present()? {
+            // Deleted by hand: with no pod bound, the block went with it, filter and all,
+            // and a new pod would be bound to an empty block.
+            tracing::warn!(
+                anchor = tc_block::ANCHOR,
+                "the pods' block anchor is gone: reinstalling"
+            );
+            self.install_pod_block()?;
+        }
         tc_block::bind_interface(host_veth)?;
         self.remove_legacy_links(host_veth)
     }

@@ -165,6 +165,12 @@ pub fn remove() -> Result<(), TcBlockError> {
     })
 }
 
+/// Whether the anchor pair exists: without it (deleted by hand) the block, and its
+/// filter, live only as long as some pod's veth is bound to it.
+pub fn anchor_present() -> Result<bool, TcBlockError> {
+    with_netlink(|handle| async move { Ok(link_index(&handle, ANCHOR).await?.is_some()) })
+}
+
 /// Binds `interface`'s ingress to the block (a `clsact` qdisc with `ingress_block`);
 /// already bound is fine, another `clsact` there is replaced.
 pub fn bind_interface(interface: &str) -> Result<(), TcBlockError> {
