@@ -143,6 +143,32 @@ pub fn inbound(
     forward::deliver(ctx, eth, &ip, &pod).map(Some)
 }
 
+/// The pod address and port behind a hostPort connection, from what an ICMP error
+/// quotes of the reply that left the node: its source (`host_addr`:`host_port`) and
+/// destination (the client). `None` when no such connection is known.
+#[inline(always)]
+pub fn quoted(
+    proto: u8,
+    host_addr: [u8; 4],
+    host_port: u16,
+    client_addr: [u8; 4],
+    client_port: u16,
+) -> Option<([u8; 4], u16)> {
+    let target = mapping(proto, host_addr, host_port)?;
+    let flow = NatKey {
+        pod_addr: target.pod_addr,
+        remote_addr: client_addr,
+        pod_port: target.pod_port,
+        remote_port: client_port,
+        proto,
+        pad: [0; 3],
+    };
+    // SAFETY: the value is compared at once.
+    let host = unsafe { HOSTPORT_FLOWS.get(&flow) }?;
+    (host.host_addr == host_addr && host.host_port == host_port)
+        .then_some((target.pod_addr, target.pod_port))
+}
+
 /// A pod's reply leaving by the uplink on a hostPort connection: source set back to the
 /// host address and port. Returns whether it was one.
 #[inline(always)]

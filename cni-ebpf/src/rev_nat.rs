@@ -1,7 +1,7 @@
 //! Reverse NAT on the uplink's ingress: replies to translated flows (TCP, UDP, ICMP echo
-//! replies) and ICMP errors about them (destination unreachable, fragmentation needed,
-//! time exceeded) get the pod's address and port back and go straight into the pod,
-//! without crossing the node's stack.
+//! replies) and ICMP errors about them or about hostPort replies (destination
+//! unreachable, fragmentation needed, time exceeded) get the pod's address and port back
+//! and go straight into the pod, without crossing the node's stack.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatReverseKey};
@@ -137,9 +137,10 @@ fn live_entry(key: &NatReverseKey, config: &NatConfig, tcp_flags: u8) -> Option<
     Some(entry)
 }
 
-/// An ICMP error about a translated flow: the outer destination and the quoted (inner)
-/// source are given back to the pod, with the outer IP, inner IP and ICMP checksums
-/// fixed. Returns the pod's address, or `None` when the error is not about our flow.
+/// An ICMP error about a translated flow, or about a pod's reply on a hostPort
+/// connection: the outer destination and the quoted (inner) source are given back to
+/// the pod, with the outer IP, inner IP and ICMP checksums fixed. Returns the pod's
+/// address, or `None` when the error is not about one of those.
 #[inline(always)]
 fn icmp_error(
     ctx: &TcContext,
@@ -150,7 +151,7 @@ fn icmp_error(
     let icmp_csum = l4 + 2;
     let inner = l4 + 8;
     let inner_ip: Ipv4Hdr = ctx.load(inner)?;
-    if inner_ip.src_addr != config.node_addr || inner_ip.frag_offset() != 0 {
+    if inner_ip.frag_offset() != 0 {
         return Ok(None);
     }
     let inner_l4 = inner + inner_ip.ihl() as usize;
@@ -172,8 +173,29 @@ fn icmp_error(
         }
         _ => return Ok(None),
     };
-    let Some(entry) = live_entry(&key, config, 0) else {
-        return Ok(None);
+    // A translated flow of a pod's, else a pod's reply on a hostPort connection (PMTU
+    // discovery must reach the pod serving it).
+    let nat = if inner_ip.src_addr == config.node_addr {
+        live_entry(&key, config, 0)
+    } else {
+        None
+    };
+    let (pod_addr, pod_port) = match nat {
+        Some(entry) => (entry.pod_addr, entry.pod_port),
+        None if inner_proto != ICMP => {
+            let quoted = hostport::quoted(
+                inner_proto,
+                inner_ip.src_addr,
+                key.node_port,
+                inner_ip.dst_addr,
+                key.remote_port,
+            );
+            let Some(found) = quoted else {
+                return Ok(None);
+            };
+            found
+        }
+        None => return Ok(None),
     };
     let no_l4 = L4Csum {
         at: icmp_csum,
@@ -181,7 +203,7 @@ fn icmp_error(
         flags: 0,
     };
     // Outer destination: node -> pod (ICMP's checksum does not cover it).
-    csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, no_l4)?;
+    csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, pod_addr, no_l4)?;
     // Inner source: node -> pod, with the inner header checksum, all inside the ICMP
     // payload, so every change is folded into the ICMP checksum too.
     let inner_csum_at = inner + 10;
@@ -189,7 +211,7 @@ fn icmp_error(
     ctx.l3_csum_replace(
         inner_csum_at,
         u64::from(u32::from_ne_bytes(inner_ip.src_addr)),
-        u64::from(u32::from_ne_bytes(entry.pod_addr)),
+        u64::from(u32::from_ne_bytes(pod_addr)),
         4,
     )?;
     let new_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
@@ -200,19 +222,13 @@ fn icmp_error(
         old_inner_csum,
         new_inner_csum,
     )?;
-    csum::set_icmp_payload4(
-        ctx,
-        inner + 12,
-        icmp_csum,
-        inner_ip.src_addr,
-        entry.pod_addr,
-    )?;
+    csum::set_icmp_payload4(ctx, inner + 12, icmp_csum, inner_ip.src_addr, pod_addr)?;
     csum::set_icmp_payload2(
         ctx,
         port_at,
         icmp_csum,
         key.node_port.to_be_bytes(),
-        entry.pod_port.to_be_bytes(),
+        pod_port.to_be_bytes(),
     )?;
-    Ok(Some(entry.pod_addr))
+    Ok(Some(pod_addr))
 }

@@ -16,7 +16,7 @@ use aya::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, NatConfig, NatCounter, NatEntry,
-    NatKey, NatReverseKey, map_names,
+    NatKey, NatReverseKey, PortKey, PortTarget, map_names,
 };
 use nix::{
     mount::{MsFlags, mount},
@@ -192,6 +192,40 @@ impl BpfObject {
     /// Drops counted for `reason`, summed over CPUs.
     pub fn drops(&self, reason: DropReason) -> u64 {
         self.per_cpu_sum(map_names::DROPS, reason as u32)
+    }
+
+    // --- hostPort maps ---------------------------------------------------------------------
+
+    /// Maps (`proto`, `host_addr`, `host_port`) to `pod_addr`:`pod_port`, as the daemon
+    /// does: the mapping, the node address it lives on, and the target port's bit.
+    pub fn insert_host_port(
+        &mut self,
+        proto: u8,
+        host_addr: [u8; 4],
+        host_port: u16,
+        pod_addr: [u8; 4],
+        pod_port: u16,
+    ) {
+        let key = PortKey {
+            host_addr,
+            host_port,
+            proto,
+            pad: 0,
+        };
+        let target = PortTarget {
+            pod_addr,
+            pod_port,
+            pad: [0; 2],
+        };
+        self.hash_insert(map_names::HOSTPORTS, key, target);
+        self.hash_insert(map_names::NODE_ADDRS, host_addr, 1u8);
+        let mut targets: Array<_, u32> = Array::try_from(self.map_mut(map_names::HOSTPORT_TARGETS))
+            .expect("HOSTPORT_TARGETS is an array");
+        let word = u32::from(pod_port) / 32;
+        let bits = targets.get(&word, 0).unwrap_or(0) | 1 << (pod_port % 32);
+        targets
+            .set(word, bits, 0)
+            .unwrap_or_else(|error| panic!("cannot mark port {pod_port}: {error}"));
     }
 
     // --- Source NAT maps ------------------------------------------------------------------

@@ -238,3 +238,66 @@ fn time_exceeded_quoting_a_translated_echo_request_reaches_the_pod_restored() {
     assert_delivered(&run, &restored, &MASQ, "the time exceeded error");
     assert_eq!(object.nat_counter(NatCounter::IcmpErrorsIn), 1);
 }
+
+/// PMTU discovery for a hostPort service: a router's "fragmentation needed" about the
+/// pod's reply, which left the node as `NODE_ADDR:HOST_PORT`, reaches the pod with the
+/// quote restored to the pod's address and port.
+#[test]
+fn fragmentation_needed_quoting_a_hostport_reply_reaches_the_pod_restored() {
+    require_root();
+    const HOST_PORT: u16 = 30080;
+    const CONTAINER_PORT: u16 = 8080;
+    let mut object = uplink();
+    object.insert_host_port(TCP, NODE_ADDR, HOST_PORT, MASQ.ip, CONTAINER_PORT);
+    // The client's SYN opens the hostPort connection.
+    let syn = inbound(
+        REMOTE,
+        NODE_ADDR,
+        TCP,
+        &tcp(REMOTE_PORT, HOST_PORT, TCP_SYN),
+    );
+    let run = ingress(&object, &syn);
+    let to_pod = inbound(
+        REMOTE,
+        MASQ.ip,
+        TCP,
+        &tcp(REMOTE_PORT, CONTAINER_PORT, TCP_SYN),
+    );
+    assert_delivered(&run, &to_pod, &MASQ, "the SYN through the hostPort");
+    // The pod's SYN-ACK leaves with the host address and port.
+    let reply = outbound(
+        MASQ.ip,
+        REMOTE,
+        TCP,
+        &tcp(CONTAINER_PORT, REMOTE_PORT, SYN_ACK),
+    );
+    let left = egress(&object, &reply).frame;
+    assert_eq!(
+        (port(&left, SPORT), left.get(26..30)),
+        (HOST_PORT, Some(&NODE_ADDR[..])),
+        "the reply leaves as the host port"
+    );
+    let error = inbound(ROUTER, NODE_ADDR, ICMP, &frag_needed(1400, &quote(&left)));
+    assert_checksums_valid(&error, "test bug: the crafted ICMP error");
+    let run = ingress(&object, &error);
+    let restored = inbound(ROUTER, MASQ.ip, ICMP, &frag_needed(1400, &quote(&reply)));
+    assert_delivered(&run, &restored, &MASQ, "the fragmentation needed error");
+    // An error about a connection the node does not have reaches the stack untouched.
+    let stranger = outbound(
+        NODE_ADDR,
+        REMOTE,
+        TCP,
+        &tcp(HOST_PORT, REMOTE_PORT ^ 1, SYN_ACK),
+    );
+    let error = inbound(
+        ROUTER,
+        NODE_ADDR,
+        ICMP,
+        &frag_needed(1400, &quote(&stranger)),
+    );
+    assert_unchanged(
+        &ingress(&object, &error),
+        &error,
+        "no such hostPort connection",
+    );
+}
