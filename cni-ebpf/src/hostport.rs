@@ -91,6 +91,20 @@ pub fn is_host_port(proto: u8, port: u16, node_addr: [u8; 4]) -> bool {
     lookup(proto, node_addr, port).is_some()
 }
 
+/// The flow of a connection from `client_addr`:`client_port` to the pod behind `target`,
+/// keyed from the pod's side as `HOSTPORT_FLOWS` is.
+#[inline(always)]
+fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u8) -> NatKey {
+    NatKey {
+        pod_addr: target.pod_addr,
+        remote_addr: client_addr,
+        pod_port: target.pod_port,
+        remote_port: client_port,
+        proto,
+        pad: [0; 3],
+    }
+}
+
 /// Records `flow` -> `host`, writing only when the flow is new or now leads elsewhere:
 /// an update takes the bucket's lock and recycles an LRU node on every packet, a lookup
 /// does neither (and still marks the entry as used for the LRU).
@@ -123,14 +137,7 @@ pub fn inbound(
     let Some(pod) = endpoints::lookup(target.pod_addr) else {
         return Ok(None);
     };
-    let flow = NatKey {
-        pod_addr: target.pod_addr,
-        remote_addr: ip.src_addr,
-        pod_port: target.pod_port,
-        remote_port: client_port,
-        proto,
-        pad: [0; 3],
-    };
+    let flow = flow_to(&target, ip.src_addr, client_port, proto);
     let host = HostPortFlow {
         host_addr: ip.dst_addr,
         host_port,
@@ -155,14 +162,7 @@ pub fn quoted(
     client_port: u16,
 ) -> Option<([u8; 4], u16)> {
     let target = mapping(proto, host_addr, host_port)?;
-    let flow = NatKey {
-        pod_addr: target.pod_addr,
-        remote_addr: client_addr,
-        pod_port: target.pod_port,
-        remote_port: client_port,
-        proto,
-        pad: [0; 3],
-    };
+    let flow = flow_to(&target, client_addr, client_port, proto);
     // SAFETY: the value is compared at once.
     let host = unsafe { HOSTPORT_FLOWS.get(&flow) }?;
     (host.host_addr == host_addr && host.host_port == host_port)
@@ -243,14 +243,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     };
     let hairpin = target.pod_addr == ip.src_addr;
     let client = if hairpin { HAIRPIN_ADDR } else { ip.src_addr };
-    let flow = NatKey {
-        pod_addr: target.pod_addr,
-        remote_addr: client,
-        pod_port: target.pod_port,
-        remote_port: src_port,
-        proto,
-        pad: [0; 3],
-    };
+    let flow = flow_to(&target, client, src_port, proto);
     let host = HostPortFlow {
         host_addr: ip.dst_addr,
         host_port: dst_port,
