@@ -191,13 +191,25 @@ pub fn status_table(view: &StatusView) -> String {
         addrs.join(" ")
     ));
     if !status.attachments.is_empty() {
+        // Columns as wide as their longest entry: a cgroup path is long.
+        let width = |column: &dyn Fn(&crate::api::Attachment) -> usize, title: &str| {
+            status
+                .attachments
+                .iter()
+                .map(column)
+                .chain([title.len()])
+                .max()
+                .unwrap_or(0)
+        };
+        let interface = width(&|a| a.interface.len(), "INTERFACE");
+        let program = width(&|a| a.program.len(), "PROGRAM");
         out.push_str(&format!(
-            "{:<16} {:>8} {:<20} {}\n",
+            "{:<interface$} {:>8} {:<program$} {}\n",
             "INTERFACE", "IFINDEX", "PROGRAM", "MODE"
         ));
         for a in &status.attachments {
             out.push_str(&format!(
-                "{:<16} {:>8} {:<20} {}\n",
+                "{:<interface$} {:>8} {:<program$} {}\n",
                 a.interface, a.ifindex, a.program, a.mode
             ));
         }
@@ -311,6 +323,48 @@ pub fn endpoints_table(views: &[EndpointView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_columns_are_as_wide_as_the_longest_attachment() {
+        let attachment = |interface: &str, program: &str| crate::api::Attachment {
+            interface: interface.into(),
+            ifindex: 2,
+            program: program.into(),
+            mode: "m".into(),
+        };
+        let view = StatusView {
+            status: Status {
+                daemon_version: "0".into(),
+                bpf_dir: "/sys/fs/bpf/x".into(),
+                datapath_loaded: true,
+                endpoints: 0,
+                attachments: vec![
+                    attachment("uplink0", "uplink_egress"),
+                    attachment(
+                        "/sys/fs/cgroup/unified/a-long-cgroup",
+                        "hostport_getpeername4",
+                    ),
+                ],
+                nat_enabled: false,
+                uplink: None,
+                node_addr: None,
+                host_port_addrs: Vec::new(),
+            },
+            drops: BTreeMap::new(),
+            nat_counters: BTreeMap::new(),
+        };
+        let table = status_table(&view);
+        let rows: Vec<&str> = table
+            .lines()
+            .skip_while(|line| !line.starts_with("INTERFACE"))
+            .collect();
+        assert_eq!(rows.len(), 3, "{table}");
+        let mode_at: Vec<Option<usize>> = rows.iter().map(|row| row.rfind(' ')).collect();
+        assert!(
+            mode_at.iter().all(|at| *at == mode_at[0]),
+            "the last column starts at one place: {table}"
+        );
+    }
 
     #[test]
     fn table_lists_each_source_with_its_counters() {
