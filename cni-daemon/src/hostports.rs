@@ -1,5 +1,6 @@
 //! hostPort mappings: the `HOSTPORTS` map kept equal to the endpoint records' port
-//! mappings, the `HOSTPORT_TARGETS` bitmap equal to the container ports they lead to,
+//! mappings, the `HOSTPORT_TARGETS` bitmap equal to the container ports they lead to
+//! (and its last slot to how many there are),
 //! and the conflict rule (one (protocol, host address, host port) per node).
 
 use std::{
@@ -8,7 +9,7 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, MapData, MapError};
-use cni_ebpf_common::{PortKey, PortTarget, TARGET_WORDS};
+use cni_ebpf_common::{PortKey, PortTarget, TARGET_COUNT};
 
 use crate::api::{Endpoint, PortMapping};
 
@@ -41,7 +42,7 @@ impl HostPorts {
         for key in stale {
             crate::maps::removed(map.remove(&key))?;
         }
-        for word in 0..TARGET_WORDS {
+        for word in 0..=TARGET_COUNT {
             if targets.get(&word, 0)? != 0 {
                 targets.set(word, 0, 0)?;
             }
@@ -104,6 +105,8 @@ impl HostPorts {
             .range(first..=first.saturating_add(31))
             .fold(0u32, |bits, (port, _)| bits | 1 << (port % 32));
         self.targets.set(word, bits, 0)?;
+        let ports = u32::try_from(self.target_counts.len()).unwrap_or(u32::MAX);
+        self.targets.set(TARGET_COUNT, ports, 0)?;
         Ok(())
     }
 }

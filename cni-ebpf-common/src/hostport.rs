@@ -49,6 +49,9 @@ pub const HAIRPIN_ADDR: [u8; 4] = [169, 254, 42, 1];
 
 /// Words of [`HOSTPORT_TARGETS`](crate::map_names::HOSTPORT_TARGETS): one bit per port.
 pub const TARGET_WORDS: u32 = 65536 / 32;
+/// The slot of `HOSTPORT_TARGETS` after the bitmap: how many container ports mappings
+/// lead to. Zero lets the pod program skip hostPort work for every packet.
+pub const TARGET_COUNT: u32 = TARGET_WORDS;
 
 /// The socket hooks' configuration.
 #[repr(C)]

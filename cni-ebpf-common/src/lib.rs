@@ -13,7 +13,8 @@ pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
 pub use hostport::{
-    HAIRPIN_ADDR, HostPortFlow, PortKey, PortTarget, SockConfig, SockRevKey, TARGET_WORDS,
+    HAIRPIN_ADDR, HostPortFlow, PortKey, PortTarget, SockConfig, SockRevKey, TARGET_COUNT,
+    TARGET_WORDS,
 };
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
@@ -45,7 +46,7 @@ pub mod map_names {
     pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
     /// Hash: node IPv4 address (`[u8; 4]`) -> `u8` (1).
     pub const NODE_ADDRS: &str = "NODE_ADDRS";
-    /// Array of [`crate::TARGET_WORDS`] `u32`: bit `port % 32` of word `port / 32` is set
+    /// Array of [`crate::TARGET_WORDS`] + 1 `u32`: bit `port % 32` of word `port / 32` is set
     /// when a mapping leads to that container port.
     pub const HOSTPORT_TARGETS: &str = "HOSTPORT_TARGETS";
     /// Array of one [`crate::SockConfig`].

@@ -15,7 +15,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap},
     programs::TcContext,
 };
-use cni_ebpf_common::{HAIRPIN_ADDR, HostPortFlow, NatKey, PortKey, PortTarget, TARGET_WORDS};
+use cni_ebpf_common::{
+    HAIRPIN_ADDR, HostPortFlow, NatKey, PortKey, PortTarget, TARGET_COUNT, TARGET_WORDS,
+};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
@@ -37,7 +39,7 @@ static HOSTPORT_FLOWS: LruHashMap<NatKey, HostPortFlow> = LruHashMap::pinned(MAX
 static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(256, 0);
 
 #[map(name = "HOSTPORT_TARGETS")]
-static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS, 0);
+static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS + 1, 0);
 
 /// Whether `addr` is one of the node's own addresses.
 #[inline(always)]
@@ -203,7 +205,11 @@ pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Re
 #[inline(always)]
 pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i32>, i64> {
     let proto = ip.proto as u8;
-    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 || !any_mapping() {
+        return Ok(None);
+    }
+    // Checked before reading the ports: a pod's traffic to the outside pays one lookup.
+    if ip.dst_addr != HAIRPIN_ADDR && !is_node_addr(ip.dst_addr) {
         return Ok(None);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
@@ -274,6 +280,14 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
         return Ok(false);
     };
     outbound(ctx, ip, l4, l4_csum)
+}
+
+/// Whether any mapping exists on the node (an array read the verifier inlines).
+#[inline(always)]
+fn any_mapping() -> bool {
+    HOSTPORT_TARGETS
+        .get(TARGET_COUNT)
+        .is_some_and(|count| *count != 0)
 }
 
 /// Whether some mapping leads to container port `port` (the `HOSTPORT_TARGETS` bitmap):

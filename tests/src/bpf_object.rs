@@ -16,7 +16,7 @@ use aya::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, NatConfig, NatCounter, NatEntry,
-    NatKey, NatReverseKey, PortKey, PortTarget, map_names,
+    NatKey, NatReverseKey, PortKey, PortTarget, TARGET_COUNT, map_names,
 };
 use nix::{
     mount::{MsFlags, mount},
@@ -222,10 +222,17 @@ impl BpfObject {
         let mut targets: Array<_, u32> = Array::try_from(self.map_mut(map_names::HOSTPORT_TARGETS))
             .expect("HOSTPORT_TARGETS is an array");
         let word = u32::from(pod_port) / 32;
-        let bits = targets.get(&word, 0).unwrap_or(0) | 1 << (pod_port % 32);
+        let old = targets.get(&word, 0).unwrap_or(0);
+        let bits = old | 1 << (pod_port % 32);
         targets
             .set(word, bits, 0)
             .unwrap_or_else(|error| panic!("cannot mark port {pod_port}: {error}"));
+        if bits != old {
+            let ports = targets.get(&TARGET_COUNT, 0).unwrap_or(0) + 1;
+            targets
+                .set(TARGET_COUNT, ports, 0)
+                .unwrap_or_else(|error| panic!("cannot count port {pod_port}: {error}"));
+        }
     }
 
     // --- Source NAT maps ------------------------------------------------------------------
