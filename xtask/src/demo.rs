@@ -111,7 +111,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     show(&node.instance.cli(&["status"]))?;
     show(&node.instance.cli(&["counters"]))?;
 
-    say("8. The daemon is killed (SIGKILL): pods keep talking through the pinned programs");
+    say("8. The daemon is killed (SIGKILL): pods keep talking: the programs live on in the kernel");
     node.daemon.kill();
     ping(&a.netns, "pod a", &b.ip.to_string())?;
 
