@@ -241,7 +241,8 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
         let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
         return forward::deliver(ctx, eth, &ip, &pod).map(Some);
     }
-    let Some(target) = mapping(proto, ip.dst_addr, dst_port) else {
+    // A node address (checked above): straight to the mappings.
+    let Some(target) = lookup(proto, ip.dst_addr, dst_port) else {
         return Ok(None);
     };
     let Some(pod) = endpoints::lookup(target.pod_addr) else {

@@ -67,16 +67,14 @@ impl Datapath {
     /// whose anchor was deleted is installed again first), and removes the per-veth
     /// links an earlier daemon left.
     pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
-        if !tc_block::anchor_present()? {
-            // Deleted by hand: with no pod bound, the block went with it, filter and all,
-            // and a new pod would be bound to an empty block.
+        if !tc_block::bind_interface(host_veth)? {
             tracing::warn!(
                 anchor = tc_block::ANCHOR,
                 "the pods' block anchor is gone: reinstalling"
             );
             self.install_pod_block()?;
+            tc_block::bind_interface(host_veth)?;
         }
-        tc_block::bind_interface(host_veth)?;
         self.remove_legacy_links(host_veth)
     }
 

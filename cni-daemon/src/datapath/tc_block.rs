@@ -165,21 +165,21 @@ pub fn remove() -> Result<(), TcBlockError> {
     })
 }
 
-/// Whether the anchor pair exists: without it (deleted by hand) the block, and its
-/// filter, live only as long as some pod's veth is bound to it.
-pub fn anchor_present() -> Result<bool, TcBlockError> {
-    with_netlink(|handle| async move { Ok(link_index(&handle, ANCHOR).await?.is_some()) })
-}
-
 /// Binds `interface`'s ingress to the block (a `clsact` qdisc with `ingress_block`);
-/// already bound is fine, another `clsact` there is replaced.
-pub fn bind_interface(interface: &str) -> Result<(), TcBlockError> {
+/// already bound is fine, another `clsact` there is replaced. Returns `false`, binding
+/// nothing, when the anchor pair is gone: deleted by hand with no pod bound, it took the
+/// block and its filter along, and the caller must [`install`] them again first.
+pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
     let interface = interface.to_owned();
     with_netlink(|handle| async move {
+        if link_index(&handle, ANCHOR).await?.is_none() {
+            return Ok(false);
+        }
         let index = link_index(&handle, &interface)
             .await?
             .ok_or(TcBlockError::NoInterface(interface))?;
-        bind(&handle, index).await
+        bind(&handle, index).await?;
+        Ok(true)
     })
 }
 
