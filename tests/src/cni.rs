@@ -20,6 +20,9 @@ pub struct Network {
     pub subnet: String,
     pub data_dir: PathBuf,
     pub socket: PathBuf,
+    /// The config's `mtu`: 1450 (not the kernel's default) so that tests see it applied;
+    /// the benchmark sets `None`, the reference chain's default.
+    pub mtu: Option<u32>,
 }
 
 impl Network {
@@ -32,24 +35,28 @@ impl Network {
             subnet: subnet.to_owned(),
             data_dir: run_dir.join("ipam"),
             socket: instance.socket.clone(),
+            mtu: Some(1450),
         }
     }
 
     /// The config a runtime would pass for `version`.
     pub fn config(&self, version: &str) -> Value {
-        json!({
+        let mut config = json!({
             "cniVersion": version,
             "name": self.name,
             "type": "ebpf-cni",
             "daemonSocket": self.socket,
-            "mtu": 1450,
             "ipMasq": true,
             "ipam": {
                 "type": "host-local",
                 "subnet": self.subnet,
                 "dataDir": self.data_dir,
             },
-        })
+        });
+        if let Some(mtu) = self.mtu {
+            config["mtu"] = json!(mtu);
+        }
+        config
     }
 
     /// Addresses host-local has handed out and not released (its files named by IP).

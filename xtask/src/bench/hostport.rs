@@ -138,7 +138,7 @@ fn measure(mapper: &dyn Mapper, plan: Plan, tag: &str) -> anyhow::Result<Samples
 
 pub(super) fn hostport(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: hostPort");
-    let node = Node::start("10.245.0.0/16");
+    let node = super::node("10.245.0.0/16");
     let ours = measure(&node, plan, "e")?;
     drop(node);
     let refnode = RefNode::new("10.244.0.0/16");

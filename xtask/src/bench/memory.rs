@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, ensure};
-use ebpf_cni_tests::{bins, cni::Call, netns::Netns, node::Node};
+use ebpf_cni_tests::{bins, cni::Call, netns::Netns};
 
 use super::{
     reference::RefNode,
@@ -14,7 +14,7 @@ use super::{
 /// The daemon's resident memory with 0, 100 and 250 endpoints; the plugins' peak memory.
 pub(super) fn memory() -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: memory");
-    let node = Node::start("10.249.0.0/16");
+    let node = super::node("10.249.0.0/16");
     let pid = node.daemon.pid().context("the daemon runs")?;
     let mut figures = Vec::new();
     let mut pods = Vec::new();

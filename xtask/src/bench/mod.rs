@@ -167,6 +167,14 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A simulated node running ebpf-cni, configured as the reference chain is: no `mtu` in
+/// the config (the tests' 1450 would shrink our segments against the reference's 1500).
+fn node(subnet: &str) -> ebpf_cni_tests::node::Node {
+    let mut node = ebpf_cni_tests::node::Node::start(subnet);
+    node.network.mtu = None;
+    node
+}
+
 /// Runs `measure` for every contender, `repeats` times, interleaved.
 fn interleaved(
     repeats: usize,

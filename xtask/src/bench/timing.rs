@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::ensure;
-use ebpf_cni_tests::{cni::Call, netns::Netns, node::Node};
+use ebpf_cni_tests::{cni::Call, netns::Netns};
 
 use super::{
     PARALLEL_PODS, Plan, figure, interleaved,
@@ -15,7 +15,7 @@ use super::{
 /// ADD and DEL wall time per pod (median, p99) and of 30 parallel ADDs.
 pub(super) fn add_del_times(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: ADD/DEL times");
-    let node = Node::start("10.250.0.0/16");
+    let node = super::node("10.250.0.0/16");
     let config = node.network.config("1.0.0");
     let refnode = RefNode::new("10.251.0.0/16");
     // One namespace per pod and contender; ADDs alternate between the contenders.

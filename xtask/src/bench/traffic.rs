@@ -21,7 +21,7 @@ struct PodPairs {
 
 impl PodPairs {
     fn build() -> anyhow::Result<Self> {
-        let node = Node::start("10.252.0.0/24");
+        let node = super::node("10.252.0.0/24");
         let a = node.add_pod("bench-a");
         let b = node.add_pod("bench-b");
         let refnode = RefNode::new("10.253.0.0/24");
@@ -89,7 +89,7 @@ pub(super) fn pod_to_pod(plan: Plan) -> anyhow::Result<Vec<Figure>> {
 /// reference's through iptables MASQUERADE (bridge ipMasq) and the kernel's conntrack.
 pub(super) fn pod_to_external(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: pod-to-external traffic (source NAT)");
-    let node = Node::start("10.247.0.0/24");
+    let node = super::node("10.247.0.0/24");
     let pod = node.add_pod("bench-snat");
     let refnode = RefNode::new("10.246.0.0/24");
     let rpod = Netns::new("refsnat");
