@@ -1,6 +1,13 @@
-//! ARP responder: a pod's ARP requests (for its gateway, or for another pod on its
-//! subnet) are answered with its host veth's MAC, so the pod sends everything to the
-//! host veth, where the forwarding program takes over. No bridge, no proxy_arp sysctl.
+//! ARP responder: a pod's ARP requests are answered by the program, so the pod sends
+//! everything to its host veth, where the forwarding program takes over. No bridge, no
+//! proxy_arp sysctl.
+//!
+//! A request for another pod of this node is answered with that pod's own MAC, as a
+//! bridge would let the pod learn it: frames between pods then carry the MACs they
+//! would carry on a bridge, and `forward::deliver` hands them over without writing a
+//! byte (a write costs a copy of the headers, as the sender's TCP still holds the
+//! packet). Anything else (the gateway, addresses of no local pod) gets the host veth's
+//! MAC: the pod's router.
 
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
 use cni_ebpf_common::DropReason;
@@ -42,15 +49,19 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
         return Ok(TC_ACT_OK);
     };
 
+    let answer = match endpoints::lookup(target) {
+        Some(neighbour) => neighbour.pod_mac,
+        None => pod.host_mac,
+    };
     let reply_eth = EthHdr {
         dst_addr: eth.src_addr,
-        src_addr: pod.host_mac,
+        src_addr: answer,
         ether_type: eth.ether_type,
     };
     arp.set_oper(ARP_REPLY);
     arp.set_tha(arp.sha());
     arp.set_tpa(sender);
-    arp.set_sha(pod.host_mac);
+    arp.set_sha(answer);
     arp.set_spa(target);
     ctx.store(0, &reply_eth, 0)?;
     ctx.store(EthHdr::LEN, &arp, 0)?;

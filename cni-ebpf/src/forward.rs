@@ -1,7 +1,9 @@
 //! IPv4 forwarding between pods of this node: the destination is looked up in the
-//! endpoints map, the TTL decremented (we are the pod's router), the MACs rewritten, and
-//! the frame handed straight to the destination pod with `bpf_redirect_peer`: it never
-//! crosses the node's IP stack, netfilter, or a bridge. Anything else goes to the stack.
+//! endpoints map and the frame handed straight to the destination pod with
+//! `bpf_redirect_peer`: it never crosses the node's IP stack, netfilter, or a bridge.
+//! A frame the sender addressed to the destination pod's MAC (an on-link neighbour, see
+//! `arp`) goes as it is; one addressed to the gateway is routed: TTL decremented, MACs
+//! rewritten. Anything else goes to the stack.
 
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect_peer, programs::TcContext};
 use cni_ebpf_common::{DropReason, EndpointInfo};
@@ -34,6 +36,9 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
                 let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
                 return deliver(ctx, eth, &ip, &destination);
             }
+            if eth.dst_addr == destination.pod_mac {
+                return Ok(switch(ctx, &destination));
+            }
             deliver(ctx, eth, &ip, &destination)
         }
         None => match hostport::from_pod(ctx, eth, &ip)? {
@@ -41,6 +46,17 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
             None => route::to_uplink(ctx, eth, &ip, ifindex),
         },
     }
+}
+
+/// Hands a frame already addressed to the pod `destination`'s MAC (the sender, on its
+/// subnet, learnt it from `arp`) to that pod unchanged, as the bridge the pods believe
+/// in would: no TTL decrement (the pods are on-link neighbours), no byte written, so the
+/// sender's packet is not copied.
+#[inline(always)]
+fn switch(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
+    metrics::count(destination.host_ifindex, Direction::ToPod, ctx.len());
+    // SAFETY: a plain helper call with an ifindex and no flags.
+    unsafe { bpf_redirect_peer(destination.host_ifindex, 0) as i32 }
 }
 
 /// Hands an IPv4 frame (headers `eth`, `ip` as read) to the local pod `destination`:

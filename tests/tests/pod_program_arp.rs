@@ -1,6 +1,7 @@
 //! The ARP responder of `from_pod`, run by the kernel through BPF_PROG_TEST_RUN: a pod's
-//! request for the gateway or any pod address is answered from the host veth's MAC, and
-//! every request it must not answer reaches the stack unchanged.
+//! request for another pod of the node is answered with that pod's MAC (as on a bridge),
+//! one for the gateway or any other address with the host veth's MAC, and every request
+//! it must not answer reaches the stack unchanged.
 
 use ebpf_cni_tests::{
     frames::{
@@ -16,7 +17,7 @@ fn arp_request_for_the_gateway_is_answered_with_the_host_veth_mac() {
     let object = datapath();
     let request = arp_request(&SENDER, GATEWAY);
     let run = from_pod(&object, &request);
-    assert_arp_reply(&run, &request, GATEWAY);
+    assert_arp_reply(&run, &request, GATEWAY, SENDER.info.host_mac);
     assert_eq!(
         object.endpoint_counters(LOOPBACK),
         counters(1, ARP_END, 1, ARP_END),
@@ -26,13 +27,27 @@ fn arp_request_for_the_gateway_is_answered_with_the_host_veth_mac() {
 }
 
 #[test]
-fn arp_request_for_another_pod_is_answered_as_proxy_for_the_subnet() {
+fn arp_request_for_another_pod_of_the_node_is_answered_with_that_pods_mac() {
     require_root();
     let object = datapath();
-    for target in [PEER.ip, ELSEWHERE.ip] {
-        let request = arp_request(&SENDER, target);
-        assert_arp_reply(&from_pod(&object, &request), &request, target);
+    for target in [&PEER, &ELSEWHERE] {
+        let request = arp_request(&SENDER, target.ip);
+        let run = from_pod(&object, &request);
+        assert_arp_reply(&run, &request, target.ip, target.info.pod_mac);
     }
+}
+
+#[test]
+fn arp_request_for_an_address_of_no_pod_is_answered_as_proxy_with_the_host_veth_mac() {
+    require_root();
+    let object = datapath();
+    let request = arp_request(&SENDER, UNKNOWN);
+    assert_arp_reply(
+        &from_pod(&object, &request),
+        &request,
+        UNKNOWN,
+        SENDER.info.host_mac,
+    );
 }
 
 #[test]

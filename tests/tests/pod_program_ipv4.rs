@@ -1,14 +1,16 @@
 //! IPv4 through the pod veth programs, run by the kernel through BPF_PROG_TEST_RUN:
-//! `from_pod` forwards to a known pod with rewritten MACs, one TTL less and a valid
-//! checksum for every TTL, counted for both veths, and hands unknown or expiring
+//! `from_pod` forwards to a known pod: routed (sent to the gateway's MAC) with rewritten
+//! MACs, one TTL less and a valid checksum for every TTL; switched (sent to the pod's
+//! own MAC) unchanged; counted for both veths; and hands unknown or expiring
 //! destinations to the stack unchanged.
 
 use cni_ebpf_common::EndpointCounters;
 use ebpf_cni_tests::{
     frames::{
-        IP, IP_CHECK, IP_END, LOOPBACK, PEER, SENDER, UNKNOWN, all_drops, assert_forwarded,
-        assert_passes_unchanged, assert_reference_checksum_is_right, counters, datapath, from_pod,
-        icmp_echo_request, internet_checksum, ipv4, ipv4_header_is_valid, no_drops, tcp_syn,
+        IP, IP_CHECK, IP_END, LOOPBACK, PEER, SENDER, TC_ACT_REDIRECT, UNKNOWN, all_drops,
+        assert_forwarded, assert_passes_unchanged, assert_reference_checksum_is_right, counters,
+        datapath, from_pod, icmp_echo_request, internet_checksum, ipv4, ipv4_header_is_valid,
+        ipv4_on_link, no_drops, tcp_syn,
     },
     require_root,
 };
@@ -38,6 +40,27 @@ fn ipv4_to_a_known_pod_is_rewritten_and_redirected_to_its_veth() {
         counters(2, bytes, 0, 0),
         "both sent by the sender"
     );
+}
+
+#[test]
+fn ipv4_sent_to_a_known_pods_own_mac_is_redirected_to_it_unchanged() {
+    require_root();
+    let object = datapath();
+    // TTL 1 too: on-link neighbours, as on a bridge, do not decrement it.
+    for ttl in [64, 1] {
+        let syn = ipv4_on_link(&SENDER, &PEER, ttl, 6, &tcp_syn(SENDER.ip, PEER.ip));
+        let run = from_pod(&object, &syn);
+        assert_eq!(run.verdict, TC_ACT_REDIRECT, "TTL {ttl}: redirected");
+        assert_eq!(run.frame, syn, "TTL {ttl}: not a byte changed");
+    }
+    assert_eq!(
+        object
+            .endpoint_counters(PEER.info.host_ifindex)
+            .to_pod_packets,
+        2,
+        "both delivered to the destination's veth"
+    );
+    assert_eq!(all_drops(&object), no_drops());
 }
 
 #[test]

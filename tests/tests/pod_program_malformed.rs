@@ -215,18 +215,20 @@ fn random_frames_get_only_the_verdicts_their_headers_allow() {
                 drops[reason as usize] += 1;
                 (TC_ACT_SHOT, None)
             }
-            Outcome::Forward(pod) => (TC_ACT_REDIRECT, Some(pod.info.host_ifindex)),
-            Outcome::ArpReply => (TC_ACT_REDIRECT, Some(LOOPBACK)),
+            Outcome::Forward(pod) | Outcome::Switch(pod) => {
+                (TC_ACT_REDIRECT, Some(pod.info.host_ifindex))
+            }
+            Outcome::ArpReply(_) => (TC_ACT_REDIRECT, Some(LOOPBACK)),
         };
         assert_eq!(run.verdict, verdict, "{context}");
         match outcome {
             Outcome::Forward(pod) => assert_forwarded(&frame, &run, pod),
-            Outcome::ArpReply => assert_eq!(
-                run.frame,
-                expected_arp_reply(&frame, SENDER.info.host_mac),
-                "{context}"
-            ),
-            Outcome::Stack | Outcome::Drop(_) => assert_eq!(run.frame, frame, "{context}"),
+            Outcome::ArpReply(answer) => {
+                assert_eq!(run.frame, expected_arp_reply(&frame, answer), "{context}")
+            }
+            Outcome::Stack | Outcome::Drop(_) | Outcome::Switch(_) => {
+                assert_eq!(run.frame, frame, "{context}")
+            }
         }
         if let Some(ifindex) = to {
             let slot = delivered.entry(ifindex).or_default();

@@ -198,6 +198,14 @@ pub fn arp_request(sender: &Pod, target: [u8; 4]) -> Vec<u8> {
     arp(1, sender.info.pod_mac, sender.ip, target)
 }
 
+/// The same packet as [`ipv4`], sent by a pod straight to `to`'s MAC, as it does for an
+/// address of its subnet once the ARP responder told it that pod's MAC.
+pub fn ipv4_on_link(from: &Pod, to: &Pod, ttl: u8, proto: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = ipv4(from, to.ip, ttl, proto, payload);
+    frame[..6].copy_from_slice(&to.info.pod_mac);
+    frame
+}
+
 /// An IPv4 packet the sender's pod routes through its gateway (the host veth's MAC).
 pub fn ipv4(from: &Pod, dst: [u8; 4], ttl: u8, proto: u8, payload: &[u8]) -> Vec<u8> {
     let mut frame = ethernet(from.info.host_mac, from.info.pod_mac, ETH_P_IP);
@@ -278,9 +286,10 @@ pub fn expected_arp_reply(request: &[u8], host_mac: [u8; 6]) -> Vec<u8> {
     reply
 }
 
-/// The sender's request for `target` came back as a reply from the sender's host veth.
-pub fn assert_arp_reply(run: &Run, request: &[u8], target: [u8; 4]) {
-    let host_mac = SENDER.info.host_mac;
+/// The sender's request for `target` came back as a reply, out of the sender's host
+/// veth, saying `target` is at `answer`.
+pub fn assert_arp_reply(run: &Run, request: &[u8], target: [u8; 4], answer: [u8; 6]) {
+    let host_mac = answer;
     assert_eq!(
         run.verdict, TC_ACT_REDIRECT,
         "the reply goes back out of the veth"
@@ -295,12 +304,12 @@ pub fn assert_arp_reply(run: &Run, request: &[u8], target: [u8; 4]) {
         SENDER.info.pod_mac,
         "eth dst: the asking pod"
     );
-    assert_eq!(run.frame[6..12], host_mac, "eth src: the host veth");
+    assert_eq!(run.frame[6..12], host_mac, "eth src: the answered MAC");
     assert_eq!(run.frame[ARP_OPER..ARP_OPER + 2], [0, 2], "oper: reply");
     assert_eq!(
         run.frame[ARP_SHA..ARP_SHA + 6],
         host_mac,
-        "sha: the host veth"
+        "sha: the answered MAC"
     );
     assert_eq!(
         run.frame[ARP_SPA..ARP_SPA + 4],

@@ -79,7 +79,13 @@ pub fn random_frame(rng: &mut Lcg) -> Vec<u8> {
         let vihl = rng.pick(&[0x45, 0x45, 0x45, 0x46, 0x4f, 0x44, 0x40, 0x65, 0x05]);
         put(&mut frame, IP, &[vihl]);
         put(&mut frame, IP_TTL, &[rng.pick(&[0, 1, 2, 64, 255])]);
-        put(&mut frame, IP_DST, &rng.pick(&addresses));
+        let dst = rng.pick(&addresses);
+        put(&mut frame, IP_DST, &dst);
+        // Half the frames to a pod are sent to its own MAC, as after the ARP responder's
+        // answer (the program then switches them unchanged).
+        if let Some(pod) = endpoint(&dst).filter(|_| rng.one_in(2)) {
+            put(&mut frame, 0, &pod.info.pod_mac);
+        }
         if vihl == 0x45 && frame.len() >= IP_END && rng.one_in(2) {
             frame[IP_CHECK..IP_CHECK + 2].fill(0);
             let check = internet_checksum(&frame[IP..IP_END]);
@@ -98,8 +104,11 @@ pub enum Outcome {
     Drop(DropReason),
     /// Rewritten and redirected to this pod's veth.
     Forward(&'static Pod),
-    /// Answered with an ARP reply back out of the sender's veth.
-    ArpReply,
+    /// Already addressed to this pod's MAC: redirected to its veth unchanged.
+    Switch(&'static Pod),
+    /// Answered with an ARP reply back out of the sender's veth, saying the asked
+    /// address is at this MAC.
+    ArpReply([u8; 6]),
 }
 
 fn endpoint(addr: &[u8]) -> Option<&'static Pod> {
@@ -118,6 +127,7 @@ pub fn expected_outcome(frame: &[u8]) -> Outcome {
             return Outcome::Drop(DropReason::MalformedIpv4);
         }
         match endpoint(&frame[IP_DST..IP_END]) {
+            Some(pod) if frame[..6] == pod.info.pod_mac => Outcome::Switch(pod),
             Some(pod) if frame[IP_TTL] > 1 => Outcome::Forward(pod),
             _ => Outcome::Stack,
         }
@@ -132,7 +142,8 @@ pub fn expected_outcome(frame: &[u8]) -> Outcome {
         let request = frame[ARP_OPER..ARP_OPER + 2] == [0, 1];
         match endpoint(spa) {
             Some(pod) if request && spa != tpa && pod.info.host_ifindex == LOOPBACK => {
-                Outcome::ArpReply
+                let answer = endpoint(tpa).map_or(pod.info.host_mac, |target| target.info.pod_mac);
+                Outcome::ArpReply(answer)
             }
             _ => Outcome::Stack,
         }
