@@ -8,7 +8,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
 
 /// Flows tracked at once; the LRU evicts the oldest when full.
-const MAX_FLOWS: u32 = 65536;
+const MAX_FLOWS: u32 = 262_144;
 const MAX_CIDRS: u32 = 256;
 
 #[map(name = "NAT_OUT")]
@@ -55,12 +55,50 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+/// Refreshes a flow in both tables, in place: `this` (the entry just looked up) and the
+/// other table's entry at `other`. A map update would allocate a new LRU element and
+/// take the map's locks, twice per TCP state change (about eight times per
+/// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
+/// the same flow at once write the same kind of values: whichever lands is right. An
+/// entry missing from the other table (evicted) is written back whole.
+#[inline(always)]
+pub fn refresh<K>(
+    this: *mut NatEntry,
+    other_table: &LruHashMap<K, NatEntry>,
+    other: &K,
+    now: u64,
+    state: u8,
+) {
+    // SAFETY: `this` points into a map value, valid for the program run.
+    let entry = unsafe {
+        (*this).last_seen_ns = now;
+        (*this).state = state;
+        *this
+    };
+    match other_table.get_ptr_mut(other) {
+        // SAFETY: as above.
+        Some(twin) => unsafe {
+            (*twin).last_seen_ns = now;
+            (*twin).state = state;
+        },
+        None => {
+            let _ = other_table.insert(other, &entry, 0);
+        }
+    }
+}
+
+#[inline(always)]
+fn min(a: u32, b: u32) -> u32 {
+    if a < b { a } else { b }
+}
+
 /// Whether `entry` of protocol `proto` has been idle longer than its timeout.
 #[inline(always)]
 pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
     let secs = match (proto, entry.state) {
         (6, tcp_state::ESTABLISHED) => config.tcp_established_secs,
         (6, tcp_state::CLOSED) => config.tcp_closed_secs,
+        (6, tcp_state::POD_CLOSED) => min(config.tcp_closed_secs, tcp_state::POD_CLOSED_SECS),
         (6, _) => config.tcp_transitory_secs,
         (17, _) => config.udp_secs,
         _ => config.icmp_secs,

@@ -119,20 +119,15 @@ fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) ->
 #[inline(always)]
 fn live_entry(key: &NatReverseKey, config: &NatConfig, tcp_flags: u8) -> Option<NatEntry> {
     let now = nat_maps::now_ns();
-    // SAFETY: the value is copied at once.
-    let entry = unsafe { NAT_IN.get(key) }.copied()?;
+    let slot = NAT_IN.get_ptr_mut(key)?;
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let entry = unsafe { *slot };
     if nat_maps::expired(&entry, key.proto, config, now) {
         return None;
     }
     let state = snat::next_state(entry.state, tcp_flags, Way::In);
-    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > 1_000_000_000 {
-        let refreshed = NatEntry {
-            last_seen_ns: now,
-            state,
-            ..entry
-        };
-        let _ = NAT_IN.insert(key, &refreshed, 0);
-        let _ = nat_maps::NAT_OUT.insert(&key.forward(&entry), &refreshed, 0);
+    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > snat::REFRESH_NS {
+        nat_maps::refresh(slot, &nat_maps::NAT_OUT, &key.forward(&entry), now, state);
     }
     Some(entry)
 }

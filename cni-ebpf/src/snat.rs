@@ -4,6 +4,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK},
+    helpers::generated::bpf_get_prandom_u32,
     programs::TcContext,
 };
 use cni_ebpf_common::{
@@ -21,11 +22,15 @@ use crate::{
 };
 
 const ICMP_ECHO_REQUEST: u8 = 8;
-/// Ports probed for a new flow before giving up (linear probing from a per-flow hash).
+/// Ports probed for a new flow before giving up (after its own port, see `allocate`).
 const MAX_PROBES: u32 = 128;
+/// Distance between two probed ports: a prime, so that it visits every port of any range
+/// whose size it does not divide (the default range has 31,744 = 2^10 x 31 ports), and
+/// far larger than the runs of consecutive ports pods hold.
+const PROBE_STRIDE: u32 = 7919;
 /// An entry's timestamp is refreshed at most this often, to spare map writes on the
 /// fast path.
-const REFRESH_NS: u64 = 1_000_000_000;
+pub const REFRESH_NS: u64 = 1_000_000_000;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -53,13 +58,11 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
             }
         }
     }
-    let masqueraded = endpoints::lookup(ip.src_addr)
-        .is_some_and(|pod| pod.flags & endpoint_flags::MASQUERADE != 0);
-    if !masqueraded || nat_maps::in_cluster(ip.dst_addr) {
-        return Ok(TC_ACT_OK);
-    }
     if ip.frag_offset() != 0 {
-        return Ok(metrics::drop_packet(DropReason::NatFragment));
+        if to_translate(&ip) {
+            return Ok(metrics::drop_packet(DropReason::NatFragment));
+        }
+        return Ok(TC_ACT_OK);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
     let Some(l4_csum) = L4Csum::of(ip.proto as u8, l4) else {
@@ -100,26 +103,27 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         pad: [0; 3],
     };
     let now = nat_maps::now_ns();
-    // SAFETY: the value is copied at once.
-    let existing = unsafe { NAT_OUT.get(&key) }
-        .copied()
-        .filter(|entry| !nat_maps::expired(entry, key.proto, &config, now));
+    // A flow in the table was found to need translation when it began: its packets
+    // skip the endpoint and cluster-range lookups (two more maps to touch per packet).
+    let existing = NAT_OUT.get_ptr_mut(&key).filter(|entry| {
+        // SAFETY: a pointer into the map value, valid for the program run.
+        !nat_maps::expired(unsafe { &**entry }, key.proto, &config, now)
+    });
     let node_port = match existing {
-        Some(entry) => {
+        Some(slot) => {
+            // SAFETY: as above; copied at once.
+            let entry = unsafe { *slot };
             let state = next_state(entry.state, tcp_flags, Way::Out);
             if state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
-                record(
-                    &key,
-                    &NatEntry {
-                        last_seen_ns: now,
-                        state,
-                        ..entry
-                    },
-                );
+                let reverse = key.reverse(entry.node_port);
+                nat_maps::refresh(slot, &NAT_IN, &reverse, now, state);
             }
             entry.node_port
         }
         None => {
+            if !to_translate(&ip) {
+                return Ok(TC_ACT_OK);
+            }
             let state = if key.proto != TCP {
                 0
             } else if tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0 {
@@ -144,75 +148,94 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
     Ok(TC_ACT_OK)
 }
 
-/// Writes a flow's entry into both tables.
+/// Whether `ip` is a masqueraded pod's packet for outside the cluster ranges.
 #[inline(always)]
-fn record(key: &NatKey, entry: &NatEntry) {
-    let _ = NAT_OUT.insert(key, entry, BPF_ANY as u64);
-    let _ = NAT_IN.insert(&key.reverse(entry.node_port), entry, BPF_ANY as u64);
+fn to_translate(ip: &Ipv4Hdr) -> bool {
+    endpoints::lookup(ip.src_addr).is_some_and(|pod| pod.flags & endpoint_flags::MASQUERADE != 0)
+        && !nat_maps::in_cluster(ip.dst_addr)
 }
 
 /// Finds a free node port for `key` (same remote address, port and protocol) and claims
 /// it in both tables. A port whose flow has expired is taken over.
+///
+/// The pod's own port comes first when it is in the range, as Linux's NAT keeps the
+/// source port when it can: a pod's ports are already distinct per destination, so
+/// most flows take it at once. Then ports are probed from a random start (RFC 6056: a
+/// node port an off-path host cannot guess), [`PROBE_STRIDE`] apart: the pods' own
+/// ports form long runs of held ports, which a linear search would walk through. Each
+/// probe is a lookup, which takes no lock; only a port that looks free is claimed, with
+/// an insert that fails if another CPU claimed it meanwhile. (A failed insert still
+/// takes the bucket lock and an LRU node: probing with inserts made an allocation cost
+/// microseconds once a busy destination's ports were mostly held by closed flows.)
 #[inline(always)]
 fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16> {
     let size = u32::from(config.port_max.checked_sub(config.port_min)?) + 1;
-    let start = flow_hash(key) % size;
+    if key.pod_port >= config.port_min
+        && key.pod_port <= config.port_max
+        && claim(key, config, now, state, key.pod_port)
+    {
+        return Some(key.pod_port);
+    }
+    // SAFETY: a helper without arguments.
+    let start = unsafe { bpf_get_prandom_u32() } % size;
     for probe in 0..MAX_PROBES {
-        let port = config.port_min + ((start + probe) % size) as u16;
-        // Host ports belong to their mappings.
-        if hostport::is_host_port(key.proto, port, config.node_addr) {
-            continue;
+        let port = config.port_min + ((start + probe * PROBE_STRIDE) % size) as u16;
+        if claim(key, config, now, state, port) {
+            return Some(port);
         }
-        let reverse = key.reverse(port);
-        let entry = NatEntry {
-            last_seen_ns: now,
-            pod_addr: key.pod_addr,
-            pod_port: key.pod_port,
-            node_port: port,
-            state,
-            pad: [0; 7],
-        };
-        if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
-            // SAFETY: the value is copied at once.
-            let holder = unsafe { NAT_IN.get(&reverse) }.copied();
-            match holder {
-                // This very flow already holds the port (its NAT_OUT entry was evicted
-                // or had expired): it keeps it.
-                Some(old) if old.pod_addr == key.pod_addr && old.pod_port == key.pod_port => {
-                    let _ = NAT_IN.insert(&reverse, &entry, BPF_ANY as u64);
-                }
-                Some(old) if nat_maps::expired(&old, key.proto, config, now) => {
-                    // The old flow's NAT_OUT entry goes only if it still points here:
-                    // it may have moved to another port since.
-                    let stale = reverse.forward(&old);
-                    // SAFETY: the value is copied at once.
-                    let still_here =
-                        unsafe { NAT_OUT.get(&stale) }.is_some_and(|moved| moved.node_port == port);
-                    if still_here {
-                        let _ = NAT_OUT.remove(&stale);
-                    }
-                    if NAT_IN.insert(&reverse, &entry, BPF_ANY as u64).is_err() {
-                        continue;
-                    }
-                }
-                _ => continue,
-            }
-        }
-        let _ = NAT_OUT.insert(key, &entry, BPF_ANY as u64);
-        return Some(port);
     }
     None
 }
 
-/// A cheap, well-mixed hash of a flow: where its port search starts, so two pods using
-/// the same source port usually land on different node ports at once.
+/// Claims node `port` for `key` in both tables if it is free, held by this very flow,
+/// or held by an expired one.
 #[inline(always)]
-fn flow_hash(key: &NatKey) -> u32 {
-    let mut h = u32::from_ne_bytes(key.pod_addr) ^ 0x9e37_79b9;
-    h = (h ^ (u32::from(key.pod_port) << 16 | u32::from(key.remote_port)))
-        .wrapping_mul(0x85eb_ca6b);
-    h = (h ^ u32::from_ne_bytes(key.remote_addr)).wrapping_mul(0xc2b2_ae35);
-    h ^ (h >> 16)
+fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bool {
+    // Host ports belong to their mappings.
+    if hostport::is_host_port(key.proto, port, config.node_addr) {
+        return false;
+    }
+    let reverse = key.reverse(port);
+    let entry = NatEntry {
+        last_seen_ns: now,
+        pod_addr: key.pod_addr,
+        pod_port: key.pod_port,
+        node_port: port,
+        state,
+        pad: [0; 7],
+    };
+    match NAT_IN.get_ptr_mut(&reverse) {
+        None => {
+            if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
+                return false;
+            }
+        }
+        Some(holder) => {
+            // SAFETY: a pointer into the map value, valid for the program run.
+            let old = unsafe { *holder };
+            // This very flow already holds the port (its NAT_OUT entry was evicted or
+            // had expired): it keeps it.
+            let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
+            if !same_flow {
+                if !nat_maps::expired(&old, key.proto, config, now) {
+                    return false;
+                }
+                // The old flow's NAT_OUT entry goes only if it still points here: it may
+                // have moved to another port since.
+                let stale = reverse.forward(&old);
+                // SAFETY: the value is read at once.
+                let still_here =
+                    unsafe { NAT_OUT.get(&stale) }.is_some_and(|moved| moved.node_port == port);
+                if still_here {
+                    let _ = NAT_OUT.remove(&stale);
+                }
+            }
+            // SAFETY: as above; the port changes hands in place.
+            unsafe { *holder = entry };
+        }
+    }
+    let _ = NAT_OUT.insert(key, &entry, BPF_ANY as u64);
+    true
 }
 
 /// Which way a packet of a flow goes.
@@ -234,10 +257,9 @@ pub fn next_state(state: u8, flags: u8, way: Way) -> u8 {
     if flags & TCP_FIN != 0 {
         // A FIN each way closes the flow; the first one only starts closing it.
         return match (way, state) {
-            (Way::Out, tcp_state::REMOTE_CLOSING) | (Way::In, tcp_state::CLOSING) => {
-                tcp_state::CLOSED
-            }
-            (_, tcp_state::CLOSED) => tcp_state::CLOSED,
+            (Way::Out, tcp_state::REMOTE_CLOSING) => tcp_state::CLOSED,
+            (Way::In, tcp_state::CLOSING) => tcp_state::POD_CLOSED,
+            (_, tcp_state::CLOSED | tcp_state::POD_CLOSED) => state,
             (Way::Out, _) => tcp_state::CLOSING,
             (Way::In, _) => tcp_state::REMOTE_CLOSING,
         };

@@ -1,7 +1,8 @@
 //! Node port allocation by `uplink_egress`, run by the kernel through BPF_PROG_TEST_RUN
-//! with narrow port ranges: flows that share a pod port get distinct node ports, a new
-//! flow finding every port held by live flows is dropped and counted, an expired flow's
-//! port is taken over without harming any live flow.
+//! with narrow port ranges: a flow keeps its pod port when free, flows that share a pod
+//! port get distinct node ports, a new flow finding every port held by live flows is
+//! dropped and counted, an expired flow's port is taken over without harming any live
+//! flow.
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
 use ebpf_cni_tests::{
@@ -41,14 +42,14 @@ fn syn(pod_ip: [u8; 4], pod_port: u16) -> Vec<u8> {
 
 /// One port, held by [`MASQ_2`]'s established flow to [`REMOTE`], idle `idle_secs`.
 fn one_port_held(idle_secs: u64) -> BpfObject {
+    one_port_held_in(tcp_state::ESTABLISHED, idle_secs)
+}
+
+/// One port, held by [`MASQ_2`]'s flow to [`REMOTE`] in TCP `state`, idle `idle_secs`.
+fn one_port_held_in(state: u8, idle_secs: u64) -> BpfObject {
     let mut object = ports(1);
     let key = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
-    let held = entry(
-        &key,
-        PORT_MIN,
-        tcp_state::ESTABLISHED,
-        seconds_ago(idle_secs),
-    );
+    let held = entry(&key, PORT_MIN, state, seconds_ago(idle_secs));
     object.insert_nat_out(key, held);
     object.insert_nat_in(in_key(REMOTE, PORT_MIN, REMOTE_PORT, TCP), held);
     object
@@ -82,6 +83,24 @@ fn a_new_flow_whose_only_port_is_held_by_a_live_flow_is_dropped_and_counted() {
         holder_in,
         "NAT_IN: the holder alone"
     );
+}
+
+#[test]
+fn a_port_the_pod_closed_first_serves_again_after_seconds_one_the_remote_closed_later() {
+    require_root();
+    let idle = u64::from(tcp_state::POD_CLOSED_SECS) + 1;
+    let run = egress(
+        &one_port_held_in(tcp_state::POD_CLOSED, idle),
+        &syn(MASQ.ip, POD_PORT + 7),
+    );
+    assert_eq!(run.verdict, TC_ACT_OK, "the remote keeps no TIME_WAIT");
+    assert_eq!(port(&run.frame, SPORT), PORT_MIN);
+    // Closed by the remote first (it holds the TIME_WAIT): the closed timeout (10 s).
+    let run = egress(
+        &one_port_held_in(tcp_state::CLOSED, idle),
+        &syn(MASQ.ip, POD_PORT + 7),
+    );
+    assert_eq!(run.verdict, TC_ACT_SHOT, "still held");
 }
 
 #[test]
@@ -148,6 +167,31 @@ fn two_pods_with_the_same_source_port_to_the_same_remote_get_distinct_node_ports
     }
 }
 
+#[test]
+fn a_new_flow_keeps_the_pods_port_when_the_range_has_it_free() {
+    require_root();
+    // A range around the pod's port, which two pods use to the same remote.
+    let object = uplink_with(NatConfig {
+        port_min: POD_PORT - 50,
+        port_max: POD_PORT + 50,
+        ..nat_config()
+    });
+    let first = egress(&object, &syn(MASQ.ip, POD_PORT));
+    assert_eq!(
+        port(&first.frame, SPORT),
+        POD_PORT,
+        "the first keeps its port"
+    );
+    let second = egress(&object, &syn(MASQ_2.ip, POD_PORT));
+    let other = port(&second.frame, SPORT);
+    assert_ne!(other, POD_PORT, "the second cannot have it too");
+    assert!(
+        (POD_PORT - 50..=POD_PORT + 50).contains(&other),
+        "the second gets a port of the range: {other}"
+    );
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 2);
+}
+
 /// A flow that re-allocated after expiring may move to another port and leave its old
 /// `NAT_IN` entry behind (until the daemon's sweep): a flow taking that old port over
 /// must remove the old `NAT_OUT` entry only if it still names that port.
@@ -155,31 +199,18 @@ fn two_pods_with_the_same_source_port_to_the_same_remote_get_distinct_node_ports
 fn taking_over_a_port_never_removes_a_live_flow_that_moved_to_another_port() {
     require_root();
     let udp_to = |pod_ip| outbound(pod_ip, REMOTE, UDP, &udp(POD_PORT, 53, b"query"));
-    let first = |object: &BpfObject| port(&egress(object, &udp_to(MASQ.ip)).frame, SPORT);
-    // MASQ's first choice, as its hash makes it.
-    let usual = first(&ports(2));
-    let other = PORT_MIN + (PORT_MIN + 1 - usual);
+    // MASQ's flow lives on `usual` and left its old port `other` behind, expired.
+    let (usual, other) = (PORT_MIN, PORT_MIN + 1);
     let mut object = ports(2);
-    // Its usual port held by another flow: MASQ gets the other one.
-    let holder = out_key([10, 244, 0, 99], POD_PORT, 53, UDP);
-    let held = entry(&holder, usual, 0, seconds_ago(0));
-    object.insert_nat_in(in_key(REMOTE, usual, 53, UDP), held);
-    assert_eq!(
-        first(&object),
-        other,
-        "test bug: MASQ must move to the other port"
-    );
-    // Both flows expire; MASQ speaks again and takes its usual port over.
-    let long_ago = seconds_ago(u64::from(nat_config().udp_secs) + 60);
     let flow = out_key(MASQ.ip, POD_PORT, 53, UDP);
-    object.insert_nat_out(flow, entry(&flow, other, 0, long_ago));
+    let live = entry(&flow, usual, 0, seconds_ago(0));
+    object.insert_nat_out(flow, live);
+    object.insert_nat_in(in_key(REMOTE, usual, 53, UDP), live);
+    let long_ago = seconds_ago(u64::from(nat_config().udp_secs) + 60);
     object.insert_nat_in(
         in_key(REMOTE, other, 53, UDP),
         entry(&flow, other, 0, long_ago),
     );
-    let stale_holder = entry(&holder, usual, 0, long_ago);
-    object.insert_nat_in(in_key(REMOTE, usual, 53, UDP), stale_holder);
-    assert_eq!(first(&object), usual, "MASQ's flow back on its usual port");
     // MASQ_2's new flow to the same remote takes the expired `other` over.
     let run = egress(&object, &udp_to(MASQ_2.ip));
     assert_eq!((run.verdict, port(&run.frame, SPORT)), (TC_ACT_OK, other));

@@ -10,9 +10,9 @@ use ebpf_cni_tests::{
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMP_ID, INNER_ICMP_ID, INNER_SPORT,
         INNER_SRC, MASQ, NODE_ADDR, POD_PORT, PORT_MIN, REMOTE, REMOTE_PORT, ROUTER, SPORT, TCP,
-        TCP_ACK, TCP_SYN, assert_checksums_valid, assert_delivered, assert_unchanged, egress,
-        frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote, tcp,
-        time_exceeded, uplink,
+        TCP_ACK, TCP_FIN, TCP_SYN, assert_checksums_valid, assert_delivered, assert_unchanged,
+        egress, frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote,
+        tcp, time_exceeded, uplink,
     },
     require_root,
 };
@@ -60,6 +60,68 @@ fn syn_ack_to_the_node_port_reaches_the_pod_restored_and_establishes_the_flow() 
     let delivered = object.endpoint_counters(MASQ.info.host_ifindex);
     assert_eq!(delivered.to_pod_packets, 1, "counted for the pod's veth");
     assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+/// Both tables' state of the flow `open_tcp` opened to `node_port`, which must agree.
+fn tcp_state_of(object: &BpfObject, node_port: u16) -> u8 {
+    let out = object
+        .nat_out(&out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP))
+        .expect("NAT_OUT holds the flow");
+    let back = object.nat_in(&in_key(REMOTE, node_port, REMOTE_PORT, TCP));
+    assert_eq!(back, Some(out), "NAT_IN and NAT_OUT agree");
+    out.state
+}
+
+#[test]
+fn closing_follows_who_sent_the_first_fin() {
+    require_root();
+    let fin_ack = TCP_FIN | TCP_ACK;
+    for pod_first in [true, false] {
+        let object = uplink();
+        let (_, node_port) = open_tcp(&object, MASQ.ip);
+        ingress(&object, &syn_ack_to(node_port));
+        let from_pod = outbound(MASQ.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, fin_ack));
+        let from_remote = inbound(
+            REMOTE,
+            NODE_ADDR,
+            TCP,
+            &tcp(REMOTE_PORT, node_port, fin_ack),
+        );
+        let (first, second, closing, closed) = if pod_first {
+            // The remote holds no TIME_WAIT: the port may serve again soon.
+            let (a, b) = (&from_pod, &from_remote);
+            (a, b, tcp_state::CLOSING, tcp_state::POD_CLOSED)
+        } else {
+            let (a, b) = (&from_remote, &from_pod);
+            (a, b, tcp_state::REMOTE_CLOSING, tcp_state::CLOSED)
+        };
+        let send = |frame: &Vec<u8>| {
+            if frame == &from_pod {
+                egress(&object, frame)
+            } else {
+                ingress(&object, frame)
+            }
+        };
+        send(first);
+        assert_eq!(
+            tcp_state_of(&object, node_port),
+            closing,
+            "pod first: {pod_first}"
+        );
+        send(second);
+        assert_eq!(
+            tcp_state_of(&object, node_port),
+            closed,
+            "pod first: {pod_first}"
+        );
+        // A retransmitted FIN changes nothing.
+        send(second);
+        assert_eq!(
+            tcp_state_of(&object, node_port),
+            closed,
+            "pod first: {pod_first}"
+        );
+    }
 }
 
 #[test]

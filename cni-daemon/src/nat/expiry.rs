@@ -19,6 +19,7 @@ pub fn timeout_secs(proto: u8, state: u8, timeouts: &Timeouts) -> u32 {
     match (proto, state) {
         (IPPROTO_TCP, tcp_state::ESTABLISHED) => timeouts.tcp_established,
         (IPPROTO_TCP, tcp_state::CLOSED) => timeouts.tcp_closed,
+        (IPPROTO_TCP, tcp_state::POD_CLOSED) => timeouts.tcp_closed.min(tcp_state::POD_CLOSED_SECS),
         (IPPROTO_TCP, _) => timeouts.tcp_transitory,
         (IPPROTO_ICMP, _) => timeouts.icmp,
         _ => timeouts.udp,
@@ -115,6 +116,32 @@ mod tests {
             assert!(!is_expired(&entry(119, state), IPPROTO_TCP, NOW, &TIMEOUTS));
             assert!(is_expired(&entry(121, state), IPPROTO_TCP, NOW, &TIMEOUTS));
         }
+    }
+
+    #[test]
+    fn a_flow_the_pod_closed_first_frees_its_port_sooner_than_one_the_remote_closed() {
+        // The remote keeps no TIME_WAIT when the pod closed first.
+        let pod_first = |age| entry(age, tcp_state::POD_CLOSED);
+        assert!(!is_expired(&pod_first(1), IPPROTO_TCP, NOW, &TIMEOUTS));
+        assert!(is_expired(&pod_first(3), IPPROTO_TCP, NOW, &TIMEOUTS));
+        assert!(!is_expired(
+            &entry(9, tcp_state::CLOSED),
+            IPPROTO_TCP,
+            NOW,
+            &TIMEOUTS
+        ));
+        assert!(is_expired(
+            &entry(11, tcp_state::CLOSED),
+            IPPROTO_TCP,
+            NOW,
+            &TIMEOUTS
+        ));
+        // A closed timeout set below the grace wins.
+        let short = Timeouts {
+            tcp_closed: 1,
+            ..TIMEOUTS
+        };
+        assert_eq!(timeout_secs(IPPROTO_TCP, tcp_state::POD_CLOSED, &short), 1);
     }
 
     #[test]

@@ -149,6 +149,7 @@ pub fn state_name(proto: u8, state: u8) -> &'static str {
         tcp_state::CLOSING => "closing",
         tcp_state::REMOTE_CLOSING => "remote_closing",
         tcp_state::CLOSED => "closed",
+        tcp_state::POD_CLOSED => "pod_closed",
         _ => "unknown",
     }
 }

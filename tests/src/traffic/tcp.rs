@@ -150,8 +150,14 @@ fn exchange(mut stream: TcpStream, payload: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// Opens `count` TCP connections from `netns` to `to` and keeps them open, then
-/// exchanges a line on each and closes them all; returns how many echoed correctly.
-pub fn many_connections(netns: &Netns, to: SocketAddr, count: usize) -> Result<usize, String> {
+/// exchanges a line on each; returns the connections that echoed correctly, still open
+/// (the caller closes them when it drops them: connections of several callers are then
+/// all open at once, whichever finished first).
+pub fn many_connections(
+    netns: &Netns,
+    to: SocketAddr,
+    count: usize,
+) -> Result<Vec<TcpStream>, String> {
     run_in(netns, move || {
         let mut streams = Vec::with_capacity(count);
         for n in 0..count {
@@ -162,8 +168,8 @@ pub fn many_connections(netns: &Netns, to: SocketAddr, count: usize) -> Result<u
                 .map_err(|e| e.to_string())?;
             streams.push(stream);
         }
-        let mut echoed = 0;
-        for (n, stream) in streams.iter_mut().enumerate() {
+        let mut echoed = Vec::with_capacity(count);
+        for (n, mut stream) in streams.into_iter().enumerate() {
             let line = format!("connection {n}\n").into_bytes();
             stream
                 .write_all(&line)
@@ -173,7 +179,7 @@ pub fn many_connections(netns: &Netns, to: SocketAddr, count: usize) -> Result<u
                 .read_exact(&mut back)
                 .map_err(|e| format!("read {n}: {e}"))?;
             if back == line {
-                echoed += 1;
+                echoed.push(stream);
             }
         }
         Ok(echoed)
