@@ -159,8 +159,11 @@ fn to_translate(ip: &Ipv4Hdr) -> bool {
 /// it in both tables. A port whose flow has expired is taken over.
 ///
 /// The pod's own port comes first when it is in the range, as Linux's NAT keeps the
-/// source port when it can: a pod's ports are already distinct per destination, so
-/// most flows take it at once. Then ports are probed from a random start (RFC 6056: a
+/// source port when it can (a pod's ports are already distinct per destination, so most
+/// flows take it at once), else the pod's port folded into the range (distinct pod
+/// ports rarely fold onto one, and a pod reusing a port after a close finds its old
+/// flow's node port there: one lookup, where a search took several at a busy
+/// destination). Then ports are probed from a random start (RFC 6056: a
 /// node port an off-path host cannot guess), [`PROBE_STRIDE`] apart: the pods' own
 /// ports form long runs of held ports, which a linear search would walk through. Each
 /// probe is a lookup, which takes no lock; only a port that looks free is claimed, with
@@ -170,11 +173,13 @@ fn to_translate(ip: &Ipv4Hdr) -> bool {
 #[inline(always)]
 fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16> {
     let size = u32::from(config.port_max.checked_sub(config.port_min)?) + 1;
-    if key.pod_port >= config.port_min
-        && key.pod_port <= config.port_max
-        && claim(key, config, now, state, key.pod_port)
-    {
-        return Some(key.pod_port);
+    let preferred = if key.pod_port >= config.port_min && key.pod_port <= config.port_max {
+        key.pod_port
+    } else {
+        config.port_min + (u32::from(key.pod_port) % size) as u16
+    };
+    if claim(key, config, now, state, preferred) {
+        return Some(preferred);
     }
     // SAFETY: a helper without arguments.
     let start = unsafe { bpf_get_prandom_u32() } % size;

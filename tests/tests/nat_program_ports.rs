@@ -1,8 +1,8 @@
 //! Node port allocation by `uplink_egress`, run by the kernel through BPF_PROG_TEST_RUN
-//! with narrow port ranges: a flow keeps its pod port when free, flows that share a pod
-//! port get distinct node ports, a new flow finding every port held by live flows is
-//! dropped and counted, an expired flow's port is taken over without harming any live
-//! flow.
+//! with narrow port ranges: a flow keeps its pod port when free (folded into the range
+//! when outside it), flows that share a pod port get distinct node ports, a new flow
+//! finding every port held by live flows is dropped and counted, an expired flow's port
+//! is taken over without harming any live flow.
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
 use ebpf_cni_tests::{
@@ -190,6 +190,18 @@ fn a_new_flow_keeps_the_pods_port_when_the_range_has_it_free() {
         "the second gets a port of the range: {other}"
     );
     assert_eq!(object.nat_counter(NatCounter::NewFlows), 2);
+}
+
+#[test]
+fn a_pod_port_outside_the_range_is_folded_into_it_first() {
+    require_root();
+    // 100 ports from PORT_MIN (40000); the pod ports are below the range.
+    let object = ports(100);
+    for pod_port in [POD_PORT, POD_PORT + 7] {
+        let run = egress(&object, &syn(MASQ.ip, pod_port));
+        let expected = PORT_MIN + pod_port % 100;
+        assert_eq!(port(&run.frame, SPORT), expected, "pod port {pod_port}");
+    }
 }
 
 /// A flow that re-allocated after expiring may move to another port and leave its old
