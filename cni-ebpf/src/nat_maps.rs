@@ -60,7 +60,8 @@ pub fn now_ns() -> u64 {
 /// take the map's locks, twice per TCP state change (about eight times per
 /// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
 /// the same flow at once write the same kind of values: whichever lands is right. An
-/// entry missing from the other table (evicted) is written back whole.
+/// entry missing from the other table (evicted) is written back whole; one that now
+/// belongs to another flow (its port taken over) is left alone.
 #[inline(always)]
 pub fn refresh<K>(
     this: *mut NatEntry,
@@ -78,8 +79,13 @@ pub fn refresh<K>(
     match other_table.get_ptr_mut(other) {
         // SAFETY: as above.
         Some(twin) => unsafe {
-            (*twin).last_seen_ns = now;
-            (*twin).state = state;
+            let same_flow = (*twin).pod_addr == entry.pod_addr
+                && (*twin).pod_port == entry.pod_port
+                && (*twin).node_port == entry.node_port;
+            if same_flow {
+                (*twin).last_seen_ns = now;
+                (*twin).state = state;
+            }
         },
         None => {
             let _ = other_table.insert(other, &entry, 0);
