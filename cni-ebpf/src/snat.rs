@@ -105,7 +105,8 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
     let now = nat_maps::now_ns();
     // A flow in the table was found to need translation when it began: its packets
     // skip the endpoint and cluster-range lookups (two more maps to touch per packet).
-    let existing = NAT_OUT.get_ptr_mut(&key).filter(|entry| {
+    let found = NAT_OUT.get_ptr_mut(&key);
+    let existing = found.filter(|entry| {
         // SAFETY: a pointer into the map value, valid for the program run.
         !nat_maps::expired(unsafe { &**entry }, key.proto, &config, now)
     });
@@ -135,6 +136,16 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
                 nat_maps::count(NatCounter::AllocationFailures);
                 return Ok(metrics::drop_packet(DropReason::NatPortsExhausted));
             };
+            let entry = flow_entry(&key, port, now, state);
+            match found {
+                // The flow's expired entry (a pod reusing a port after a close) is
+                // rewritten in place: no LRU node taken, none freed.
+                // SAFETY: a pointer into the map value, valid for the program run.
+                Some(slot) => unsafe { *slot = entry },
+                None => {
+                    let _ = NAT_OUT.insert(&key, &entry, BPF_ANY as u64);
+                }
+            }
             nat_maps::count(NatCounter::NewFlows);
             port
         }
@@ -156,7 +167,7 @@ fn to_translate(ip: &Ipv4Hdr) -> bool {
 }
 
 /// Finds a free node port for `key` (same remote address, port and protocol) and claims
-/// it in both tables. A port whose flow has expired is taken over.
+/// it in `NAT_IN`. A port whose flow has expired is taken over.
 ///
 /// The pod's own port comes first when it is in the range, as Linux's NAT keeps the
 /// source port when it can (a pod's ports are already distinct per destination, so most
@@ -192,8 +203,27 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
     None
 }
 
-/// Claims node `port` for `key` in both tables if it is free, held by this very flow,
-/// or held by an expired one.
+/// The entry of `key`'s flow on node `port`.
+#[inline(always)]
+fn flow_entry(key: &NatKey, port: u16, now: u64, state: u8) -> NatEntry {
+    NatEntry {
+        last_seen_ns: now,
+        pod_addr: key.pod_addr,
+        pod_port: key.pod_port,
+        node_port: port,
+        state,
+        pad: [0; 7],
+    }
+}
+
+/// Claims node `port` for `key` in `NAT_IN` if it is free, held by this very flow, or
+/// held by an expired one (the caller writes `NAT_OUT`).
+///
+/// The verifier walks the probe loop once per path into it and through its body, and
+/// its pruning is fragile here: a map read deciding whether to look host ports up (in
+/// the loop, or only for the first choice before it), or a copy of the loop without the
+/// host-port lookups, each made `uplink_egress` too large to load (E2BIG after 30 s).
+/// Change this, or what leads to it, only with a daemon start to check.
 #[inline(always)]
 fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bool {
     // Host ports belong to their mappings.
@@ -201,14 +231,7 @@ fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bo
         return false;
     }
     let reverse = key.reverse(port);
-    let entry = NatEntry {
-        last_seen_ns: now,
-        pod_addr: key.pod_addr,
-        pod_port: key.pod_port,
-        node_port: port,
-        state,
-        pad: [0; 7],
-    };
+    let entry = flow_entry(key, port, now, state);
     match NAT_IN.get_ptr_mut(&reverse) {
         None => {
             if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
@@ -239,7 +262,6 @@ fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bo
             unsafe { *holder = entry };
         }
     }
-    let _ = NAT_OUT.insert(key, &entry, BPF_ANY as u64);
     true
 }
 

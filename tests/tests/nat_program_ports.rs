@@ -204,6 +204,32 @@ fn a_pod_port_outside_the_range_is_folded_into_it_first() {
     }
 }
 
+#[test]
+fn a_flow_back_after_its_entry_expired_gets_a_fresh_entry_in_both_tables() {
+    require_root();
+    let mut object = ports(100);
+    let flow = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
+    let long_ago = seconds_ago(u64::from(TCP_ESTABLISHED_SECS) + 60);
+    // Its old entries: on another port than the one it prefers now.
+    let old_port = PORT_MIN + 50;
+    let old = entry(&flow, old_port, tcp_state::ESTABLISHED, long_ago);
+    object.insert_nat_out(flow, old);
+    object.insert_nat_in(in_key(REMOTE, old_port, REMOTE_PORT, TCP), old);
+    let run = egress(&object, &syn(MASQ.ip, POD_PORT));
+    assert_eq!(run.verdict, TC_ACT_OK);
+    let node_port = port(&run.frame, SPORT);
+    let out = object.nat_out(&flow).expect("NAT_OUT holds the flow");
+    assert_eq!(
+        (out.node_port, out.state),
+        (node_port, tcp_state::SYN_SENT),
+        "the expired entry was replaced"
+    );
+    assert!(out.last_seen_ns > long_ago, "and its time is now");
+    let back = object.nat_in(&in_key(REMOTE, node_port, REMOTE_PORT, TCP));
+    assert_eq!(back, Some(out), "NAT_IN: the same entry");
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 1);
+}
+
 /// A flow that re-allocated after expiring may move to another port and leave its old
 /// `NAT_IN` entry behind (until the daemon's sweep): a flow taking that old port over
 /// must remove the old `NAT_OUT` entry only if it still names that port.
