@@ -93,18 +93,13 @@ pub fn refresh<K>(
     }
 }
 
-#[inline(always)]
-fn min(a: u32, b: u32) -> u32 {
-    if a < b { a } else { b }
-}
-
 /// Whether `entry` of protocol `proto` has been idle longer than its timeout.
 #[inline(always)]
 pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
     let secs = match (proto, entry.state) {
         (6, tcp_state::ESTABLISHED) => config.tcp_established_secs,
         (6, tcp_state::CLOSED) => config.tcp_closed_secs,
-        (6, tcp_state::POD_CLOSED) => min(config.tcp_closed_secs, tcp_state::POD_CLOSED_SECS),
+        (6, tcp_state::POD_CLOSED) => config.tcp_closed_secs.min(tcp_state::POD_CLOSED_SECS),
         (6, _) => config.tcp_transitory_secs,
         (17, _) => config.udp_secs,
         _ => config.icmp_secs,

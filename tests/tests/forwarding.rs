@@ -14,7 +14,13 @@ use serde_json::Value;
 const PORT: u16 = 8080;
 
 fn ping(from: &Netns, to: &str) -> bool {
-    from.run("ping", &["-c", "2", "-i", "0.2", "-W", "2", to])
+    pings(from, to, 2)
+}
+
+/// `count` pings from `from` to `to`, all answered.
+fn pings(from: &Netns, to: &str, count: u32) -> bool {
+    let count = count.to_string();
+    from.run("ping", &["-c", &count, "-i", "0.2", "-W", "2", to])
         .status
         .success()
 }
@@ -132,27 +138,11 @@ fn what_the_node_sends_a_pod_and_what_pods_send_each_other_both_count_as_to_pod(
     };
     let before = to_pod(&a);
     // From the node's stack: the veth's kernel counters (no TC program on its egress).
-    assert!(
-        node.netns
-            .run(
-                "ping",
-                &["-c", "3", "-i", "0.2", "-W", "2", &a.ip.to_string()]
-            )
-            .status
-            .success()
-    );
+    assert!(pings(&node.netns, &a.ip.to_string(), 3), "node to pod");
     let after_node = to_pod(&a);
     assert!(after_node >= before + 3, "{before} -> {after_node}");
     // From another pod: delivered and counted by the datapath.
-    assert!(
-        b.netns
-            .run(
-                "ping",
-                &["-c", "3", "-i", "0.2", "-W", "2", &a.ip.to_string()]
-            )
-            .status
-            .success()
-    );
+    assert!(pings(&b.netns, &a.ip.to_string(), 3), "pod to pod");
     let after_pod = to_pod(&a);
     assert!(after_pod >= after_node + 3, "{after_node} -> {after_pod}");
 }
