@@ -279,6 +279,59 @@ fn pod_traffic_to_the_outside_skips_the_node_stack_once_the_neighbour_is_known()
     );
 }
 
+/// Large enough that the pod's TCP sends GSO packets (bursts of segments), small
+/// enough that the echo fits the sockets' buffers while the test writes it all first.
+const BULK: usize = 512 * 1024;
+
+fn bulk_payload() -> Vec<u8> {
+    (0..BULK).map(|n| (n % 251) as u8).collect()
+}
+
+#[test]
+fn bulk_pod_traffic_to_the_outside_also_skips_the_node_stack() {
+    require_root();
+    let node = Node::start("10.244.58.0/24");
+    let pod = node.add_pod("bulk");
+    let _tcp = EchoServer::start(&node.external, TCP_PORT);
+    let warm = round_trip(&pod.netns, external(TCP_PORT), b"warm");
+    assert_eq!(warm.expect("a first exchange"), b"warm");
+    let before = forwarded_datagrams(&node);
+    let payload = bulk_payload();
+    let back = round_trip(&pod.netns, external(TCP_PORT), &payload).expect("bulk through NAT");
+    assert!(back == payload, "the echo came back intact");
+    assert_eq!(
+        forwarded_datagrams(&node),
+        before,
+        "GSO packets took the redirect to the uplink too, not the node's forwarding"
+    );
+}
+
+#[test]
+fn a_pod_packet_too_big_for_the_uplink_gets_fragmentation_needed_from_the_node() {
+    require_root();
+    let node = Node::start("10.244.59.0/24");
+    let pod = node.add_pod("big");
+    // The pods' MTU is the network's 1450; the uplink's, now 1400, is smaller. The
+    // external host advertises a large MSS anyway (as a host further away, behind a
+    // link with a larger MTU, would): the pod's TCP then sends 1450-byte packets,
+    // in GSO bursts, that do not fit the uplink.
+    node.netns.ip(&["link", "set", "uplink0", "mtu", "1400"]);
+    node.external.ip(&["link", "set", "eth0", "mtu", "1400"]);
+    let advmss: Vec<&str> = "route change 198.18.0.0/24 dev eth0 advmss 1460"
+        .split(' ')
+        .collect();
+    node.external.ip(&advmss);
+    let _tcp = EchoServer::start(&node.external, TCP_PORT);
+    let payload = bulk_payload();
+    let back = round_trip(&pod.netns, external(TCP_PORT), &payload).expect("bulk through NAT");
+    assert!(back == payload, "the echo came back intact");
+    let route = pod.netns.ip(&["route", "get", EXTERNAL_ADDR]);
+    assert!(
+        route.contains("mtu 1400"),
+        "the node's ICMP fragmentation-needed taught the pod the path MTU: {route}"
+    );
+}
+
 #[test]
 fn the_source_counter_on_the_uplink_does_not_stop_the_nat_programs_after_it() {
     require_root();
