@@ -159,6 +159,10 @@ pub struct Status {
     /// as the datapath has them now.
     #[serde(default)]
     pub host_port_addrs: Vec<std::net::Ipv4Addr>,
+    /// The IPv4 GSO/GRO size new pods' veths get (BIG TCP): the uplink's, when above the
+    /// 64 KiB default (see `big_tcp`); `None`: the kernel's default.
+    #[serde(default)]
+    pub pod_gso_max_size: Option<u32>,
 }
 
 /// Packets and bytes through a link, from the kernel's counters.
@@ -274,6 +278,7 @@ mod tests {
         assert!(!status.nat_enabled);
         assert_eq!(status.uplink, None);
         assert_eq!(status.node_addr, None);
+        assert_eq!(status.pod_gso_max_size, None);
     }
 
     #[test]

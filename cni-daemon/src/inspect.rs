@@ -177,6 +177,12 @@ pub fn status_table(view: &StatusView) -> String {
         )),
         _ => out.push_str("nat: disabled\n"),
     }
+    match status.pod_gso_max_size {
+        Some(size) => out.push_str(&format!(
+            "new pods: IPv4 GSO/GRO size {size} (BIG TCP, following the uplink)\n"
+        )),
+        None => out.push_str("new pods: IPv4 GSO/GRO size default (64 KiB)\n"),
+    }
     out.push_str(&format!(
         "nat counters: {}\n",
         crate::nat::view::counters_line(&view.nat_counters)
@@ -349,6 +355,7 @@ mod tests {
                 uplink: None,
                 node_addr: None,
                 host_port_addrs: Vec::new(),
+                pod_gso_max_size: None,
             },
             drops: BTreeMap::new(),
             nat_counters: BTreeMap::new(),

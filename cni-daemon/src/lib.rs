@@ -8,6 +8,8 @@
 
 pub mod api;
 #[cfg(feature = "daemon")]
+pub mod big_tcp;
+#[cfg(feature = "daemon")]
 pub mod bpffs;
 #[cfg(feature = "daemon")]
 pub mod datapath;

@@ -142,6 +142,8 @@ impl Node {
             uplink: self.nat.settings().map(|s| s.uplink.clone()),
             node_addr: self.nat.settings().map(|s| s.node_addr),
             host_port_addrs: self.node_addrs.current().iter().copied().collect(),
+            // Filled in by the server, outside the node's lock (a netlink query).
+            pod_gso_max_size: None,
         }
     }
 

@@ -15,6 +15,7 @@ use tokio::{
 
 use crate::{
     api::{self, Envelope, PROTOCOL_VERSION, Request, Response},
+    big_tcp,
     hostports::HostPortError,
     link_stats,
     node::{Node, NodeError},
@@ -58,11 +59,23 @@ async fn handle(mut stream: UnixStream, node: &Mutex<Node>) -> anyhow::Result<()
     let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
         Ok(envelope) if envelope.version == PROTOCOL_VERSION => {
             let mut response = answer(envelope.body, node);
-            if let Response::Endpoints { stack_sent, .. } = &mut response {
-                match link_stats::tx_counters().await {
+            match &mut response {
+                Response::Endpoints { stack_sent, .. } => match link_stats::tx_counters().await {
                     Ok(counters) => *stack_sent = counters,
                     Err(error) => tracing::warn!(%error, "cannot read the veths' counters"),
+                },
+                Response::Status(status) => {
+                    if let Some(uplink) = status.uplink.clone() {
+                        // Read at each request: new pods follow the uplink as it is now.
+                        match big_tcp::pod_size_for(&uplink).await {
+                            Ok(size) => status.pod_gso_max_size = size,
+                            Err(error) => {
+                                tracing::warn!(%error, "cannot read the uplink's GSO size")
+                            }
+                        }
+                    }
                 }
+                _ => {}
             }
             response
         }

@@ -32,11 +32,11 @@ impl Daemon {
     }
 
     /// Fails with 11 unless the daemon answers and its datapath is loaded: checked
-    /// before ADD changes anything.
-    pub fn require_ready(&self) -> Result<(), CniError> {
+    /// before ADD changes anything. Returns the daemon's status.
+    pub fn require_ready(&self) -> Result<Status, CniError> {
         let status = self.status()?;
         if status.datapath_loaded {
-            Ok(())
+            Ok(status)
         } else {
             Err(CniError::try_again_later(
                 "ebpf-cnid runs but its datapath is not loaded yet",

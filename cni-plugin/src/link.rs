@@ -68,6 +68,22 @@ fn errno(error: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
+/// A veth pair to create, the pod side inside `pod_netns`.
+#[derive(Clone, Copy)]
+pub struct VethPair<'a> {
+    pub host: &'a str,
+    /// The host side's alias (who the pair belongs to).
+    pub alias: &'a str,
+    pub pod: &'a str,
+    pub pod_netns: &'a File,
+    /// Both sides' MTU; `None`: the kernel's default.
+    pub mtu: Option<u32>,
+    /// The pod side's MAC; `None`: a random one.
+    pub pod_mac: Option<[u8; 6]>,
+    /// Both sides' IPv4 GSO and GRO size (BIG TCP); `None`: the kernel's default.
+    pub gso_max_size: Option<u32>,
+}
+
 pub struct Netlink {
     handle: Handle,
 }
@@ -80,29 +96,31 @@ impl Netlink {
         Ok(Self { handle })
     }
 
-    /// Creates the pair in one request: `host` here, `pod` directly inside `pod_netns`
-    /// (never visible in this namespace), both with `mtu`, the pod side with `pod_mac`.
-    pub async fn create_veth(
-        &self,
-        host: &str,
-        alias: &str,
-        pod: &str,
-        pod_netns: &File,
-        mtu: Option<u32>,
-        pod_mac: Option<[u8; 6]>,
-    ) -> Result<(), LinkError> {
+    /// Creates the pair in one request: the host side here, the pod side directly inside
+    /// its namespace (never visible in this namespace).
+    pub async fn create_veth(&self, pair: &VethPair<'_>) -> Result<(), LinkError> {
+        let VethPair { host, pod, .. } = *pair;
         let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
             .name(pod.to_owned())
-            .setns_by_fd(pod_netns.as_raw_fd());
+            .setns_by_fd(pair.pod_netns.as_raw_fd());
         let mut link = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
             .name(host.to_owned())
-            .alias(alias.to_owned());
-        if let Some(mtu) = mtu {
+            .alias(pair.alias.to_owned());
+        if let Some(mtu) = pair.mtu {
             peer = peer.mtu(mtu);
             link = link.mtu(mtu);
         }
-        if let Some(mac) = pod_mac {
+        if let Some(mac) = pair.pod_mac {
             peer = peer.address(mac.to_vec());
+        }
+        if let Some(size) = pair.gso_max_size {
+            for attribute in [
+                LinkAttribute::GsoIpv4MaxSize(size),
+                LinkAttribute::GroIpv4MaxSize(size),
+            ] {
+                peer = peer.append_extra_attribute(attribute.clone());
+                link = link.append_extra_attribute(attribute);
+            }
         }
         let message = link
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))

@@ -10,6 +10,7 @@
 //! random frames with their reference model.
 //! `nat_frames` is its counterpart for the uplink's source NAT programs.
 
+pub mod big_tcp;
 pub mod bins;
 pub mod bpf_object;
 pub mod cgroup;

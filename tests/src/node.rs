@@ -137,6 +137,14 @@ pub fn external_host(node: &Netns) -> Netns {
     external
 }
 
+/// Gives the node's uplink and the external host's end of it IPv4 BIG TCP (GSO and GRO
+/// sizes of 192 KiB), as on a node whose NIC has it switched on; new ebpf-cni pods
+/// follow it (`cni_daemon::big_tcp`).
+pub fn big_tcp_uplink(node: &Netns, external: &Netns) {
+    crate::big_tcp::set(node, "uplink0", crate::big_tcp::SIZE);
+    crate::big_tcp::set(external, "eth0", crate::big_tcp::SIZE);
+}
+
 /// `runtimeConfig` with `portMappings` to `container_port`: one entry per (host port,
 /// protocol, hostIP) of `list`.
 pub fn port_mappings(container_port: u16, list: &[(u16, &str, Option<&str>)]) -> serde_json::Value {

@@ -19,7 +19,7 @@ use crate::{
         teardown::{self, Failures, setup_error},
     },
     ipam::Ipam,
-    link::{LinkError, LinkInfo, Netlink, format_mac},
+    link::{LinkError, LinkInfo, Netlink, VethPair, format_mac},
     naming, netns,
     spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, NetConf, Route},
 };
@@ -39,18 +39,32 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
         ));
     }
     let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
-    let daemon = inv.daemon();
-    daemon.require_ready()?;
+    // The daemon's status also says how large the pod's GSO packets may be (BIG TCP,
+    // following the node's uplink: see cni_daemon::big_tcp).
+    let gso_max_size = inv.daemon().require_ready()?.pod_gso_max_size;
     let pod_mac = inv.conf.runtime_mac()?;
     refuse_unimplemented(&inv.conf)?;
     let host_veth = naming::host_veth(container_id, ifname);
 
     let mut applied = Applied::default();
-    let outcome = apply(inv, &ipam, &pod_netns, &host_veth, pod_mac, &mut applied);
+    let veth = Veth {
+        host: &host_veth,
+        pod_mac,
+        gso_max_size,
+    };
+    let outcome = apply(inv, &ipam, &pod_netns, &veth, &mut applied);
     match outcome {
         Ok(result) => Ok(result.to_json(version).to_string()),
         Err(error) => Err(applied.roll_back(inv, &ipam, &host_veth, error)),
     }
+}
+
+/// The veth pair to create: its host side's name, the pod side's MAC if the runtime
+/// chose one, and the IPv4 GSO/GRO size of both ends if not the default.
+struct Veth<'a> {
+    host: &'a str,
+    pod_mac: Option<[u8; 6]>,
+    gso_max_size: Option<u32>,
 }
 
 /// Which steps have changed the system, so a failure undoes exactly those.
@@ -106,14 +120,14 @@ fn apply(
     inv: &Invocation,
     ipam: &Ipam,
     pod_netns: &File,
-    host_veth: &str,
-    pod_mac: Option<[u8; 6]>,
+    veth: &Veth<'_>,
     applied: &mut Applied,
 ) -> Result<CniResult, CniError> {
     let ifname = inv.ifname()?;
+    let host_veth = veth.host;
     let (addresses, link) = std::thread::scope(|scope| {
         let addresses = scope.spawn(|| ipam.add(inv.raw()));
-        let link = create_link(inv, pod_netns, host_veth, pod_mac, applied);
+        let link = create_link(inv, pod_netns, veth, applied);
         let addresses = addresses
             .join()
             .unwrap_or_else(|_| Err(CniError::internal("the IPAM thread panicked")));
@@ -204,18 +218,22 @@ fn apply(
 fn create_link(
     inv: &Invocation,
     pod_netns: &File,
-    host_veth: &str,
-    pod_mac: Option<[u8; 6]>,
+    veth: &Veth<'_>,
     applied: &mut Applied,
 ) -> Result<(), CniError> {
     let alias = naming::host_alias(&inv.conf.name, inv.container_id()?, inv.ifname()?);
-    let ifname = inv.ifname()?;
-    let mtu = inv.conf.mtu;
+    let pair = VethPair {
+        host: veth.host,
+        alias: &alias,
+        pod: inv.ifname()?,
+        pod_netns,
+        mtu: inv.conf.mtu,
+        pod_mac: veth.pod_mac,
+        gso_max_size: veth.gso_max_size,
+    };
     block_on(async {
         let netlink = Netlink::connect().map_err(setup_error)?;
-        let created = netlink
-            .create_veth(host_veth, &alias, ifname, pod_netns, mtu, pod_mac)
-            .await;
+        let created = netlink.create_veth(&pair).await;
         created.map_err(|error| match error {
             LinkError::Exists(what) => CniError::new(
                 ErrorCode::InterfaceExists,
@@ -225,7 +243,7 @@ fn create_link(
         })
     })??;
     applied.veth = true;
-    inv.daemon().prepare(host_veth)?;
+    inv.daemon().prepare(veth.host)?;
     applied.prepared = true;
     Ok(())
 }

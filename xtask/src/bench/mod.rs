@@ -139,6 +139,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
                 if plan.quick { "debug" } else { "release" }
             ),
             "Reference: Debian's containernetworking-plugins (bridge with isGateway, isDefaultGateway, ipMasq, hairpinMode; host-local; portmap), run as a runtime runs a conflist.".into(),
+            "Both simulated nodes' uplinks have IPv4 BIG TCP (GSO/GRO 192 KiB, as a NIC with it switched on): new ebpf-cni pods follow the uplink's size, the reference's bridge ports stay at 64 KiB. The figure \"without BIG TCP\" is two of our pods created before the uplink got it.".into(),
             "TCP_RR and TCP_CRR use the project's own bounded client and server (xtask/src/bench/load.rs); throughput uses iperf3.".into(),
             "2 shared cores: absolute numbers are noisy, ratios within one run are what to read.".into(),
             format!(

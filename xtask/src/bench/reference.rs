@@ -11,7 +11,7 @@ use anyhow::{Context, ensure};
 use ebpf_cni_tests::{
     cni::{Call, REFERENCE_PLUGINS},
     netns::Netns,
-    node::external_host,
+    node::{big_tcp_uplink, external_host},
     unique_name,
 };
 use serde_json::{Value, json};
@@ -31,6 +31,8 @@ impl RefNode {
         let name = unique_name("ref");
         let netns = Netns::new("refnode");
         let external = external_host(&netns);
+        // The same node as ebpf-cni's (`super::traffic`): its uplink has BIG TCP.
+        big_tcp_uplink(&netns, &external);
         Self {
             netns,
             external,
