@@ -45,26 +45,23 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
     let pod_mac = inv.conf.runtime_mac()?;
     refuse_unimplemented(&inv.conf)?;
     let host_veth = naming::host_veth(container_id, ifname);
+    let alias = naming::host_alias(&inv.conf.name, container_id, ifname);
 
     let mut applied = Applied::default();
-    let veth = Veth {
+    let veth = VethPair {
         host: &host_veth,
+        alias: &alias,
+        pod: ifname,
+        pod_netns: &pod_netns,
+        mtu: inv.conf.mtu,
         pod_mac,
         gso_max_size,
     };
-    let outcome = apply(inv, &ipam, &pod_netns, &veth, &mut applied);
+    let outcome = apply(inv, &ipam, &veth, &mut applied);
     match outcome {
         Ok(result) => Ok(result.to_json(version).to_string()),
         Err(error) => Err(applied.roll_back(inv, &ipam, &host_veth, error)),
     }
-}
-
-/// The veth pair to create: its host side's name, the pod side's MAC if the runtime
-/// chose one, and the IPv4 GSO/GRO size of both ends if not the default.
-struct Veth<'a> {
-    host: &'a str,
-    pod_mac: Option<[u8; 6]>,
-    gso_max_size: Option<u32>,
 }
 
 /// Which steps have changed the system, so a failure undoes exactly those.
@@ -119,15 +116,13 @@ impl Applied {
 fn apply(
     inv: &Invocation,
     ipam: &Ipam,
-    pod_netns: &File,
-    veth: &Veth<'_>,
+    veth: &VethPair<'_>,
     applied: &mut Applied,
 ) -> Result<CniResult, CniError> {
-    let ifname = inv.ifname()?;
-    let host_veth = veth.host;
+    let (ifname, host_veth, pod_netns) = (veth.pod, veth.host, veth.pod_netns);
     let (addresses, link) = std::thread::scope(|scope| {
         let addresses = scope.spawn(|| ipam.add(inv.raw()));
-        let link = create_link(inv, pod_netns, veth, applied);
+        let link = create_link(inv, veth, applied);
         let addresses = addresses
             .join()
             .unwrap_or_else(|_| Err(CniError::internal("the IPAM thread panicked")));
@@ -217,23 +212,12 @@ fn apply(
 /// The veth pair, its peer created inside the pod, and the pod program on its host side.
 fn create_link(
     inv: &Invocation,
-    pod_netns: &File,
-    veth: &Veth<'_>,
+    veth: &VethPair<'_>,
     applied: &mut Applied,
 ) -> Result<(), CniError> {
-    let alias = naming::host_alias(&inv.conf.name, inv.container_id()?, inv.ifname()?);
-    let pair = VethPair {
-        host: veth.host,
-        alias: &alias,
-        pod: inv.ifname()?,
-        pod_netns,
-        mtu: inv.conf.mtu,
-        pod_mac: veth.pod_mac,
-        gso_max_size: veth.gso_max_size,
-    };
     block_on(async {
         let netlink = Netlink::connect().map_err(setup_error)?;
-        let created = netlink.create_veth(&pair).await;
+        let created = netlink.create_veth(veth).await;
         created.map_err(|error| match error {
             LinkError::Exists(what) => CniError::new(
                 ErrorCode::InterfaceExists,

@@ -51,6 +51,13 @@ impl Plan {
     fn repeats(self) -> usize {
         if self.quick { 3 } else { 5 }
     }
+    /// Runs per throughput figure and contender: more, as one run's result depends on
+    /// where the scheduler puts iperf3's client and server. Measured with our BIG TCP
+    /// pods: both on one CPU 27-38 Gbit/s, on the two CPUs 16-27, so five unpinned runs
+    /// can land mostly on either side.
+    fn throughput_repeats(self) -> usize {
+        if self.quick { 3 } else { 9 }
+    }
     fn timed_pods(self) -> usize {
         50
     }
@@ -132,9 +139,10 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
         command: format!("cargo xtask bench{}", if plan.quick { " --quick" } else { "" }),
         notes: vec![
             format!(
-                "Each traffic figure: {} runs of {} s per contender, interleaved; ADD/DEL: {} pods one after another, then {PARALLEL_PODS} in parallel; {} builds of ebpf-cni's binaries.",
+                "Each traffic figure: {} runs of {} s per contender ({} for throughput, whose runs vary most), interleaved; ADD/DEL: {} pods one after another, then {PARALLEL_PODS} in parallel; {} builds of ebpf-cni's binaries.",
                 plan.repeats(),
                 plan.seconds(),
+                plan.throughput_repeats(),
                 plan.timed_pods(),
                 if plan.quick { "debug" } else { "release" }
             ),

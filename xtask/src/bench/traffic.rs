@@ -67,12 +67,12 @@ pub(super) fn pod_to_pod(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     let pairs = PodPairs::build()?;
     let all = [Contender::EbpfCni, Contender::Reference, Contender::Raw];
     let seconds = plan.seconds();
-    let throughput = interleaved(plan.repeats(), &all, |c| {
+    let throughput = interleaved(plan.throughput_repeats(), &all, |c| {
         let (client, server, ip) = pairs.pair(c);
         load::throughput(client, server, *ip, seconds)
     })?;
     // Ours without BIG TCP, against the same reference and raw pair (at 64 KiB too).
-    let throughput_64k = interleaved(plan.repeats(), &all, |c| {
+    let throughput_64k = interleaved(plan.throughput_repeats(), &all, |c| {
         let (client, server, ip) = match c {
             Contender::EbpfCni => &pairs.ebpf_64k,
             other => pairs.pair(other),
@@ -130,7 +130,7 @@ pub(super) fn pod_to_external(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     };
     let both = [Contender::EbpfCni, Contender::Reference];
     let seconds = plan.seconds();
-    let throughput = interleaved(plan.repeats(), &both, |c| {
+    let throughput = interleaved(plan.throughput_repeats(), &both, |c| {
         let (client, server) = pair(c);
         load::throughput(client, server, external, seconds)
     })?;
