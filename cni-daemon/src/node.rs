@@ -12,7 +12,7 @@ use crate::{
     datapath::{Datapath, DatapathError},
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
-    nat::{self, Nat, NatError, NatSettings, Sweep},
+    nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
     node_addrs::{NodeAddrError, NodeAddrs},
 };
 
@@ -152,13 +152,10 @@ impl Node {
         Ok(self.node_addrs.sync()?)
     }
 
-    pub fn nat_enabled(&self) -> bool {
-        self.nat.settings().is_some()
-    }
-
-    /// Removes the NAT flows idle past their timeout at `now_ns` (CLOCK_MONOTONIC).
-    pub fn sweep_nat(&mut self, now_ns: u64) -> Result<Sweep, NodeError> {
-        Ok(self.nat.sweep(now_ns).map_err(NatError::from)?)
+    /// The NAT flow tables and their timeouts, for the sweeper to own (`None`: NAT is
+    /// off, or already taken).
+    pub fn take_nat_flows(&mut self) -> Option<(Flows, Timeouts)> {
+        self.nat.take_flows()
     }
 
     /// Attaches the pod program to `host_veth` before its endpoint is known (see

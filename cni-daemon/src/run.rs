@@ -13,7 +13,7 @@ use crate::{
     bpffs,
     datapath::Datapath,
     datapath::sock::cgroup2_mount,
-    nat::{self, NatArgs},
+    nat::{self, Flows, NatArgs, Timeouts},
     node::Node,
     node_addrs, server,
 };
@@ -43,8 +43,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
     let cgroup = config.cgroup.clone().or_else(root_cgroup);
-    let node = Node::open(datapath, &config.state_dir, nat_settings, cgroup.as_deref())?;
-    let sweeping = node.nat_enabled();
+    let mut node = Node::open(datapath, &config.state_dir, nat_settings, cgroup.as_deref())?;
+    let flows = node.take_nat_flows();
     let node = Arc::new(Mutex::new(node));
     let address_watch = tokio::spawn(node_addrs::watch(Arc::clone(&node)));
     let listener = server::bind(&config.socket)
@@ -57,8 +57,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
 
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
-    let sweeper =
-        sweeping.then(|| tokio::spawn(sweep_nat(Arc::clone(&node), config.nat.gc_interval())));
+    let sweeper = flows.map(|(flows, timeouts)| {
+        tokio::spawn(sweep_nat(flows, timeouts, config.nat.gc_interval()))
+    });
     let outcome = tokio::select! {
         served = server::serve(listener, Arc::clone(&node)) => served.context("socket failed"),
         _ = terminate.recv() => Ok(()),
@@ -91,35 +92,47 @@ fn root_cgroup() -> Option<PathBuf> {
 }
 
 /// Every `interval`, removes the NAT flows idle past their timeout. The sweep is
-/// synchronous map work under the node's lock: it runs on a blocking thread.
-async fn sweep_nat(node: Arc<Mutex<Node>>, interval: Duration) {
+/// synchronous map work: it runs on a blocking thread, which owns the flow tables for
+/// the sweep and hands them back; it never takes the node's lock.
+async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; start sweeping one interval after start.
     ticks.tick().await;
+    let mut flows = Some(flows);
     loop {
         ticks.tick().await;
-        let node = Arc::clone(&node);
+        let Some(mut owned) = flows.take() else {
+            return;
+        };
         let swept = tokio::task::spawn_blocking(move || {
-            let now = nat::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
-            let mut node = match node.lock() {
-                Ok(node) => node,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            node.sweep_nat(now).context("NAT sweep failed")
+            let outcome = nat::monotonic_now_ns()
+                .context("cannot read CLOCK_MONOTONIC")
+                .and_then(|now| owned.sweep(now, &timeouts).context("NAT sweep failed"));
+            (owned, outcome)
         })
         .await;
         match swept {
-            Ok(Ok(sweep)) if sweep.flows + sweep.orphans > 0 => {
-                tracing::debug!(
-                    flows = sweep.flows,
-                    orphans = sweep.orphans,
-                    "NAT flows expired"
-                );
+            Ok((owned, outcome)) => {
+                flows = Some(owned);
+                match outcome {
+                    Ok(sweep) if sweep.flows + sweep.orphans > 0 => {
+                        tracing::debug!(
+                            flows = sweep.flows,
+                            orphans = sweep.orphans,
+                            "NAT flows expired"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!("{error:#}"),
+                }
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!("{error:#}"),
-            Err(error) => tracing::warn!(%error, "NAT sweep task failed"),
+            Err(error) => {
+                // The tables went down with the panicked task: no more sweeps. The
+                // datapath still takes expired ports over; the LRU tables evict.
+                tracing::error!(%error, "NAT sweep task failed; sweeping stops");
+                return;
+            }
         }
     }
 }

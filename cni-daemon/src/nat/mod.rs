@@ -24,7 +24,7 @@ use nix::time::{ClockId, clock_gettime};
 
 pub use self::{
     args::{NatArgs, PortRange, Timeouts},
-    tables::{Nat, NatMaps, Sweep},
+    tables::{Flows, Nat, NatMaps, Sweep},
 };
 use crate::{
     api::Endpoint,
