@@ -106,6 +106,19 @@ impl Node {
         (netns, outcome)
     }
 
+    /// `pod`'s record as `ebpf-cnid endpoints --output json` lists it (counters
+    /// included); panics when the daemon does not list it.
+    pub fn endpoint(&self, pod: &Pod) -> serde_json::Value {
+        let endpoints = self.instance.cli_json(&["endpoints"]);
+        endpoints
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|endpoint| endpoint["id"]["container_id"] == pod.container_id.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("no endpoint for {}: {endpoints}", pod.container_id))
+    }
+
     /// Removes `pod` through the real plugin; panics when DEL fails.
     pub fn del_pod(&self, pod: &Pod) {
         Call::new(

@@ -26,20 +26,8 @@ fn pattern(n: usize) -> u8 {
     (n % 251) as u8
 }
 
-/// `pod`'s endpoint record, with its counters.
-fn endpoint(node: &Node, pod: &Pod) -> Value {
-    let endpoints = node.instance.cli_json(&["endpoints"]);
-    endpoints
-        .as_array()
-        .expect("a list")
-        .iter()
-        .find(|endpoint| endpoint["id"]["container_id"] == pod.container_id.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("no endpoint for {}: {endpoints}", pod.container_id))
-}
-
 fn host_veth(node: &Node, pod: &Pod) -> String {
-    endpoint(node, pod)["host_veth"]
+    node.endpoint(pod)["host_veth"]
         .as_str()
         .expect("a host veth")
         .to_owned()
@@ -47,7 +35,7 @@ fn host_veth(node: &Node, pod: &Pod) -> String {
 
 /// (packets, bytes) the datapath counted from `pod`.
 fn from_pod(node: &Node, pod: &Pod) -> (u64, u64) {
-    let counters = &endpoint(node, pod)["counters"];
+    let counters = &node.endpoint(pod)["counters"];
     let field = |name: &str| counters[name].as_u64().expect("a counter");
     (field("from_pod_packets"), field("from_pod_bytes"))
 }

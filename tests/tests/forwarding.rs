@@ -127,13 +127,8 @@ fn what_the_node_sends_a_pod_and_what_pods_send_each_other_both_count_as_to_pod(
     let a = node.add_pod("count-a");
     let b = node.add_pod("count-b");
     let to_pod = |pod: &Pod| {
-        let endpoints = node.instance.cli_json(&["endpoints"]);
-        endpoints
-            .as_array()
-            .expect("a list")
-            .iter()
-            .find(|endpoint| endpoint["id"]["container_id"] == pod.container_id.as_str())
-            .and_then(|endpoint| endpoint["counters"]["to_pod_packets"].as_u64())
+        node.endpoint(pod)["counters"]["to_pod_packets"]
+            .as_u64()
             .expect("the pod's counters")
     };
     let before = to_pod(&a);
