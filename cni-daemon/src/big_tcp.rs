@@ -2,8 +2,9 @@
 //! node's admin raised it above the 64 KiB default (as on a NIC with BIG TCP enabled).
 //!
 //! A pod's TCP builds GSO packets of up to its interface's `gso_ipv4_max_size`: larger
-//! packets mean fewer trips through the stacks and the datapath per byte (pod to pod,
-//! ~+10% throughput at 192 KiB on the benchmark machine). But a packet larger than the
+//! packets mean fewer trips through the stacks and the datapath per byte (pod to pod
+//! at 192 KiB: +8-18% throughput in full `cargo xtask bench` runs on the benchmark
+//! machine). But a packet larger than the
 //! size of the device it leaves by is segmented in software there, which costs more
 //! than it saved (pod-to-external throughput halved with pods at 192 KiB behind a 64 KiB
 //! uplink). So pods follow the uplink, never lead it.
@@ -14,7 +15,6 @@
 //! and needs undoing on uninstall. A node whose uplink stays at 64 KiB runs its pods at
 //! the kernel's default, exactly as before.
 
-use futures::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
 
 /// The kernel's default (and the most without BIG TCP): `GSO_LEGACY_MAX_SIZE`.
@@ -35,17 +35,7 @@ pub fn pod_size(uplink_gso: u32, uplink_gro: u32) -> Option<u32> {
 /// [`pod_size`] for the interface named `uplink` of the daemon's namespace; `None` also
 /// when the kernel does not report IPv4 sizes (before 6.3, without IPv4 BIG TCP).
 pub async fn pod_size_for(uplink: &str) -> std::io::Result<Option<u32>> {
-    let (connection, handle, _) = rtnetlink::new_connection()?;
-    let connection = tokio::spawn(connection);
-    let links: Result<Vec<_>, _> = handle
-        .link()
-        .get()
-        .match_name(uplink.to_owned())
-        .execute()
-        .try_collect()
-        .await;
-    connection.abort();
-    let links = links.map_err(std::io::Error::other)?;
+    let links = crate::link_stats::links(Some(uplink)).await?;
     let Some(link) = links.first() else {
         return Ok(None);
     };

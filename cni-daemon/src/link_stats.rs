@@ -4,19 +4,32 @@
 //! transmit path; everything the stack sends (the node's processes talking to a pod)
 //! goes through that path, and only through it. Reading the kernel's counters costs
 //! nothing per packet and spares a second TC program per pod.
+//!
+//! [`links`] is the one netlink link dump of the async front; `big_tcp` reads the
+//! uplink's sizes through it too.
 
 use futures::TryStreamExt;
-use rtnetlink::packet_route::link::LinkAttribute;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 
 use crate::api::LinkCounters;
 
-/// TX packets and bytes of every link of the daemon's namespace.
-pub async fn tx_counters() -> std::io::Result<Vec<LinkCounters>> {
+/// The links of the daemon's namespace as the kernel reports them (attributes and
+/// statistics): every one, or only the one named `name`.
+pub async fn links(name: Option<&str>) -> std::io::Result<Vec<LinkMessage>> {
     let (connection, handle, _) = rtnetlink::new_connection()?;
     let connection = tokio::spawn(connection);
-    let links: Result<Vec<_>, _> = handle.link().get().execute().try_collect().await;
+    let mut request = handle.link().get();
+    if let Some(name) = name {
+        request = request.match_name(name.to_owned());
+    }
+    let links: Result<Vec<_>, _> = request.execute().try_collect().await;
     connection.abort();
-    let links = links.map_err(std::io::Error::other)?;
+    links.map_err(std::io::Error::other)
+}
+
+/// TX packets and bytes of every link of the daemon's namespace.
+pub async fn tx_counters() -> std::io::Result<Vec<LinkCounters>> {
+    let links = links(None).await?;
     Ok(links
         .iter()
         .filter_map(|link| {
