@@ -40,6 +40,9 @@ pub mod map_names {
     pub const CLUSTER_CIDRS: &str = "CLUSTER_CIDRS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
     pub const NAT_STATS: &str = "NAT_STATS";
+    /// Per-CPU array of `u32`, indexed by a hash of a flow's destination: the offset in
+    /// the port range of the next node port to hand out there, plus one (0: unused).
+    pub const NAT_CURSORS: &str = "NAT_CURSORS";
     /// Hash: [`crate::PortKey`] -> [`crate::PortTarget`], the hostPort mappings.
     pub const HOSTPORTS: &str = "HOSTPORTS";
     /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::HostPortFlow`].

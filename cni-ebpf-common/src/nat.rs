@@ -38,7 +38,8 @@ pub struct NatReverseKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NatEntry {
-    /// `bpf_ktime_get_ns` of the last packet, either way.
+    /// `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC as of the last tick) at the last
+    /// packet, either way.
     pub last_seen_ns: u64,
     pub pod_addr: [u8; 4],
     pub pod_port: u16,
@@ -58,7 +59,7 @@ impl NatKey {
             node_port,
             remote_port: self.remote_port,
             proto: self.proto,
-            pad: [0; 3],
+            pad: [0, 0, 0],
         }
     }
 }
@@ -74,7 +75,7 @@ impl NatReverseKey {
             pod_port: entry.pod_port,
             remote_port: self.remote_port,
             proto: self.proto,
-            pad: [0; 3],
+            pad: [0, 0, 0],
         }
     }
 }
@@ -146,15 +147,19 @@ pub enum NatCounter {
     NewFlows = 3,
     /// New flows that found no free node port (dropped).
     AllocationFailures = 4,
+    /// Node ports tried for new flows after their first choice was held: how crowded
+    /// the port range is towards busy destinations.
+    PortProbes = 5,
 }
 
 impl NatCounter {
-    pub const ALL: [NatCounter; 5] = [
+    pub const ALL: [NatCounter; 6] = [
         NatCounter::TranslatedOut,
         NatCounter::TranslatedIn,
         NatCounter::IcmpErrorsIn,
         NatCounter::NewFlows,
         NatCounter::AllocationFailures,
+        NatCounter::PortProbes,
     ];
     pub const SLOTS: u32 = 8;
 
@@ -165,6 +170,7 @@ impl NatCounter {
             NatCounter::IcmpErrorsIn => "icmp_errors_in",
             NatCounter::NewFlows => "new_flows",
             NatCounter::AllocationFailures => "allocation_failures",
+            NatCounter::PortProbes => "port_probes",
         }
     }
 }

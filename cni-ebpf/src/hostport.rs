@@ -103,7 +103,7 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
         pod_port: target.pod_port,
         remote_port: client_port,
         proto,
-        pad: [0; 3],
+        pad: [0, 0, 0],
     }
 }
 
@@ -143,7 +143,7 @@ pub fn inbound(
     let host = HostPortFlow {
         host_addr: ip.dst_addr,
         host_port,
-        pad: [0; 2],
+        pad: [0, 0],
     };
     remember(&flow, &host);
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
@@ -187,7 +187,7 @@ pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Re
         pod_port,
         remote_port: u16::from_be_bytes([ports[2], ports[3]]),
         proto: ip.proto as u8,
-        pad: [0; 3],
+        pad: [0, 0, 0],
     };
     // SAFETY: the value is copied at once.
     let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
@@ -226,7 +226,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
             pod_port: src_port,
             remote_port: dst_port,
             proto,
-            pad: [0; 3],
+            pad: [0, 0, 0],
         };
         // SAFETY: the value is copied at once.
         let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
@@ -254,7 +254,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let host = HostPortFlow {
         host_addr: ip.dst_addr,
         host_port: dst_port,
-        pad: [0; 2],
+        pad: [0, 0],
     };
     remember(&flow, &host);
     if hairpin {

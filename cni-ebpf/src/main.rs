@@ -20,6 +20,7 @@ mod snat;
 mod sock;
 mod stats;
 mod uplink;
+mod zeroed;
 
 #[cfg(not(test))]
 #[panic_handler]

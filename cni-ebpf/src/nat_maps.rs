@@ -1,7 +1,7 @@
 //! The NAT tables, configuration and counters (types in `cni_ebpf_common::nat`).
 
 use aya_ebpf::{
-    helpers::generated::bpf_ktime_get_ns,
+    helpers::generated::bpf_ktime_get_coarse_ns,
     macros::map,
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
@@ -16,6 +16,14 @@ pub static NAT_OUT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS,
 
 #[map(name = "NAT_IN")]
 pub static NAT_IN: LruHashMap<NatReverseKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+/// log2 of the number of per-destination port cursors (see `snat::allocate`).
+pub const CURSOR_BITS: u32 = 10;
+
+/// Per CPU, per destination hash: the next node port's offset in the range, plus one (0:
+/// not used yet).
+#[map(name = "NAT_CURSORS")]
+pub static NAT_CURSORS: PerCpuArray<u32> = PerCpuArray::pinned(1 << CURSOR_BITS, 0);
 
 #[map(name = "NAT_CONFIG")]
 static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
@@ -43,16 +51,24 @@ pub fn in_cluster(addr: [u8; 4]) -> bool {
 
 #[inline(always)]
 pub fn count(counter: NatCounter) {
-    if let Some(slot) = NAT_STATS.get_ptr_mut(counter as u32) {
-        // SAFETY: a valid pointer into this CPU's slot.
-        unsafe { *slot += 1 };
-    }
+    add(counter, 1);
 }
 
 #[inline(always)]
+pub fn add(counter: NatCounter, amount: u64) {
+    if let Some(slot) = NAT_STATS.get_ptr_mut(counter as u32) {
+        // SAFETY: a valid pointer into this CPU's slot.
+        unsafe { *slot += amount };
+    }
+}
+
+/// CLOCK_MONOTONIC at the last tick (the timestamps the daemon and `expired` compare
+/// with): timeouts are whole seconds, and the coarse clock is a memory read where the
+/// precise one reads the clock source (in a VM, a paravirtual clock read per packet).
+#[inline(always)]
 pub fn now_ns() -> u64 {
     // SAFETY: a helper without arguments.
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
 /// Refreshes a flow in both tables, in place: `this` (the entry just looked up) and the

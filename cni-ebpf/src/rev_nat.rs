@@ -111,7 +111,7 @@ fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) ->
         node_port,
         remote_port,
         proto,
-        pad: [0; 3],
+        pad: [0, 0, 0],
     }
 }
 

@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::{forward, nat_maps};
+use crate::{forward, nat_maps, zeroed::Words};
 
 const AF_INET: u8 = 2;
 
@@ -41,8 +41,9 @@ pub fn to_uplink(
     if ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
-    // SAFETY: a plain C struct of integers; all-zero is its "unset" state.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    // A plain C struct of integers; all-zero is its "unset" state.
+    let mut room = Words::<FibParams>::uninit();
+    let params = room.zeroed();
     params.family = AF_INET;
     params.l4_protocol = ip.proto as u8;
     params.ifindex = ingress_ifindex;
@@ -54,7 +55,7 @@ pub fn to_uplink(
     let found = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb.cast(),
-            &mut params,
+            params,
             core::mem::size_of::<FibParams>() as i32,
             0,
         )

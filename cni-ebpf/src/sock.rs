@@ -92,12 +92,12 @@ fn to_pod(ctx: &SockAddrContext) {
         socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
         pod_addr: target.pod_addr,
         pod_port: target.pod_port,
-        pad: [0; 2],
+        pad: [0, 0],
     };
     let dialled = HostPortFlow {
         host_addr,
         host_port,
-        pad: [0; 2],
+        pad: [0, 0],
     };
     let _ = SOCK_REV.insert(&key, &dialled, 0);
 }
@@ -116,7 +116,7 @@ fn as_dialled(ctx: &SockAddrContext) {
         socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
         pod_addr: addr.user_ip4.to_ne_bytes(),
         pod_port: u16::from_be(addr.user_port as u16),
-        pad: [0; 2],
+        pad: [0, 0],
     };
     // SAFETY: the value is copied at once.
     let Some(dialled) = (unsafe { SOCK_REV.get(&key) }).copied() else {

@@ -126,9 +126,19 @@ pub fn ingress(object: &BpfObject, frame: &[u8]) -> Run {
     object.run(program_names::UPLINK_INGRESS, frame)
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// CLOCK_MONOTONIC in nanoseconds: the clock of the NAT tables' timestamps.
 pub fn monotonic_ns() -> u64 {
-    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC is readable");
+    nanos(ClockId::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_MONOTONIC as of the last tick (CLOCK_MONOTONIC_COARSE), what the datapath's
+/// `bpf_ktime_get_coarse_ns` stamps entries with.
+pub fn monotonic_coarse_ns() -> u64 {
+    nanos(ClockId::CLOCK_MONOTONIC_COARSE)
+}
+
+fn nanos(clock: ClockId) -> u64 {
+    let now = clock_gettime(clock).unwrap_or_else(|error| panic!("{clock}: {error}"));
     u64::try_from(now.tv_sec()).expect("a positive clock") * 1_000_000_000
         + u64::try_from(now.tv_nsec()).expect("a positive clock")
 }

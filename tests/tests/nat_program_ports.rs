@@ -1,8 +1,8 @@
 //! Node port allocation by `uplink_egress`, run by the kernel through BPF_PROG_TEST_RUN
-//! with narrow port ranges: a flow keeps its pod port when free (folded into the range
-//! when outside it), flows that share a pod port get distinct node ports, a new flow
-//! finding every port held by live flows is dropped and counted, an expired flow's port
-//! is taken over without harming any live flow.
+//! with narrow port ranges: new flows to one destination take consecutive node ports
+//! from a cursor (jumping over a run of held ones), flows that share a pod port get
+//! distinct node ports, a new flow finding every port held by live flows is dropped
+//! and counted, an expired flow's port is taken over without harming any live flow.
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
 use ebpf_cni_tests::{
@@ -168,40 +168,66 @@ fn two_pods_with_the_same_source_port_to_the_same_remote_get_distinct_node_ports
 }
 
 #[test]
-fn a_new_flow_keeps_the_pods_port_when_the_range_has_it_free() {
+fn new_flows_to_one_destination_take_consecutive_node_ports_not_their_own() {
     require_root();
-    // A range around the pod's port, which two pods use to the same remote.
-    let object = uplink_with(NatConfig {
+    // A range around the pods' ports: keeping them would be possible, and is not done.
+    let mut object = uplink_with(NatConfig {
         port_min: POD_PORT - 50,
-        port_max: POD_PORT + 50,
+        port_max: POD_PORT + 49,
         ..nat_config()
     });
-    let first = egress(&object, &syn(MASQ.ip, POD_PORT));
+    // Every cursor at the pod port's offset, so the first flow's port is known.
+    object.set_nat_cursors(50);
+    let node_ports: Vec<u16> = (0..4)
+        .map(|flow| {
+            let run = egress(&object, &syn(MASQ.ip, POD_PORT + 10 + flow));
+            assert_eq!(run.verdict, TC_ACT_OK, "flow {flow}");
+            port(&run.frame, SPORT)
+        })
+        .collect();
     assert_eq!(
-        port(&first.frame, SPORT),
-        POD_PORT,
-        "the first keeps its port"
+        node_ports,
+        [POD_PORT, POD_PORT + 1, POD_PORT + 2, POD_PORT + 3],
+        "in sequence from the cursor, whichever CPU ran each"
     );
-    let second = egress(&object, &syn(MASQ_2.ip, POD_PORT));
-    let other = port(&second.frame, SPORT);
-    assert_ne!(other, POD_PORT, "the second cannot have it too");
-    assert!(
-        (POD_PORT - 50..=POD_PORT + 50).contains(&other),
-        "the second gets a port of the range: {other}"
-    );
-    assert_eq!(object.nat_counter(NatCounter::NewFlows), 2);
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 4);
 }
 
 #[test]
-fn a_pod_port_outside_the_range_is_folded_into_it_first() {
+fn the_cursor_wraps_at_the_end_of_the_range_and_a_run_of_held_ports_is_jumped_over() {
     require_root();
-    // 100 ports from PORT_MIN (40000); the pod ports are below the range.
-    let object = ports(100);
-    for pod_port in [POD_PORT, POD_PORT + 7] {
-        let run = egress(&object, &syn(MASQ.ip, pod_port));
-        let expected = PORT_MIN + pod_port % 100;
-        assert_eq!(port(&run.frame, SPORT), expected, "pod port {pod_port}");
+    let mut object = ports(1000);
+    // Ports PORT_MIN..PORT_MIN + 20 held by live flows of MASQ_2.
+    for held in 0..20 {
+        let key = out_key(MASQ_2.ip, POD_PORT + held, REMOTE_PORT, TCP);
+        let entry = entry(
+            &key,
+            PORT_MIN + held,
+            tcp_state::ESTABLISHED,
+            seconds_ago(0),
+        );
+        object.insert_nat_out(key, entry);
+        object.insert_nat_in(in_key(REMOTE, PORT_MIN + held, REMOTE_PORT, TCP), entry);
     }
+    // The last port of the range is free; the search wraps to the held ones after it.
+    object.set_nat_cursors(999);
+    let last = egress(&object, &syn(MASQ.ip, POD_PORT));
+    assert_eq!(
+        port(&last.frame, SPORT),
+        PORT_MIN + 999,
+        "the range's last port"
+    );
+    assert_eq!(object.nat_counter(NatCounter::PortProbes), 0);
+    // From the first port: eight held ports in a row, then a jump of 7919 (mod 1000).
+    object.set_nat_cursors(0);
+    let jumped = egress(&object, &syn(MASQ.ip, POD_PORT + 1));
+    assert_eq!(
+        port(&jumped.frame, SPORT),
+        PORT_MIN + (8 + 7919) % 1000,
+        "past the held run after eight probes"
+    );
+    assert_eq!(object.nat_counter(NatCounter::PortProbes), 8);
+    assert_eq!(all_drops(&object), no_drops());
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! When a translated flow has been idle long enough to forget (pure decisions).
 //!
-//! Times are `CLOCK_MONOTONIC` nanoseconds, the clock `bpf_ktime_get_ns` reads.
+//! Times are `CLOCK_MONOTONIC` nanoseconds, the clock `bpf_ktime_get_coarse_ns` reads (as
+//! of the last tick, a few milliseconds behind at most).
 
 use cni_ebpf_common::{NatEntry, tcp_state};
 

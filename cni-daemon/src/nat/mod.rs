@@ -168,7 +168,8 @@ pub fn start<'a>(
     Ok(nat)
 }
 
-/// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_ns` and so of
+/// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_coarse_ns` (which reads it
+/// as of the last tick) and so of
 /// `NatEntry::last_seen_ns`.
 pub fn monotonic_now_ns() -> Result<u64, nix::Error> {
     let now = clock_gettime(ClockId::CLOCK_MONOTONIC)?;
