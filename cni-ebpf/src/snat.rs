@@ -183,8 +183,8 @@ fn to_translate(ip: &Ipv4Hdr) -> bool {
 /// inside the range and those folded into it from outside land on each other, and a
 /// benchmark pod needed 0.86 extra lookups per new flow, each a cache miss.
 ///
-/// Cursors are per CPU (no atomics, no contention), in [`CURSORS`] slots chosen by a
-/// hash of the destination. On a held port the next one is tried; after
+/// Cursors are per CPU (no atomics, no contention), in 2^[`CURSOR_BITS`] slots chosen by
+/// a hash of the destination. On a held port the next one is tried; after
 /// [`LINEAR_PROBES`] in a row the search jumps [`PROBE_STRIDE`] ahead, so a block of
 /// ports held by long-lived flows (which a cursor hands out in a row) is not walked
 /// port by port. Each probe is a lookup, which takes no lock; only a port that looks
@@ -291,12 +291,6 @@ fn flow_entry(key: &NatKey, port: u16, now: u64, state: u8) -> NatEntry {
 
 /// Claims node `port` for `key` in `NAT_IN` if it is free, held by this very flow, or
 /// held by an expired one (the caller writes `NAT_OUT`).
-///
-/// The verifier walks the probe loop once per path into it and through its body, and
-/// its pruning is fragile here: a map read deciding whether to look host ports up (in
-/// the loop, or only for the first choice before it), or a copy of the loop without the
-/// host-port lookups, each made `uplink_egress` too large to load (E2BIG after 30 s).
-/// Change this, or what leads to it, only with a daemon start to check.
 #[inline(always)]
 fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bool {
     // Host ports belong to their mappings.
