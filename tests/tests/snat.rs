@@ -5,8 +5,11 @@
 
 use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
 
+use aya::maps::{Map, MapData};
+use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names};
 use ebpf_cni_tests::{
     daemon::eventually,
+    nat_frames::{UDP, entry, monotonic_ns, out_key},
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
     traffic::{EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, udp_round_trip},
@@ -352,4 +355,45 @@ fn the_source_counter_on_the_uplink_does_not_stop_the_nat_programs_after_it() {
             .any(|row| row["source"] == EXTERNAL_ADDR),
         "the counter saw the replies: {counted}"
     );
+}
+
+/// The pinned flow table `name` of `node`'s daemon.
+fn flow_table<K: aya::Pod>(node: &Node, name: &str) -> aya::maps::HashMap<MapData, K, NatEntry> {
+    let data = MapData::from_pin(node.instance.bpf_dir.join(name))
+        .unwrap_or_else(|error| panic!("cannot open the pinned {name}: {error}"));
+    aya::maps::HashMap::try_from(Map::LruHashMap(data))
+        .unwrap_or_else(|error| panic!("{name} is not an LRU hash: {error}"))
+}
+
+#[test]
+fn a_sweep_removes_thousands_of_expired_flows_and_keeps_the_live_one() {
+    require_root();
+    // Swept every 3 s: one sweep must take all of them (a sweep that read one batch of
+    // 4,096 only would need three, 6 s or more after they were written).
+    let node = Node::start_with("10.244.56.0/24", &[], &["--nat-gc-interval", "3"]);
+    let mut out = flow_table::<NatKey>(&node, map_names::NAT_OUT);
+    let mut inbound = flow_table::<NatReverseKey>(&node, map_names::NAT_IN);
+    // UDP flows (30 s timeout) last seen a minute ago: more than two batches' worth.
+    let now = monotonic_ns();
+    let long_ago = now.checked_sub(60_000_000_000).expect("up for a minute");
+    let flow = |n: u16| out_key([10, 244, 56, 2], 10_000 + n, 53, UDP);
+    for n in 0..10_000 {
+        let key = flow(n);
+        let stamp = if n == 7_777 { now } else { long_ago };
+        let entry = entry(&key, 1024 + n, 0, stamp);
+        out.insert(key, entry, 0).expect("NAT_OUT insert");
+        inbound
+            .insert(key.reverse(1024 + n), entry, 0)
+            .expect("NAT_IN insert");
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            out.keys().count() == 1 && inbound.keys().count() == 1
+        }),
+        "one sweep down to the live flow: {} in NAT_OUT, {} in NAT_IN",
+        out.keys().count(),
+        inbound.keys().count()
+    );
+    assert!(out.get(&flow(7_777), 0).is_ok(), "the live flow stays");
+    assert!(inbound.get(&flow(7_777).reverse(1024 + 7_777), 0).is_ok());
 }

@@ -10,6 +10,7 @@
 //! - shows flows and counters ([`view`]).
 
 pub mod args;
+mod batch;
 pub mod cidrs;
 pub mod expiry;
 pub mod sysctl;

@@ -3,12 +3,13 @@
 
 use std::collections::HashMap as StdHashMap;
 
-use aya::maps::{Array, HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, IterableMap, MapData, MapError};
 use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey};
 
 use super::{
     NatSettings,
     args::Timeouts,
+    batch,
     cidrs::{self, ClusterCidrs},
     expiry,
 };
@@ -19,8 +20,7 @@ pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;
 /// `NAT_IN`: the node side of each flow.
 pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
 
-/// Most entries one sweep reads from a table. Iterating a hash map that the datapath
-/// changes meanwhile can restart from its first key; this keeps a sweep finite.
+/// Most entries one sweep reads from a table (the tables hold 262,144 each).
 const MAX_SCAN: usize = 1 << 20;
 
 /// The NAT maps, taken from the loaded object (see `Datapath::take_nat_maps`).
@@ -123,21 +123,28 @@ impl Flows {
     /// Removes every flow idle for longer than its timeout at `now_ns` (CLOCK_MONOTONIC),
     /// both entries of a pair together.
     ///
-    /// Both tables are read once (two syscalls an entry), the decisions are taken on
-    /// that snapshot ([`expired`], a pure function), and only what expired is touched
-    /// again (a re-read and a delete per entry). Cost, measured during the SNAT TCP_CRR
-    /// benchmark: ~0.3 s of CPU for the ~100,000 flows 10 s gather at 10,000 new
-    /// connections a second, most of it the removals; looking each entry's pair up in
-    /// the map instead of the snapshot (one syscall more an entry) cost about the same.
-    /// The snapshot holds both tables in memory for the sweep (~40 bytes an entry).
+    /// Both tables are read in batches ([`batch`]: a few syscalls for a whole table) and
+    /// the decisions taken on that snapshot ([`expired`], a pure function). Each expired
+    /// entry is then re-read just before its delete, and kept if it saw a packet since:
+    /// the datapath rewrites expired entries in place (a flow coming back on its old
+    /// 4-tuple, a new flow taking an expired port over), and deleting those by a
+    /// decision even milliseconds old broke connections (a batch delete tried here
+    /// reset connections in the SNAT TCP_CRR benchmark). `NAT_OUT` first, so a port is
+    /// never free in `NAT_IN` while `NAT_OUT` still hands it out.
+    ///
+    /// Cost, measured during the SNAT TCP_CRR benchmark (~10,000 new connections a
+    /// second): reading through aya's iterator (two syscalls an entry and table) and
+    /// then re-reading and deleting the expired ones, eight syscalls a flow, took ~11%
+    /// of a CPU; the batched reads leave the four of the removals.
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
-        let out = scan(&self.out)?;
-        let inbound = scan(&self.inbound)?;
+        let removals = expired(
+            &snapshot(&self.out)?,
+            &snapshot(&self.inbound)?,
+            now_ns,
+            timeouts,
+        );
         let mut sweep = Sweep::default();
-        for removal in expired(&out, &inbound, now_ns, timeouts) {
-            // The datapath may have refreshed an entry since it was read: only entries
-            // that saw no packet after the decision go. NAT_OUT first, so a port is never
-            // free in NAT_IN while NAT_OUT still hands it out.
+        for removal in removals {
             match removal {
                 Removal::Flow {
                     key,
@@ -163,12 +170,10 @@ impl Flows {
 
     /// Empties both flow tables (NAT is off: no program uses them).
     fn flush(&mut self) -> Result<(), MapError> {
-        for key in scan(&self.out)?.keys() {
-            crate::maps::removed(self.out.remove(key))?;
-        }
-        for key in scan(&self.inbound)?.keys() {
-            crate::maps::removed(self.inbound.remove(key))?;
-        }
+        let out: Vec<NatKey> = snapshot(&self.out)?.into_keys().collect();
+        batch::delete(self.out.map(), &out)?;
+        let inbound: Vec<NatReverseKey> = snapshot(&self.inbound)?.into_keys().collect();
+        batch::delete(self.inbound.map(), &inbound)?;
         Ok(())
     }
 }
@@ -230,17 +235,12 @@ fn expired(
 }
 
 /// Every entry of `map`, each key once, at most [`MAX_SCAN`].
-fn scan<K, V>(map: &HashMap<MapData, K, V>) -> Result<StdHashMap<K, V>, MapError>
+fn snapshot<K, V>(map: &HashMap<MapData, K, V>) -> Result<StdHashMap<K, V>, MapError>
 where
     K: aya::Pod + Eq + std::hash::Hash,
     V: aya::Pod,
 {
-    let mut entries = StdHashMap::new();
-    for entry in map.iter().take(MAX_SCAN) {
-        let (key, value) = entry?;
-        entries.insert(key, value);
-    }
-    Ok(entries)
+    Ok(batch::read_all(map.map(), MAX_SCAN)?.into_iter().collect())
 }
 
 fn get<K: aya::Pod>(
@@ -254,8 +254,8 @@ fn get<K: aya::Pod>(
     }
 }
 
-/// Removes `key` unless its entry saw a packet after `decided`'s; returns whether it
-/// is gone.
+/// Removes `key` unless its entry saw a packet after `decided` (an entry the datapath
+/// rewrote for another flow is stamped with that packet's time). Whether it is gone.
 fn remove_if_idle<K: aya::Pod>(
     map: &mut HashMap<MapData, K, NatEntry>,
     key: &K,
