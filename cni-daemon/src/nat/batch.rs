@@ -1,11 +1,11 @@
 //! Batch reads and deletes of the flow tables (BPF_MAP_LOOKUP_BATCH and
-//! BPF_MAP_DELETE_BATCH, Linux 5.6), for the sweeper.
+//! BPF_MAP_DELETE_BATCH, Linux 5.6): the sweep's reads, and the flush when NAT is
+//! switched off.
 //!
-//! Written by hand on the `bpf` syscall: aya 0.14 has no batch operations, and a sweep
-//! through aya's iterator costs two syscalls per entry and table (the next key, then
-//! its value), then two more per removal (a re-read, a delete). Measured during the SNAT
-//! connection-rate benchmark, the sweeper then took ~11% of a CPU at 10,000 new
-//! connections a second; in batches of [`CHUNK`] entries it is a few syscalls a sweep.
+//! Written by hand on the `bpf` syscall: aya 0.14 has no batch operations, and reading
+//! a table through aya's iterator costs two syscalls per entry (the next key, then its
+//! value); in batches of [`CHUNK`] entries a whole table takes a few. Expired entries
+//! are still removed one by one (see `Flows::sweep` for why).
 
 use std::{
     io,
