@@ -5,9 +5,11 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use network_types::eth::EthHdr;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-/// Offset of the (outer) IPv4 header checksum.
+/// Offsets of the (outer) IPv4 TTL (the protocol and the header checksum follow it) and
+/// header checksum.
+pub const IP_TTL: usize = EthHdr::LEN + 8;
 pub const IP_CSUM: usize = EthHdr::LEN + 10;
 pub const IP_SRC: usize = EthHdr::LEN + 12;
 pub const IP_DST: usize = EthHdr::LEN + 16;
@@ -15,6 +17,14 @@ pub const IP_DST: usize = EthHdr::LEN + 16;
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
 pub const ICMP: u8 = 1;
+
+/// The Ethernet and IPv4 headers, read together (one helper call where two were).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EthIpv4 {
+    pub eth: EthHdr,
+    pub ip: Ipv4Hdr,
+}
 
 /// Where a packet's L4 checksum is, and how it reacts to address changes.
 #[derive(Clone, Copy)]
@@ -50,6 +60,80 @@ impl L4Csum {
             _ => None,
         }
     }
+}
+
+/// The IPv4 header checksum `check` after the 16-bit words `old` became `new` (RFC 1624,
+/// eqn. 3: HC' = ~(~HC + ~m + m')), all as on the wire.
+///
+/// Computed here so that a header rewrite is one `bpf_skb_store_bytes` of the changed
+/// bytes and their checksum, where `bpf_l3_csum_replace` is a call (and a writability
+/// check) of its own per field; the header checksum covers the header only, whatever
+/// the skb's checksum state, so nothing else needs the kernel's help. With the checksum
+/// right, the header's one's complement sum does not change, nor does a
+/// CHECKSUM_COMPLETE sum over it.
+#[inline(always)]
+pub fn ipv4_check<const N: usize>(check: [u8; 2], old: [[u8; 2]; N], new: [[u8; 2]; N]) -> [u8; 2] {
+    let mut sum = u32::from(!u16::from_be_bytes(check));
+    for word in 0..N {
+        sum += u32::from(!u16::from_be_bytes(old[word])) + u32::from(u16::from_be_bytes(new[word]));
+    }
+    // At most 2N + 1 terms below 2^16: two folds bring it under 2^16.
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    (!(sum as u16)).to_be_bytes()
+}
+
+/// An IPv4 address as its two 16-bit checksum words.
+#[inline(always)]
+pub fn words(addr: [u8; 4]) -> [[u8; 2]; 2] {
+    [[addr[0], addr[1]], [addr[2], addr[3]]]
+}
+
+/// Replaces the source address of `ip` (the header as it is in the frame) with `new`:
+/// the header checksum and the address in one store, then the L4 checksum.
+#[inline(always)]
+pub fn set_source(ctx: &TcContext, ip: &Ipv4Hdr, new: [u8; 4], l4: L4Csum) -> Result<(), i64> {
+    let [w0, w1] = words(new);
+    let check = ipv4_check(ip.check, words(ip.src_addr), words(new));
+    let bytes = [check[0], check[1], w0[0], w0[1], w1[0], w1[1]];
+    ctx.store(IP_CSUM, &bytes, 0)?;
+    set_l4_addr(ctx, ip.src_addr, new, l4)
+}
+
+/// Replaces the destination address of `ip` (the header as it is in the frame) with
+/// `new` and sets its TTL to `ttl` (the same, or one less before a delivery): TTL,
+/// protocol, header checksum and both addresses in one store, then the L4 checksum.
+#[inline(always)]
+pub fn set_destination(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    new: [u8; 4],
+    ttl: u8,
+    l4: L4Csum,
+) -> Result<(), i64> {
+    let mut old_words = [[ip.ttl, ip.proto]; 3];
+    let mut new_words = [[ttl, ip.proto]; 3];
+    [old_words[1], old_words[2]] = words(ip.dst_addr);
+    [new_words[1], new_words[2]] = words(new);
+    let check = ipv4_check(ip.check, old_words, new_words);
+    let src = ip.src_addr;
+    let bytes = [
+        ttl, ip.proto, check[0], check[1], src[0], src[1], src[2], src[3], new[0], new[1], new[2],
+        new[3],
+    ];
+    ctx.store(IP_TTL, &bytes, 0)?;
+    set_l4_addr(ctx, ip.dst_addr, new, l4)
+}
+
+/// Folds an address change into the L4 checksum (TCP and UDP cover the addresses in
+/// their pseudo header; ICMP does not).
+#[inline(always)]
+fn set_l4_addr(ctx: &TcContext, old: [u8; 4], new: [u8; 4], l4: L4Csum) -> Result<(), i64> {
+    if l4.pseudo {
+        let flags = BPF_F_PSEUDO_HDR as u64 | l4.flags | 4;
+        ctx.l4_csum_replace(l4.at, word32(old), word32(new), flags)?;
+    }
+    Ok(())
 }
 
 #[inline(always)]

@@ -10,14 +10,11 @@ use cni_ebpf_common::{DropReason, EndpointInfo};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    csum::IP_CSUM,
+    csum::{self, IP_TTL},
     endpoints, hostport,
     metrics::{self, Direction},
     route,
 };
-
-/// Byte offset of the TTL inside the frame.
-const IP_TTL: usize = EthHdr::LEN + 8;
 
 /// Handles an IPv4 frame that left a pod.
 #[inline(always)]
@@ -73,6 +70,13 @@ pub fn deliver(
         return Ok(TC_ACT_OK);
     }
     decrement_ttl(ctx, ip)?;
+    redirect(ctx, eth, destination)
+}
+
+/// Hands a frame whose IPv4 header is ready (TTL decremented) to the local pod
+/// `destination`: MACs rewritten, redirected into the pod.
+#[inline(always)]
+pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Result<i32, i64> {
     let rewritten = EthHdr {
         dst_addr: destination.pod_mac,
         src_addr: destination.host_mac,
@@ -84,13 +88,13 @@ pub fn deliver(
     Ok(unsafe { bpf_redirect_peer(destination.host_ifindex, 0) } as i32)
 }
 
-/// Decrements the TTL of `ip` (read from the frame, TTL above 1) with its checksum.
+/// Decrements the TTL of `ip` (read from the frame, TTL above 1) with its checksum: TTL,
+/// protocol and checksum in one store.
 #[inline(always)]
 pub fn decrement_ttl(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
-    // The TTL shares a 16-bit checksum word with the protocol: replace that word.
-    let old_word = u16::from_ne_bytes([ip.ttl, ip.proto as u8]);
-    let new_word = u16::from_ne_bytes([ip.ttl - 1, ip.proto as u8]);
-    ctx.l3_csum_replace(IP_CSUM, u64::from(old_word), u64::from(new_word), 2)?;
-    ctx.store(IP_TTL, &(ip.ttl - 1), 0)?;
+    // The TTL shares a 16-bit checksum word with the protocol.
+    let (old, new) = ([ip.ttl, ip.proto], [ip.ttl - 1, ip.proto]);
+    let check = csum::ipv4_check(ip.check, [old], [new]);
+    ctx.store(IP_TTL, &[new[0], new[1], check[0], check[1]], 0)?;
     Ok(())
 }

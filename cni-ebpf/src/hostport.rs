@@ -171,12 +171,18 @@ pub fn quoted(
         .then_some((target.pod_addr, target.pod_port))
 }
 
-/// A pod's reply leaving by the uplink on a hostPort connection: source set back to the
-/// host address and port. Returns whether it was one.
+/// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, L4 header at `l4`) leaving
+/// by the uplink on a hostPort connection: source set back to the host address and
+/// port. Returns whether it was one.
 #[inline(always)]
-pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Result<bool, i64> {
-    let ports: [u8; 4] = ctx.load(l4)?;
-    let pod_port = u16::from_be_bytes([ports[0], ports[1]]);
+pub fn outbound(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    l4: usize,
+    l4_csum: L4Csum,
+    pod_port: u16,
+    remote_port: u16,
+) -> Result<bool, i64> {
     // Most packets (every source-NATed one) leave other ports: one array read, no hash.
     if !is_target_port(pod_port) {
         return Ok(false);
@@ -185,7 +191,7 @@ pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Re
         pod_addr: ip.src_addr,
         remote_addr: ip.dst_addr,
         pod_port,
-        remote_port: u16::from_be_bytes([ports[2], ports[3]]),
+        remote_port,
         proto: ip.proto as u8,
         pad: [0, 0, 0],
     };
@@ -193,7 +199,7 @@ pub fn outbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize, l4_csum: L4Csum) -> Re
     let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
         return Ok(false);
     };
-    csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, host.host_addr, l4_csum)?;
+    csum::set_source(ctx, ip, host.host_addr, l4_csum)?;
     csum::set_port(ctx, l4, pod_port, host.host_port, l4_csum)?;
     Ok(true)
 }
@@ -280,7 +286,12 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(false);
     };
-    outbound(ctx, ip, l4, l4_csum)
+    let ports: [u8; 4] = ctx.load(l4)?;
+    let (pod_port, remote_port) = (
+        u16::from_be_bytes([ports[0], ports[1]]),
+        u16::from_be_bytes([ports[2], ports[3]]),
+    );
+    outbound(ctx, ip, l4, l4_csum, pod_port, remote_port)
 }
 
 /// Whether any mapping exists on the node (an array read the verifier inlines).

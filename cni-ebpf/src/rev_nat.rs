@@ -11,7 +11,7 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
+    csum::{self, EthIpv4, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
     endpoints, forward, hostport,
     nat_maps::{self, NAT_IN},
     snat::{self, Way},
@@ -29,11 +29,12 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
     let Some(config) = nat_maps::config() else {
         return Ok(TC_ACT_OK);
     };
-    let eth: EthHdr = ctx.load(0)?;
+    // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
+    // packet we translate: the error lets it go on).
+    let EthIpv4 { eth, ip } = ctx.load(0)?;
     if eth.ether_type != EtherType::Ipv4 as u16 {
         return Ok(TC_ACT_OK);
     }
-    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     if ip.frag_offset() != 0 {
         return Ok(TC_ACT_OK);
     }
@@ -52,26 +53,34 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
     }
     let pod_addr = match proto {
         TCP | UDP => {
-            let ports: [u8; 4] = ctx.load(l4)?;
+            // TCP: the ports and the flags in one read.
+            let (ports, flags) = if proto == TCP {
+                let head: [u8; 14] = ctx.load(l4)?;
+                ([head[0], head[1], head[2], head[3]], head[13])
+            } else {
+                (ctx.load::<[u8; 4]>(l4)?, 0)
+            };
             let (remote_port, node_port) = (
                 u16::from_be_bytes([ports[0], ports[1]]),
                 u16::from_be_bytes([ports[2], ports[3]]),
             );
-            let flags = if proto == TCP {
-                ctx.load::<u8>(l4 + 13)?
-            } else {
-                0
-            };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, flags) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
                 let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
                 return Ok(delivered.unwrap_or(TC_ACT_OK));
             };
-            csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
-            csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;
             nat_maps::count(NatCounter::TranslatedIn);
-            entry.pod_addr
+            // Delivered into the pod (TTL decremented in the same store as the address),
+            // or, when the pod is gone or the TTL runs out, left to the stack translated.
+            let pod = endpoints::lookup(entry.pod_addr).filter(|_| ip.ttl > 1);
+            let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
+            csum::set_destination(ctx, &ip, entry.pod_addr, ttl, l4_csum)?;
+            csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;
+            return match pod {
+                Some(pod) => forward::redirect(ctx, &eth, &pod),
+                None => Ok(TC_ACT_OK),
+            };
         }
         ICMP => match ctx.load::<u8>(l4)? {
             ICMP_ECHO_REPLY => {

@@ -17,7 +17,7 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, ICMP, IP_CSUM, IP_SRC, L4Csum, TCP, UDP},
+    csum::{self, EthIpv4, ICMP, L4Csum, TCP, UDP},
     endpoints, hostport, metrics,
     nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
 };
@@ -46,20 +46,11 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
     let Some(config) = nat_maps::config() else {
         return Ok(TC_ACT_OK);
     };
-    let eth: EthHdr = ctx.load(0)?;
+    // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
+    // packet we translate: the error lets it go on).
+    let EthIpv4 { eth, ip } = ctx.load(0)?;
     if eth.ether_type != EtherType::Ipv4 as u16 {
         return Ok(TC_ACT_OK);
-    }
-    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    // A pod's reply on a hostPort connection leaves with the host address and port.
-    let proto = ip.proto as u8;
-    if ip.frag_offset() == 0 && (proto == TCP || proto == UDP) {
-        let l4 = EthHdr::LEN + ip.ihl() as usize;
-        if let Some(l4_csum) = L4Csum::of(proto, l4) {
-            if hostport::outbound(ctx, &ip, l4, l4_csum)? {
-                return Ok(TC_ACT_OK);
-            }
-        }
     }
     if ip.frag_offset() != 0 {
         if to_translate(&ip) {
@@ -68,24 +59,27 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         return Ok(TC_ACT_OK);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
-    let Some(l4_csum) = L4Csum::of(ip.proto as u8, l4) else {
+    let Some(l4_csum) = L4Csum::of(ip.proto, l4) else {
         return Ok(TC_ACT_OK);
     };
     // The pod-side port (or echo identifier) and where it sits.
-    let (pod_port, remote_port, port_at, tcp_flags) = match ip.proto as u8 {
+    let (pod_port, remote_port, port_at, tcp_flags) = match ip.proto {
         TCP | UDP => {
-            let ports: [u8; 4] = ctx.load(l4)?;
-            let flags = if ip.proto as u8 == TCP {
-                ctx.load::<u8>(l4 + 13)?
+            // TCP: the ports and the flags in one read.
+            let (ports, flags) = if ip.proto == TCP {
+                let head: [u8; 14] = ctx.load(l4)?;
+                ([head[0], head[1], head[2], head[3]], head[13])
             } else {
-                0
+                (ctx.load::<[u8; 4]>(l4)?, 0)
             };
-            (
-                u16::from_be_bytes([ports[0], ports[1]]),
-                u16::from_be_bytes([ports[2], ports[3]]),
-                l4,
-                flags,
-            )
+            let pod_port = u16::from_be_bytes([ports[0], ports[1]]);
+            let remote_port = u16::from_be_bytes([ports[2], ports[3]]);
+            // A pod's reply on a hostPort connection leaves with the host address and
+            // port.
+            if hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port)? {
+                return Ok(TC_ACT_OK);
+            }
+            (pod_port, remote_port, l4, flags)
         }
         ICMP => {
             // Only echo requests open flows; other ICMP from a pod stays as it is.
@@ -154,7 +148,7 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         }
     };
 
-    csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, config.node_addr, l4_csum)?;
+    csum::set_source(ctx, &ip, config.node_addr, l4_csum)?;
     if node_port != pod_port {
         csum::set_port(ctx, port_at, pod_port, node_port, l4_csum)?;
     }
