@@ -88,9 +88,11 @@ fn lookup(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
 }
 
 /// Whether `port` is a host port of `proto` on the node address (source NAT skips it).
+/// On a node without mappings, an array read instead of two hash lookups per port a
+/// new flow tries.
 #[inline(always)]
 pub fn is_host_port(proto: u8, port: u16, node_addr: [u8; 4]) -> bool {
-    lookup(proto, node_addr, port).is_some()
+    any_mapping() && lookup(proto, node_addr, port).is_some()
 }
 
 /// The flow of a connection from `client_addr`:`client_port` to the pod behind `target`,
