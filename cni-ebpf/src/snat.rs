@@ -167,8 +167,10 @@ fn to_translate(ip: &Ipv4Hdr) -> bool {
 /// it in `NAT_IN`. A port whose flow has expired is taken over.
 ///
 /// Ports are handed out in sequence per destination, from a cursor that starts at a
-/// random port (RFC 6056's double-hash selection, which Linux uses for its own ports):
-/// an off-path host cannot guess the next port, and the ports of closed flows, which
+/// random port (after RFC 6056's double-hash selection, which Linux uses for its own
+/// ports: a table of counters indexed by a hash of the destination, here with random
+/// starts in place of a keyed offset): an off-path host cannot guess the next port
+/// without a connection to that same destination, and the ports of closed flows, which
 /// stay held a little while (`tcp_state::POD_CLOSED`), are the ones right behind the
 /// cursor, so at a high connection rate to one service the next port is nearly always
 /// free at the first lookup. Decision: the pod's own source port is not kept, as with
