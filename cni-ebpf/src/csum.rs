@@ -26,6 +26,24 @@ pub struct EthIpv4 {
     pub ip: Ipv4Hdr,
 }
 
+/// The ports of a TCP or UDP header at `l4` (as on the wire: source, then destination),
+/// and for TCP its flags: one read for TCP (the flags sit 13 bytes in), the 4 bytes of
+/// ports for UDP (a short datagram may have nothing after its 8-byte header).
+#[inline(always)]
+pub fn ports_and_flags(ctx: &TcContext, proto: u8, l4: usize) -> Result<(u16, u16, u8), i64> {
+    let (ports, flags) = if proto == TCP {
+        let head: [u8; 14] = ctx.load(l4)?;
+        ([head[0], head[1], head[2], head[3]], head[13])
+    } else {
+        (ctx.load::<[u8; 4]>(l4)?, 0)
+    };
+    Ok((
+        u16::from_be_bytes([ports[0], ports[1]]),
+        u16::from_be_bytes([ports[2], ports[3]]),
+        flags,
+    ))
+}
+
 /// Where a packet's L4 checksum is, and how it reacts to address changes.
 #[derive(Clone, Copy)]
 pub struct L4Csum {
@@ -85,7 +103,7 @@ pub fn ipv4_check<const N: usize>(check: [u8; 2], old: [[u8; 2]; N], new: [[u8; 
 
 /// An IPv4 address as its two 16-bit checksum words.
 #[inline(always)]
-pub fn words(addr: [u8; 4]) -> [[u8; 2]; 2] {
+fn words(addr: [u8; 4]) -> [[u8; 2]; 2] {
     [[addr[0], addr[1]], [addr[2], addr[3]]]
 }
 
@@ -158,10 +176,7 @@ pub fn set_addr(
     l4: L4Csum,
 ) -> Result<(), i64> {
     ctx.l3_csum_replace(ip_csum, word32(old), word32(new), 4)?;
-    if l4.pseudo {
-        let flags = BPF_F_PSEUDO_HDR as u64 | l4.flags | 4;
-        ctx.l4_csum_replace(l4.at, word32(old), word32(new), flags)?;
-    }
+    set_l4_addr(ctx, old, new, l4)?;
     ctx.store(at, &new, 0)?;
     Ok(())
 }

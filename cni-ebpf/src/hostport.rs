@@ -288,11 +288,7 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(false);
     };
-    let ports: [u8; 4] = ctx.load(l4)?;
-    let (pod_port, remote_port) = (
-        u16::from_be_bytes([ports[0], ports[1]]),
-        u16::from_be_bytes([ports[2], ports[3]]),
-    );
+    let (pod_port, remote_port, _) = csum::ports_and_flags(ctx, proto, l4)?;
     outbound(ctx, ip, l4, l4_csum, pod_port, remote_port)
 }
 

@@ -53,17 +53,7 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
     }
     let pod_addr = match proto {
         TCP | UDP => {
-            // TCP: the ports and the flags in one read.
-            let (ports, flags) = if proto == TCP {
-                let head: [u8; 14] = ctx.load(l4)?;
-                ([head[0], head[1], head[2], head[3]], head[13])
-            } else {
-                (ctx.load::<[u8; 4]>(l4)?, 0)
-            };
-            let (remote_port, node_port) = (
-                u16::from_be_bytes([ports[0], ports[1]]),
-                u16::from_be_bytes([ports[2], ports[3]]),
-            );
+            let (remote_port, node_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, flags) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.

@@ -65,15 +65,7 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
     // The pod-side port (or echo identifier) and where it sits.
     let (pod_port, remote_port, port_at, tcp_flags) = match ip.proto {
         TCP | UDP => {
-            // TCP: the ports and the flags in one read.
-            let (ports, flags) = if ip.proto == TCP {
-                let head: [u8; 14] = ctx.load(l4)?;
-                ([head[0], head[1], head[2], head[3]], head[13])
-            } else {
-                (ctx.load::<[u8; 4]>(l4)?, 0)
-            };
-            let pod_port = u16::from_be_bytes([ports[0], ports[1]]);
-            let remote_port = u16::from_be_bytes([ports[2], ports[3]]);
+            let (pod_port, remote_port, flags) = csum::ports_and_flags(ctx, ip.proto, l4)?;
             // A pod's reply on a hostPort connection leaves with the host address and
             // port.
             if hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port)? {
