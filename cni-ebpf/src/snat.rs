@@ -279,6 +279,15 @@ fn flow_entry(key: &NatKey, port: u16, now: u64, state: u8) -> NatEntry {
 
 /// Claims node `port` for `key` in `NAT_IN` if it is free, held by this very flow, or
 /// held by an expired one (the caller writes `NAT_OUT`).
+///
+/// Decision: an expired flow's `NAT_OUT` entry stays when its port is taken over, for
+/// the daemon's sweep to remove (it pairs entries by pod address and port, so it leaves
+/// the new holder alone). Looking that entry up and deleting it here cost a SYN two
+/// more cold hash-bucket walks and an LRU list update, ~130 ns per packet of
+/// `uplink_egress` on average in the connection-rate benchmark (bpf_stats), for no
+/// change in behaviour: the stale entry is expired, so a packet on the old flow's
+/// 4-tuple opens a new flow (rewriting the entry in place) and never takes the port it
+/// lost.
 #[inline(always)]
 fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bool {
     // Host ports belong to their mappings.
@@ -299,19 +308,8 @@ fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bo
             // This very flow already holds the port (its NAT_OUT entry was evicted or
             // had expired): it keeps it.
             let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
-            if !same_flow {
-                if !nat_maps::expired(&old, key.proto, config, now) {
-                    return false;
-                }
-                // The old flow's NAT_OUT entry goes only if it still points here: it may
-                // have moved to another port since.
-                let stale = reverse.forward(&old);
-                // SAFETY: the value is read at once.
-                let still_here =
-                    unsafe { NAT_OUT.get(&stale) }.is_some_and(|moved| moved.node_port == port);
-                if still_here {
-                    let _ = NAT_OUT.remove(&stale);
-                }
+            if !same_flow && !nat_maps::expired(&old, key.proto, config, now) {
+                return false;
             }
             // SAFETY: as above; the port changes hands in place.
             unsafe { *holder = entry };

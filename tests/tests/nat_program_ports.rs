@@ -2,7 +2,8 @@
 //! with narrow port ranges: new flows to one destination take consecutive node ports
 //! from a cursor (jumping over a run of held ones), flows that share a pod port get
 //! distinct node ports, a new flow finding every port held by live flows is dropped
-//! and counted, an expired flow's port is taken over without harming any live flow.
+//! and counted, an expired flow's port is taken over without harming any live flow
+//! (the expired flow's `NAT_OUT` entry is left for the daemon's sweep).
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
 use ebpf_cni_tests::{
@@ -104,20 +105,18 @@ fn a_port_the_pod_closed_first_serves_again_after_seconds_one_the_remote_closed_
 }
 
 #[test]
-fn a_new_flow_takes_over_the_port_of_an_expired_flow_whose_stale_entry_goes() {
+fn a_new_flow_takes_over_the_port_of_an_expired_flow_which_never_gets_it_back() {
     require_root();
     let object = one_port_held(u64::from(TCP_ESTABLISHED_SECS) + 60);
+    let stale = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
+    let stale_entry = object
+        .nat_out(&stale)
+        .expect("the expired flow's NAT_OUT entry");
     let run = egress(&object, &syn(MASQ.ip, POD_PORT + 7));
     assert_eq!(run.verdict, TC_ACT_OK, "the expired flow's port is free");
     let expected = outbound(NODE_ADDR, REMOTE, TCP, &tcp(PORT_MIN, REMOTE_PORT, TCP_SYN));
     assert_eq!(run.frame, expected, "translated to the only port");
     assert_checksums_valid(&run.frame, "the translated SYN");
-    let stale = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
-    assert_eq!(
-        object.nat_out(&stale),
-        None,
-        "the expired NAT_OUT entry is gone"
-    );
     let new = object
         .nat_out(&out_key(MASQ.ip, POD_PORT + 7, REMOTE_PORT, TCP))
         .expect("NAT_OUT holds the new flow");
@@ -128,9 +127,38 @@ fn a_new_flow_takes_over_the_port_of_an_expired_flow_whose_stale_entry_goes() {
         Some(new),
         "NAT_IN: the port belongs to the new flow"
     );
+    // The expired flow's NAT_OUT entry is left for the daemon's sweep, untouched.
+    assert_eq!(object.nat_out(&stale), Some(stale_entry));
     assert_eq!(object.nat_counter(NatCounter::NewFlows), 1);
     assert_eq!(object.nat_counter(NatCounter::AllocationFailures), 0);
     assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+
+    // The old flow's pod sends again on its 4-tuple: a new flow, and the only port is
+    // the live new flow's, so it is dropped and counted, never sent from that port.
+    let again = syn(MASQ_2.ip, POD_PORT);
+    let run = egress(&object, &again);
+    assert_eq!(run.verdict, TC_ACT_SHOT, "no free port for the old 4-tuple");
+    assert_eq!(run.frame, again, "a dropped packet is not rewritten");
+    assert_eq!(object.nat_counter(NatCounter::AllocationFailures), 1);
+    assert_eq!(
+        object.nat_in(&in_key(REMOTE, PORT_MIN, REMOTE_PORT, TCP)),
+        Some(new),
+        "NAT_IN: the port still belongs to the new flow"
+    );
+    // And the new flow's reply still reaches the new flow's pod.
+    let reply = inbound(
+        REMOTE,
+        NODE_ADDR,
+        TCP,
+        &tcp(REMOTE_PORT, PORT_MIN, TCP_SYN | TCP_ACK),
+    );
+    let restored = inbound(
+        REMOTE,
+        MASQ.ip,
+        TCP,
+        &tcp(REMOTE_PORT, POD_PORT + 7, TCP_SYN | TCP_ACK),
+    );
+    assert_delivered(&ingress(&object, &reply), &restored, &MASQ, "the SYN-ACK");
 }
 
 #[test]
