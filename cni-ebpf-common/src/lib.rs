@@ -17,7 +17,9 @@ pub use hostport::{
     TARGET_WORDS,
 };
 pub use metrics::{DropReason, EndpointCounters};
-pub use nat::{CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
+pub use nat::{
+    CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, SweepItem, sweep, tcp_state,
+};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
@@ -69,6 +71,9 @@ pub mod program_names {
     pub const UPLINK_EGRESS: &str = "uplink_egress";
     /// TC ingress of the uplink: replies translated back and delivered to pods.
     pub const UPLINK_INGRESS: &str = "uplink_ingress";
+    /// TC classifier never attached: the NAT sweep's removals, run by the daemon with
+    /// BPF_PROG_TEST_RUN (see [`crate::sweep`]).
+    pub const NAT_SWEEP: &str = "nat_sweep";
     /// cgroup connect4: a node socket connecting to a hostPort goes to the pod.
     pub const SOCK_CONNECT4: &str = "hostport_connect4";
     /// cgroup sendmsg4: the same for unconnected UDP.

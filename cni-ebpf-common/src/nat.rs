@@ -175,9 +175,48 @@ impl NatCounter {
     }
 }
 
+/// One removal the daemon's NAT sweep hands the `nat_sweep` program (see [`sweep`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SweepItem {
+    /// The flow's `NAT_OUT` key ([`sweep::FLOW`]).
+    pub out: NatKey,
+    /// Its `NAT_IN` key ([`sweep::PAIR`], [`sweep::ORPHAN`]).
+    pub inbound: NatReverseKey,
+    /// [`sweep`] flags.
+    pub kind: u8,
+    pub pad: [u8; 3],
+    /// The `last_seen_ns` the sweep decided on: an entry stamped later has seen a packet
+    /// since (or was rewritten for another flow) and stays.
+    pub decided_ns: u64,
+}
+
+/// The `nat_sweep` program's input, a BPF_PROG_TEST_RUN frame: [`HEADER`] bytes, then
+/// up to [`MAX_ITEMS`] [`SweepItem`]s; its return value counts what went.
+///
+/// [`HEADER`]: sweep::HEADER
+/// [`MAX_ITEMS`]: sweep::MAX_ITEMS
+pub mod sweep {
+    /// Bytes before the first item: room for the Ethernet header the kernel parses in a
+    /// test run's frame (contents ignored).
+    pub const HEADER: usize = 16;
+    /// Items per run: the frame stays within a test run's one page.
+    pub const MAX_ITEMS: usize = 64;
+    /// A flow: its `NAT_OUT` entry goes unless refreshed since the decision.
+    pub const FLOW: u8 = 1;
+    /// With [`FLOW`]: once the `NAT_OUT` entry is gone, its `NAT_IN` pair goes too
+    /// (unless refreshed).
+    pub const PAIR: u8 = 2;
+    /// A `NAT_IN` entry whose `NAT_OUT` pair is gone: it goes unless refreshed.
+    pub const ORPHAN: u8 = 4;
+    /// The return value: flows gone in the low 16 bits, orphans above this shift.
+    pub const ORPHAN_SHIFT: u32 = 16;
+}
+
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
 const _: () = assert!(core::mem::size_of::<NatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
 const _: () = assert!((NatCounter::ALL.len() as u32) <= NatCounter::SLOTS);
@@ -188,6 +227,7 @@ mod pod_impls {
     unsafe impl aya::Pod for super::NatKey {}
     unsafe impl aya::Pod for super::NatReverseKey {}
     unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::SweepItem {}
     unsafe impl aya::Pod for super::NatConfig {}
     unsafe impl aya::Pod for super::CidrKey {}
 }

@@ -19,6 +19,7 @@ mod route;
 mod snat;
 mod sock;
 mod stats;
+mod sweep;
 mod uplink;
 mod zeroed;
 

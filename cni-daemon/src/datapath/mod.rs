@@ -88,6 +88,7 @@ impl Datapath {
             program_names::FROM_POD,
             program_names::UPLINK_EGRESS,
             program_names::UPLINK_INGRESS,
+            program_names::NAT_SWEEP,
         ] {
             classifier(&mut ebpf, name)?
                 .load()

@@ -98,11 +98,22 @@ impl Datapath {
         let flows_in = take(map_names::NAT_IN)?;
         let config = take(map_names::NAT_CONFIG)?;
         let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
+        let name = program_names::NAT_SWEEP;
+        let program_error = |source| DatapathError::Program {
+            program: name,
+            source,
+        };
+        let sweeper = classifier(&mut self.ebpf, name)?
+            .fd()
+            .map_err(program_error)?
+            .try_clone()
+            .map_err(|error| program_error(error.into()))?;
         Ok(NatMaps {
             flows_out: HashMap::try_from(flows_out)?,
             flows_in: HashMap::try_from(flows_in)?,
             config: Array::try_from(config)?,
             cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
+            sweeper,
         })
     }
 }

@@ -1,11 +1,13 @@
-//! Batch reads and deletes of the flow tables (BPF_MAP_LOOKUP_BATCH and
-//! BPF_MAP_DELETE_BATCH, Linux 5.6): the sweep's reads, and the flush when NAT is
-//! switched off.
+//! The sweep's syscalls, in batches: reads and deletes of the flow tables
+//! (BPF_MAP_LOOKUP_BATCH and BPF_MAP_DELETE_BATCH, Linux 5.6) for the sweep's reads and
+//! the flush when NAT is switched off, and runs of the `nat_sweep` program
+//! (BPF_PROG_TEST_RUN) for its removals.
 //!
 //! Written by hand on the `bpf` syscall: aya 0.14 has no batch operations, and reading
 //! a table through aya's iterator costs two syscalls per entry (the next key, then its
-//! value); in batches of [`CHUNK`] entries a whole table takes a few. Expired entries
-//! are still removed one by one (see `Flows::sweep` for why).
+//! value); in batches of [`CHUNK`] entries a whole table takes a few. aya's test run
+//! needs the program object, which the loaded `Ebpf` keeps; the sweeper owns a copy of
+//! the program's fd only.
 
 use std::{
     io,
@@ -13,9 +15,10 @@ use std::{
     os::fd::{AsFd, AsRawFd},
 };
 
-use aya::{Pod, maps::MapData, sys::SyscallError};
+use aya::{Pod, maps::MapData, programs::ProgramFd, sys::SyscallError};
 
 /// `enum bpf_cmd` (include/uapi/linux/bpf.h).
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 
@@ -37,23 +40,61 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Runs `cmd` on `attr`; the kernel writes `attr.count` back (entries done), also when
-/// it fails part way.
-fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> Result<(), io::Error> {
-    // SAFETY: `attr` is a valid `batch` member of `union bpf_attr`, of the size given,
-    // whose pointers (keys, values, tokens) the caller made valid for `count` entries.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::from_mut(attr),
-            size_of::<BatchAttr>(),
-        )
-    };
+/// The `test` member of `union bpf_attr` (BPF_PROG_TEST_RUN).
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+}
+
+/// Runs `cmd` on `attr`, a member of `union bpf_attr` whose pointers the caller made
+/// valid for the sizes it gives.
+fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> Result<(), io::Error> {
+    // SAFETY: `attr` is the `union bpf_attr` member for `cmd`, of the size given, whose
+    // pointers the caller made valid; the kernel reads and writes it within that size.
+    let result =
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<A>()) };
     if result < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Runs a batch `cmd` on `attr`; the kernel writes `attr.count` back (entries done),
+/// also when it fails part way.
+fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> Result<(), io::Error> {
+    bpf(cmd, attr)
+}
+
+/// Runs the TC program `program` once on `frame` (BPF_PROG_TEST_RUN, nothing copied
+/// back) and returns its return value.
+pub fn run(program: &ProgramFd, frame: &[u8]) -> Result<u32, SyscallError> {
+    let mut attr = TestRunAttr {
+        prog_fd: program.as_fd().as_raw_fd() as u32,
+        data_size_in: u32::try_from(frame.len()).unwrap_or(u32::MAX),
+        data_in: frame.as_ptr() as u64,
+        repeat: 1,
+        ..TestRunAttr::default()
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|io_error| SyscallError {
+        call: "bpf_prog_test_run",
+        io_error,
+    })?;
+    Ok(attr.retval)
 }
 
 fn zeroed<T: Pod>(len: usize) -> Vec<T> {

@@ -3,8 +3,11 @@
 
 use std::collections::HashMap as StdHashMap;
 
-use aya::maps::{Array, HashMap, IterableMap, MapData, MapError};
-use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey};
+use aya::{
+    maps::{Array, HashMap, IterableMap, MapData, MapError},
+    programs::ProgramFd,
+};
+use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, sweep};
 
 use super::{
     NatSettings,
@@ -29,6 +32,8 @@ pub struct NatMaps {
     pub flows_in: FlowsIn,
     pub config: Array<MapData, NatConfig>,
     pub cluster_cidrs: ClusterCidrs,
+    /// The `nat_sweep` program, which removes what a sweep decided.
+    pub sweeper: ProgramFd,
 }
 
 /// What one sweep removed.
@@ -58,6 +63,7 @@ impl Nat {
             flows_in,
             config,
             cluster_cidrs,
+            sweeper,
         } = maps;
         let previous = config.get(&0, 0)?;
         Ok(Self {
@@ -66,6 +72,7 @@ impl Nat {
             flows: Some(Flows {
                 out: flows_out,
                 inbound: flows_in,
+                sweeper,
             }),
             settings,
             previous,
@@ -117,6 +124,7 @@ impl Nat {
 pub struct Flows {
     out: FlowsOut,
     inbound: FlowsIn,
+    sweeper: ProgramFd,
 }
 
 impl Flows {
@@ -124,18 +132,21 @@ impl Flows {
     /// both entries of a pair together.
     ///
     /// Both tables are read in batches ([`batch`]: a few syscalls for a whole table) and
-    /// the decisions taken on that snapshot ([`expired`], a pure function). Each expired
-    /// entry is then re-read just before its delete, and kept if it saw a packet since:
-    /// the datapath rewrites expired entries in place (a flow coming back on its old
-    /// 4-tuple, a new flow taking an expired port over), and deleting those by a
-    /// decision even milliseconds old broke connections (a batch delete tried here
-    /// reset connections in the SNAT TCP_CRR benchmark). `NAT_OUT` first, so a port is
-    /// never free in `NAT_IN` while `NAT_OUT` still hands it out.
+    /// the decisions taken on that snapshot ([`expired`], a pure function). The
+    /// removals are done in the kernel by the `nat_sweep` program, 64 a syscall
+    /// (`cni-ebpf/src/sweep.rs`), which re-reads each entry just before deleting it and
+    /// keeps it if it saw a packet since: the datapath rewrites expired entries in place
+    /// (a flow coming back on its old 4-tuple, a new flow taking an expired port over),
+    /// and deleting those by a decision even milliseconds old broke connections (a
+    /// batch delete tried here reset connections in the SNAT TCP_CRR benchmark).
+    /// `NAT_OUT` first, so a port is never free in `NAT_IN` while `NAT_OUT` still hands
+    /// it out.
     ///
     /// Cost, measured during the SNAT TCP_CRR benchmark (~10,000 new connections a
     /// second): reading through aya's iterator (two syscalls an entry and table) and
     /// then re-reading and deleting the expired ones, eight syscalls a flow, took ~11%
-    /// of a CPU; the batched reads leave the four of the removals.
+    /// of a CPU; with batched reads, the four syscalls a flow of the removals still
+    /// made 150-170 ms of CPU a sweep (every 10 s), 50-70 ms with `nat_sweep`.
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
         let removals = expired(
             &snapshot(&self.out)?,
@@ -144,26 +155,18 @@ impl Flows {
             timeouts,
         );
         let mut sweep = Sweep::default();
-        for removal in removals {
-            match removal {
-                Removal::Flow {
-                    key,
-                    reverse,
-                    decided,
-                } => {
-                    if remove_if_idle(&mut self.out, &key, &decided)? {
-                        if let Some(reverse) = reverse {
-                            remove_if_idle(&mut self.inbound, &reverse, &decided)?;
-                        }
-                        sweep.flows += 1;
-                    }
-                }
-                Removal::Orphan { reverse, entry } => {
-                    if remove_if_idle(&mut self.inbound, &reverse, &entry)? {
-                        sweep.orphans += 1;
-                    }
-                }
+        let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
+        for chunk in removals.chunks(sweep::MAX_ITEMS) {
+            let len = sweep::HEADER + chunk.len() * size_of::<SweepItem>();
+            for (removal, room) in chunk
+                .iter()
+                .zip(frame[sweep::HEADER..len].chunks_exact_mut(size_of::<SweepItem>()))
+            {
+                room.copy_from_slice(item_bytes(&removal.item()));
             }
+            let gone = batch::run(&self.sweeper, &frame[..len])?;
+            sweep.flows += (gone & 0xffff) as usize;
+            sweep.orphans += (gone >> sweep::ORPHAN_SHIFT) as usize;
         }
         Ok(sweep)
     }
@@ -193,6 +196,41 @@ enum Removal {
         reverse: NatReverseKey,
         entry: NatEntry,
     },
+}
+
+impl Removal {
+    /// The `nat_sweep` program's item for this removal.
+    fn item(&self) -> SweepItem {
+        let (out, inbound, kind, decided) = match *self {
+            Self::Flow {
+                key,
+                reverse: Some(reverse),
+                decided,
+            } => (key, reverse, sweep::FLOW | sweep::PAIR, decided),
+            Self::Flow {
+                key,
+                reverse: None,
+                decided,
+            } => (key, key.reverse(decided.node_port), sweep::FLOW, decided),
+            Self::Orphan { reverse, entry } => {
+                (reverse.forward(&entry), reverse, sweep::ORPHAN, entry)
+            }
+        };
+        SweepItem {
+            out,
+            inbound,
+            kind,
+            pad: [0; 3],
+            decided_ns: decided.last_seen_ns,
+        }
+    }
+}
+
+/// The bytes of `item`, as the `nat_sweep` program reads them.
+fn item_bytes(item: &SweepItem) -> &[u8] {
+    // SAFETY: `SweepItem` is #[repr(C)] plain data without implicit padding (its size
+    // is asserted), so all its bytes are initialised.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(item).cast(), size_of::<SweepItem>()) }
 }
 
 /// The flows of a snapshot of both tables that are idle past their timeout at `now_ns`.
@@ -241,31 +279,6 @@ where
     V: aya::Pod,
 {
     Ok(batch::read_all(map.map(), MAX_SCAN)?.into_iter().collect())
-}
-
-fn get<K: aya::Pod>(
-    map: &HashMap<MapData, K, NatEntry>,
-    key: &K,
-) -> Result<Option<NatEntry>, MapError> {
-    match map.get(key, 0) {
-        Ok(entry) => Ok(Some(entry)),
-        Err(MapError::KeyNotFound) => Ok(None),
-        Err(error) => Err(error),
-    }
-}
-
-/// Removes `key` unless its entry saw a packet after `decided` (an entry the datapath
-/// rewrote for another flow is stamped with that packet's time). Whether it is gone.
-fn remove_if_idle<K: aya::Pod>(
-    map: &mut HashMap<MapData, K, NatEntry>,
-    key: &K,
-    decided: &NatEntry,
-) -> Result<bool, MapError> {
-    match get(map, key)? {
-        Some(now) if now.last_seen_ns > decided.last_seen_ns => Ok(false),
-        Some(_) => crate::maps::removed(map.remove(key)).map(|()| true),
-        None => Ok(true),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,89 @@
+//! The NAT sweep's removals, done in the kernel: `nat_sweep` is never attached; the
+//! daemon runs it with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s it decided on
+//! (`cni-daemon/src/nat/tables.rs`), [`sweep::MAX_ITEMS`] a run.
+//!
+//! Each entry is read and, unless it saw a packet after the decision, deleted right
+//! after, in the same run: the datapath rewrites expired entries in place (a flow back
+//! on its 4-tuple, a new flow taking an expired port over), so a delete must follow its
+//! check closely. From user space that was a lookup and a delete syscall per entry,
+//! four per flow, most of a sweep's cost (150-170 ms of CPU a sweep at 10,000 new flows
+//! a second; 50-70 ms with this program, one syscall per 64 flows). The check and the
+//! delete are still two steps (no map operation deletes on a condition): a datapath
+//! rewrite in the few hundred nanoseconds between them is lost, and that flow's replies
+//! go to the node's stack until a later packet out restores its entry
+//! (`nat_maps::refresh`). From user space that window was microseconds wide.
+
+use aya_ebpf::{
+    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, macros::classifier,
+    maps::LruHashMap, programs::TcContext,
+};
+use cni_ebpf_common::{NatEntry, SweepItem, sweep};
+
+use crate::nat_maps::{NAT_IN, NAT_OUT};
+
+#[classifier]
+pub fn nat_sweep(ctx: TcContext) -> i32 {
+    let items = (ctx.len() as usize).saturating_sub(sweep::HEADER) / size_of::<SweepItem>();
+    let mut run = Run {
+        skb: ctx.skb.skb,
+        flows: 0,
+        orphans: 0,
+    };
+    // SAFETY: `remove` has the callback signature bpf_loop expects and reads `run`,
+    // which outlives the call, as the `Run` it is.
+    unsafe {
+        bpf_loop(
+            items.min(sweep::MAX_ITEMS) as u32,
+            remove as *mut c_void,
+            (&raw mut run).cast(),
+            0,
+        )
+    };
+    (run.flows | run.orphans << sweep::ORPHAN_SHIFT) as i32
+}
+
+/// A run of [`nat_sweep`], shared with its [`remove`] callback.
+#[repr(C)]
+struct Run {
+    skb: *mut __sk_buff,
+    flows: u32,
+    orphans: u32,
+}
+
+/// Item `index` of a [`Run`]: removed as the daemon's `Flows::sweep` decided. Stops the
+/// loop (1) only on a frame shorter than its items.
+extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes the pointer `nat_sweep` gave it.
+    let run = unsafe { &mut *run.cast::<Run>() };
+    let ctx = TcContext::new(run.skb);
+    let at = sweep::HEADER + index as usize * size_of::<SweepItem>();
+    let Ok(item) = ctx.load::<SweepItem>(at) else {
+        return 1;
+    };
+    if item.kind & sweep::ORPHAN != 0 {
+        if remove_if_idle(&NAT_IN, &item.inbound, item.decided_ns) {
+            run.orphans += 1;
+        }
+    } else if item.kind & sweep::FLOW != 0 && remove_if_idle(&NAT_OUT, &item.out, item.decided_ns) {
+        // NAT_OUT first: a port is never free in NAT_IN while NAT_OUT still hands it out.
+        if item.kind & sweep::PAIR != 0 {
+            remove_if_idle(&NAT_IN, &item.inbound, item.decided_ns);
+        }
+        run.flows += 1;
+    }
+    0
+}
+
+/// Deletes `key` unless its entry was stamped after `decided_ns`. Whether it is gone.
+#[inline(always)]
+fn remove_if_idle<K>(table: &LruHashMap<K, NatEntry>, key: &K, decided_ns: u64) -> bool {
+    // SAFETY: the value is read at once.
+    match unsafe { table.get(key) } {
+        Some(entry) if entry.last_seen_ns > decided_ns => false,
+        Some(_) => {
+            let _ = table.remove(key);
+            true
+        }
+        None => true,
+    }
+}
