@@ -357,6 +357,51 @@ pub fn with_frag_field(mut frame: Vec<u8>, frag: u16) -> Vec<u8> {
     frame
 }
 
+/// The options [`with_ip_options`] puts in an IPv4 header: three NOPs, end of list.
+pub const IP_OPTIONS: [u8; 4] = [1, 1, 1, 0];
+
+/// `frame` (IPv4 header without options) with [`IP_OPTIONS`] in its header: IHL 6,
+/// total length and header checksum to match (the L4 checksum does not cover them).
+pub fn with_ip_options(frame: &[u8]) -> Vec<u8> {
+    let mut out = frame[..IP_END].to_vec();
+    out.extend(IP_OPTIONS);
+    out.extend(&frame[IP_END..]);
+    out[IP] = 0x46;
+    resize_ip_header(&mut out, 4);
+    out
+}
+
+/// `frame`, whose IPv4 header must carry [`IP_OPTIONS`] unchanged and a checksum that
+/// verifies over them, with the options taken out again (as [`with_ip_options`] found
+/// it), so it compares with frames built here.
+pub fn without_ip_options(frame: &[u8], what: &str) -> Vec<u8> {
+    let header = &frame[IP..IP_END + 4];
+    assert_eq!(header[0], 0x46, "{what}: IHL 6 kept: {header:02x?}");
+    assert_eq!(
+        internet_checksum(header),
+        0,
+        "{what}: IPv4 header checksum (options included) broken: {header:02x?}"
+    );
+    assert_eq!(header[20..], IP_OPTIONS, "{what}: options kept");
+    let mut out = frame[..IP_END].to_vec();
+    out.extend(&frame[IP_END + 4..]);
+    out[IP] = 0x45;
+    resize_ip_header(&mut out, -4);
+    out
+}
+
+/// Adds `by` bytes to the IPv4 total length of `frame` and recomputes its header
+/// checksum (over the header length its IHL gives).
+fn resize_ip_header(frame: &mut [u8], by: i32) {
+    let total = i32::from(u16::from_be_bytes([frame[IP + 2], frame[IP + 3]])) + by;
+    let total = u16::try_from(total).expect("a small packet");
+    frame[IP + 2..IP + 4].copy_from_slice(&total.to_be_bytes());
+    let end = IP + usize::from(frame[IP] & 0x0f) * 4;
+    frame[IP_CHECK..IP_CHECK + 2].fill(0);
+    let check = internet_checksum(&frame[IP..end]);
+    frame[IP_CHECK..IP_CHECK + 2].copy_from_slice(&check.to_be_bytes());
+}
+
 /// `frame` as delivery into `pod` must leave it: MACs of the pod's veth pair, TTL one
 /// less, IPv4 header checksum recomputed.
 pub fn delivered(frame: &[u8], pod: &Pod) -> Vec<u8> {

@@ -6,13 +6,13 @@
 use cni_ebpf_common::{NatCounter, tcp_state};
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
-    frames::{TC_ACT_OK, all_drops, assert_reference_checksum_is_right, no_drops},
+    frames::{TC_ACT_OK, TC_ACT_REDIRECT, all_drops, assert_reference_checksum_is_right, no_drops},
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMP_ID, INNER_ICMP_ID, INNER_SPORT,
         INNER_SRC, MASQ, NODE_ADDR, POD_PORT, PORT_MIN, REMOTE, REMOTE_PORT, ROUTER, SPORT, TCP,
-        TCP_ACK, TCP_FIN, TCP_SYN, assert_checksums_valid, assert_delivered, assert_unchanged,
-        egress, frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote,
-        tcp, time_exceeded, uplink,
+        TCP_ACK, TCP_FIN, TCP_SYN, UDP, assert_checksums_valid, assert_delivered, assert_unchanged,
+        delivered, egress, frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound,
+        port, quote, tcp, time_exceeded, udp, uplink, with_ip_options, without_ip_options,
     },
     require_root,
 };
@@ -362,4 +362,56 @@ fn fragmentation_needed_quoting_a_hostport_reply_reaches_the_pod_restored() {
         &error,
         "no such hostPort connection",
     );
+}
+
+#[test]
+fn tcp_and_udp_whose_packets_carry_ip_options_are_translated_both_ways() {
+    require_root();
+    // The programs find the ports after the header length the IHL gives: a header with
+    // options must translate as well, options intact, its checksum covering them.
+    let object = uplink();
+    for (proto, l4_out, l4_in) in [
+        (
+            TCP,
+            tcp(POD_PORT, REMOTE_PORT, TCP_SYN),
+            tcp(REMOTE_PORT, 0, SYN_ACK),
+        ),
+        (
+            UDP,
+            udp(POD_PORT, REMOTE_PORT, b"q"),
+            udp(REMOTE_PORT, 0, b"a"),
+        ),
+    ] {
+        let what = format!("protocol {proto}");
+        let out = outbound(MASQ.ip, REMOTE, proto, &l4_out);
+        let run = egress(&object, &with_ip_options(&out));
+        assert_eq!(run.verdict, TC_ACT_OK, "{what}: translated, on its way");
+        let translated = without_ip_options(&run.frame, &what);
+        assert_checksums_valid(&translated, &what);
+        let node_port = port(&translated, SPORT);
+        let mut expected_l4 = l4_out.clone();
+        expected_l4[..2].copy_from_slice(&node_port.to_be_bytes());
+        assert_eq!(
+            translated,
+            outbound(NODE_ADDR, REMOTE, proto, &expected_l4),
+            "{what}: source address and port translated"
+        );
+
+        let mut reply_l4 = l4_in.clone();
+        reply_l4[2..4].copy_from_slice(&node_port.to_be_bytes());
+        let reply = inbound(REMOTE, NODE_ADDR, proto, &reply_l4);
+        let run = ingress(&object, &with_ip_options(&reply));
+        assert_eq!(run.verdict, TC_ACT_REDIRECT, "{what}: into the pod");
+        let mut restored_l4 = l4_in;
+        restored_l4[2..4].copy_from_slice(&POD_PORT.to_be_bytes());
+        let restored = inbound(REMOTE, MASQ.ip, proto, &restored_l4);
+        let got = without_ip_options(&run.frame, &what);
+        assert_checksums_valid(&got, &what);
+        assert_eq!(
+            got,
+            delivered(&restored, &MASQ),
+            "{what}: the reply the pod gets"
+        );
+    }
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
 }
