@@ -99,7 +99,7 @@ fn measure(mapper: &dyn Mapper, plan: Plan, tag: &str) -> anyhow::Result<Samples
     }
     let mut others: Vec<Netns> = Vec::new();
     for size in 0..2 {
-        for _ in 0..plan.repeats() {
+        for _ in 0..plan.traffic_repeats() {
             samples.crr[size].push(load::tcp_crr_via(
                 mapper.external(),
                 &target,

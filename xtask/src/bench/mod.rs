@@ -46,16 +46,19 @@ impl Plan {
     fn mapped_pods(self) -> u16 {
         if self.quick { 5 } else { 50 }
     }
-    /// Runs per figure and contender: on 2 shared cores single runs of the same code
+    /// Parallel-ADD runs per contender: on 2 shared cores single runs of the same code
     /// differ by 10%, and a median of 5 moves less than one of 3.
     fn repeats(self) -> usize {
         if self.quick { 3 } else { 5 }
     }
-    /// Runs per throughput figure and contender: more, as one run's result depends on
-    /// where the scheduler puts iperf3's client and server. Measured with our BIG TCP
-    /// pods: both on one CPU 27-38 Gbit/s, on the two CPUs 16-27, so five unpinned runs
-    /// can land mostly on either side.
-    fn throughput_repeats(self) -> usize {
+    /// Runs per traffic figure and contender. Throughput: one run's result depends on
+    /// where the scheduler puts iperf3's client and server (measured with our BIG TCP
+    /// pods: both on one CPU 27-38 Gbit/s, on the two CPUs 16-27), so five unpinned runs
+    /// can land mostly on either side. TCP_RR and TCP_CRR: the reference's single runs
+    /// spread by up to 13% within one figure (interleaved pairs of SNAT TCP_CRR runs gave
+    /// ratios from 1.11 to 1.26), and with medians of 5 a connection-rate ratio moved by
+    /// 5% from one full run to the next (1.23, 1.18) on the same datapath.
+    fn traffic_repeats(self) -> usize {
         if self.quick { 3 } else { 9 }
     }
     fn timed_pods(self) -> usize {
@@ -139,11 +142,11 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
         command: format!("cargo xtask bench{}", if plan.quick { " --quick" } else { "" }),
         notes: vec![
             format!(
-                "Each traffic figure: {} runs of {} s per contender ({} for throughput, whose runs vary most), interleaved; ADD/DEL: {} pods one after another, then {PARALLEL_PODS} in parallel; {} builds of ebpf-cni's binaries.",
-                plan.repeats(),
+                "Each traffic figure: {} runs of {} s per contender, interleaved; ADD/DEL: {} pods one after another, then {PARALLEL_PODS} in parallel ({} runs); {} builds of ebpf-cni's binaries.",
+                plan.traffic_repeats(),
                 plan.seconds(),
-                plan.throughput_repeats(),
                 plan.timed_pods(),
+                plan.repeats(),
                 if plan.quick { "debug" } else { "release" }
             ),
             "Reference: Debian's containernetworking-plugins (bridge with isGateway, isDefaultGateway, ipMasq, hairpinMode; host-local; portmap), run as a runtime runs a conflist.".into(),

@@ -67,23 +67,23 @@ pub(super) fn pod_to_pod(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     let pairs = PodPairs::build()?;
     let all = [Contender::EbpfCni, Contender::Reference, Contender::Raw];
     let seconds = plan.seconds();
-    let throughput = interleaved(plan.throughput_repeats(), &all, |c| {
+    let throughput = interleaved(plan.traffic_repeats(), &all, |c| {
         let (client, server, ip) = pairs.pair(c);
         load::throughput(client, server, *ip, seconds)
     })?;
     // Ours without BIG TCP, against the same reference and raw pair (at 64 KiB too).
-    let throughput_64k = interleaved(plan.throughput_repeats(), &all, |c| {
+    let throughput_64k = interleaved(plan.traffic_repeats(), &all, |c| {
         let (client, server, ip) = match c {
             Contender::EbpfCni => &pairs.ebpf_64k,
             other => pairs.pair(other),
         };
         load::throughput(client, server, *ip, seconds)
     })?;
-    let rr = interleaved(plan.repeats(), &all, |c| {
+    let rr = interleaved(plan.traffic_repeats(), &all, |c| {
         let (client, server, ip) = pairs.pair(c);
         load::tcp_rr(client, server, *ip, seconds)
     })?;
-    let crr = interleaved(plan.repeats(), &all, |c| {
+    let crr = interleaved(plan.traffic_repeats(), &all, |c| {
         let (client, server, ip) = pairs.pair(c);
         load::tcp_crr(client, server, *ip, seconds)
     })?;
@@ -130,11 +130,11 @@ pub(super) fn pod_to_external(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     };
     let both = [Contender::EbpfCni, Contender::Reference];
     let seconds = plan.seconds();
-    let throughput = interleaved(plan.throughput_repeats(), &both, |c| {
+    let throughput = interleaved(plan.traffic_repeats(), &both, |c| {
         let (client, server) = pair(c);
         load::throughput(client, server, external, seconds)
     })?;
-    let crr = interleaved(plan.repeats(), &both, |c| {
+    let crr = interleaved(plan.traffic_repeats(), &both, |c| {
         let (client, server) = pair(c);
         load::tcp_crr(client, server, external, seconds)
     })?;
