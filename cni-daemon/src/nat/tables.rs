@@ -395,6 +395,49 @@ mod tests {
     }
 
     #[test]
+    fn each_removal_becomes_the_sweep_program_item_that_says_the_same() {
+        let key = flow(1000);
+        let decided = entry(&key, 2000, 31);
+        let pair = Removal::Flow {
+            key,
+            reverse: Some(key.reverse(2000)),
+            decided,
+        }
+        .item();
+        assert_eq!(
+            (pair.out, pair.inbound, pair.kind, pair.decided_ns),
+            (
+                key,
+                key.reverse(2000),
+                sweep::FLOW | sweep::PAIR,
+                decided.last_seen_ns
+            )
+        );
+        let alone = Removal::Flow {
+            key,
+            reverse: None,
+            decided,
+        }
+        .item();
+        assert_eq!((alone.out, alone.kind), (key, sweep::FLOW));
+        let orphan = Removal::Orphan {
+            reverse: key.reverse(2000),
+            entry: decided,
+        }
+        .item();
+        assert_eq!(
+            (orphan.inbound, orphan.kind, orphan.decided_ns),
+            (key.reverse(2000), sweep::ORPHAN, decided.last_seen_ns)
+        );
+        // The bytes the program reads: the item as laid out, key first.
+        let bytes = item_bytes(&pair);
+        assert_eq!(bytes.len(), 40);
+        assert_eq!(bytes[..4], key.pod_addr);
+        assert_eq!(bytes[28], sweep::FLOW | sweep::PAIR);
+        assert_eq!(bytes[32..], decided.last_seen_ns.to_ne_bytes());
+    }
+
+    #[test]
     fn reverse_and_forward_keys_name_the_same_flow() {
         let key = NatKey {
             pod_addr: [10, 244, 1, 2],
