@@ -208,9 +208,11 @@ fn checksum_at(proto: u8) -> usize {
     }
 }
 
+/// Recomputes the IPv4 header checksum of `frame`, over the header length its IHL gives.
 fn set_ip_checksum(frame: &mut [u8]) {
+    let end = IP + usize::from(frame[IP] & 0x0f) * 4;
     frame[IP_CHECK..IP_CHECK + 2].fill(0);
-    let check = internet_checksum(&frame[IP..IP_END]);
+    let check = internet_checksum(&frame[IP..end]);
     frame[IP_CHECK..IP_CHECK + 2].copy_from_slice(&check.to_be_bytes());
 }
 
@@ -391,15 +393,12 @@ pub fn without_ip_options(frame: &[u8], what: &str) -> Vec<u8> {
 }
 
 /// Adds `by` bytes to the IPv4 total length of `frame` and recomputes its header
-/// checksum (over the header length its IHL gives).
+/// checksum.
 fn resize_ip_header(frame: &mut [u8], by: i32) {
     let total = i32::from(u16::from_be_bytes([frame[IP + 2], frame[IP + 3]])) + by;
     let total = u16::try_from(total).expect("a small packet");
     frame[IP + 2..IP + 4].copy_from_slice(&total.to_be_bytes());
-    let end = IP + usize::from(frame[IP] & 0x0f) * 4;
-    frame[IP_CHECK..IP_CHECK + 2].fill(0);
-    let check = internet_checksum(&frame[IP..end]);
-    frame[IP_CHECK..IP_CHECK + 2].copy_from_slice(&check.to_be_bytes());
+    set_ip_checksum(frame);
 }
 
 /// `frame` as delivery into `pod` must leave it: MACs of the pod's veth pair, TTL one

@@ -286,7 +286,8 @@ fn a_flow_back_after_its_entry_expired_gets_a_fresh_entry_in_both_tables() {
 
 /// A flow that re-allocated after expiring may move to another port and leave its old
 /// `NAT_IN` entry behind (until the daemon's sweep): a flow taking that old port over
-/// must remove the old `NAT_OUT` entry only if it still names that port.
+/// must leave the live flow's `NAT_OUT` entry alone (a takeover removes no `NAT_OUT`
+/// entry: expired ones are the sweep's, see `claim` in snat.rs).
 #[test]
 fn taking_over_a_port_never_removes_a_live_flow_that_moved_to_another_port() {
     require_root();

@@ -62,7 +62,8 @@ struct TestRunAttr {
 }
 
 /// Runs `cmd` on `attr`, a member of `union bpf_attr` whose pointers the caller made
-/// valid for the sizes it gives.
+/// valid for the sizes it gives. A batch command writes `count` back (entries done),
+/// also when it fails part way.
 fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> Result<(), io::Error> {
     // SAFETY: `attr` is the `union bpf_attr` member for `cmd`, of the size given, whose
     // pointers the caller made valid; the kernel reads and writes it within that size.
@@ -72,12 +73,6 @@ fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> Result<(), io::Error> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Runs a batch `cmd` on `attr`; the kernel writes `attr.count` back (entries done),
-/// also when it fails part way.
-fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> Result<(), io::Error> {
-    bpf(cmd, attr)
 }
 
 /// Runs the TC program `program` once on `frame` (BPF_PROG_TEST_RUN, nothing copied
@@ -126,7 +121,7 @@ pub fn read_all<K: Pod, V: Pod>(map: &MapData, max: usize) -> Result<Vec<(K, V)>
             ..BatchAttr::default()
         };
         // ENOENT: this was the last batch (possibly with entries).
-        let last = match batch(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        let last = match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
             Ok(()) => false,
             Err(error) if error.raw_os_error() == Some(libc::ENOENT) => true,
             Err(io_error) => {
@@ -163,7 +158,7 @@ pub fn delete<K: Pod>(map: &MapData, keys: &[K]) -> Result<usize, SyscallError> 
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
-        let result = batch(BPF_MAP_DELETE_BATCH, &mut attr);
+        let result = bpf(BPF_MAP_DELETE_BATCH, &mut attr);
         let through = (attr.count as usize).min(rest.len());
         deleted += through;
         match result {
