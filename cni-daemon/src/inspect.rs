@@ -175,6 +175,10 @@ pub fn status_table(view: &StatusView) -> String {
         (Some(uplink), Some(node_addr)) if status.nat_enabled => out.push_str(&format!(
             "nat: enabled  uplink {uplink}  node {node_addr}\n"
         )),
+        (Some(uplink), None) if status.nat_enabled => out.push_str(&format!(
+            "nat: enabled  uplink {uplink}  node {}\n",
+            crate::nat::view::NO_ADDRESS
+        )),
         _ => out.push_str("nat: disabled\n"),
     }
     match status.pod_gso_max_size {

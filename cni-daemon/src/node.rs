@@ -140,16 +140,19 @@ impl Node {
             attachments: self.datapath.attachments().to_vec(),
             nat_enabled: self.nat.settings().is_some(),
             uplink: self.nat.settings().map(|s| s.uplink.clone()),
-            node_addr: self.nat.settings().map(|s| s.node_addr),
+            node_addr: self.nat.settings().and_then(|s| s.node_addr),
             host_port_addrs: self.node_addrs.current().iter().copied().collect(),
             // Filled in by the server, outside the node's lock (a netlink query).
             pod_gso_max_size: None,
         }
     }
 
-    /// Refills `NODE_ADDRS` from the namespace's addresses; returns them.
+    /// After a change of the namespace's addresses: refills `NODE_ADDRS` (returned) and
+    /// has source NAT follow the uplink's address.
     pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
-        Ok(self.node_addrs.sync()?)
+        let addrs = self.node_addrs.sync()?;
+        self.nat.follow_uplink_address()?;
+        Ok(addrs)
     }
 
     /// The NAT flow tables and their timeouts, for the sweeper to own (`None`: NAT is

@@ -39,16 +39,19 @@ pub enum DropReason {
     /// A non-first IPv4 fragment of masqueraded traffic: it has no ports to translate,
     /// and sending it untranslated would leak the pod's address.
     NatFragment = 4,
+    /// Masqueraded traffic while the uplink has no IPv4 address (`NatConfig::NO_ADDRESS`).
+    NatNoAddress = 5,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 5] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
         DropReason::NatPortsExhausted,
         DropReason::NatFragment,
+        DropReason::NatNoAddress,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -62,6 +65,7 @@ impl DropReason {
             DropReason::MalformedArp => "malformed_arp",
             DropReason::NatPortsExhausted => "nat_ports_exhausted",
             DropReason::NatFragment => "nat_fragment",
+            DropReason::NatNoAddress => "nat_no_address",
         }
     }
 }

@@ -108,7 +108,8 @@ pub mod tcp_state {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NatConfig {
-    /// The uplink's address: the source of translated packets. 0.0.0.0 disables NAT.
+    /// The uplink's address: the source of translated packets. 0.0.0.0 disables NAT;
+    /// [`NatConfig::NO_ADDRESS`]: NAT is on but the uplink has no IPv4 address now.
     pub node_addr: [u8; 4],
     /// Node ports handed out, inclusive.
     pub port_min: u16,
@@ -122,6 +123,21 @@ pub struct NatConfig {
     pub uplink_ifindex: u32,
     /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
     pub tcp_closed_secs: u32,
+}
+
+impl NatConfig {
+    /// `node_addr` while the uplink has no IPv4 address (taken away, or a DHCP lease
+    /// lost): traffic to translate is dropped and counted, as iptables MASQUERADE drops
+    /// it, instead of leaving with the pod's address or one the node no longer owns.
+    /// Decision: a reserved value (the limited broadcast address, never a source) rather
+    /// than a new field, so that `NAT_CONFIG`, pinned across daemon upgrades, keeps its
+    /// layout.
+    pub const NO_ADDRESS: [u8; 4] = [255, 255, 255, 255];
+
+    /// Whether there is a node address to translate to.
+    pub fn has_address(&self) -> bool {
+        self.node_addr != Self::NO_ADDRESS && self.node_addr != [0; 4]
+    }
 }
 
 /// Key of `CLUSTER_CIDRS`, an LPM trie of destinations that keep the pod's address

@@ -43,7 +43,9 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(TC_ACT_OK);
     };
-    if ip.dst_addr != config.node_addr {
+    // Without a node address (`NatConfig::NO_ADDRESS`, the broadcast address) nothing
+    // arrives for translated flows.
+    if ip.dst_addr != config.node_addr || !config.has_address() {
         // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
             let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;

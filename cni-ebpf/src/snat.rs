@@ -100,6 +100,9 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         !nat_maps::expired(unsafe { &**entry }, key.proto, &config, now)
     });
     let node_port = match existing {
+        Some(_) if !config.has_address() => {
+            return Ok(metrics::drop_packet(DropReason::NatNoAddress));
+        }
         Some(slot) => {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
@@ -113,6 +116,11 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         None => {
             if !to_translate(&ip) {
                 return Ok(TC_ACT_OK);
+            }
+            // No address to give it: dropped before a port is taken (see
+            // `NatConfig::NO_ADDRESS`).
+            if !config.has_address() {
+                return Ok(metrics::drop_packet(DropReason::NatNoAddress));
             }
             let state = if key.proto != TCP {
                 0

@@ -12,10 +12,11 @@ use ebpf_cni_tests::{
     },
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REQUEST, ICMP_ID, IP_SRC, MASQ, NODE_ADDR, OTHER_NODE_POD, PLAIN,
-        POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_SYN, UDP, UDP_CHECK,
-        addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo, in_key,
-        monotonic_coarse_ns, nat_config, out_key, outbound, port, pseudo_header_checksum, tcp, udp,
-        uplink, uplink_with, with_frag_field, without_udp_checksum,
+        POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK, TCP_SYN, UDP,
+        UDP_CHECK, addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo,
+        in_key, inbound, ingress, monotonic_coarse_ns, nat_config, out_key, outbound, port,
+        pseudo_header_checksum, tcp, udp, uplink, uplink_with, with_frag_field,
+        without_udp_checksum,
     },
     require_root,
 };
@@ -231,6 +232,68 @@ fn nothing_is_translated_while_nat_is_disabled_by_a_zero_node_address() {
     assert_unchanged(&egress(&object, &syn), &syn, "NAT disabled");
     assert!(object.nat_out_entries().is_empty(), "no flow out");
     assert_eq!(object.nat_counter(NatCounter::NewFlows), 0);
+}
+
+#[test]
+fn without_a_node_address_masqueraded_traffic_is_dropped_and_nothing_is_translated_back() {
+    require_root();
+    let mut object = uplink();
+    let syn = syn_from(MASQ.ip);
+    let node_port = port(&egress(&object, &syn).frame, SPORT);
+    // The uplink loses its address (the daemon writes `NO_ADDRESS`).
+    object.set_nat_config(NatConfig {
+        node_addr: NatConfig::NO_ADDRESS,
+        ..nat_config()
+    });
+    let mut drops = no_drops();
+    let cases = [
+        (
+            outbound(MASQ.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_ACK)),
+            "a packet of the flow opened before",
+        ),
+        (
+            outbound(
+                MASQ.ip,
+                REMOTE,
+                TCP,
+                &tcp(POD_PORT + 1, REMOTE_PORT, TCP_SYN),
+            ),
+            "a new flow",
+        ),
+    ];
+    for (frame, what) in &cases {
+        let run = egress(&object, frame);
+        assert_eq!(run.verdict, TC_ACT_SHOT, "{what}: dropped");
+        assert_eq!(&run.frame, frame, "{what}: not rewritten");
+        drops[DropReason::NatNoAddress as usize] += 1;
+        assert_eq!(
+            all_drops(&object),
+            drops,
+            "{what}: counted as nat_no_address"
+        );
+    }
+    assert_eq!(
+        object.nat_out_entries().len(),
+        1,
+        "the new flow took no port"
+    );
+    let plain = syn_from(PLAIN.ip);
+    assert_unchanged(
+        &egress(&object, &plain),
+        &plain,
+        "a pod that keeps its address",
+    );
+
+    // A broadcast that looks like a reply to the flow (the reserved value is the
+    // limited broadcast address) is not handed to the pod.
+    let reply = inbound(
+        REMOTE,
+        NatConfig::NO_ADDRESS,
+        TCP,
+        &tcp(REMOTE_PORT, node_port, TCP_SYN | TCP_ACK),
+    );
+    assert_unchanged(&ingress(&object, &reply), &reply, "a broadcast");
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 0);
 }
 
 #[test]

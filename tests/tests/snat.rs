@@ -397,3 +397,89 @@ fn a_sweep_removes_thousands_of_expired_flows_and_keeps_the_live_one() {
     assert!(out.get(&flow(7_777), 0).is_ok(), "the live flow stays");
     assert!(inbound.get(&flow(7_777).reverse(1024 + 7_777), 0).is_ok());
 }
+
+#[test]
+fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none() {
+    require_root();
+    let node = Node::start("10.244.57.0/24");
+    let pod = node.add_pod("follow");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    let node_addr = |node: &Node| nat_table(node)["node_addr"].clone();
+    let drops = |node: &Node| {
+        node.instance.cli_json(&["status"])["drops"]["nat_no_address"]
+            .as_u64()
+            .expect("a nat_no_address counter")
+    };
+
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"before").expect("UDP through NAT");
+    let first = udp.peers();
+    assert_eq!(node_ips(&first), BTreeSet::from([NODE_ADDR.to_owned()]));
+
+    // The uplink loses its address. A route and the external host's MAC stay (as a
+    // static route and neighbour would), so pod packets still reach the uplink's
+    // egress program: it must drop them, not send them with the pod's address.
+    node.netns
+        .ip(&["addr", "del", &format!("{NODE_ADDR}/24"), "dev", "uplink0"]);
+    // (`ip -j`: /sys/class/net shows the namespace /sys was mounted in, not ours.)
+    let link: Value = serde_json::from_str(&node.external.ip(&["-j", "link", "show", "eth0"]))
+        .expect("ip -j link");
+    let external_mac = link[0]["address"].as_str().expect("a MAC").to_owned();
+    node.netns
+        .ip(&["route", "replace", "198.18.0.0/24", "dev", "uplink0"]);
+    node.netns.ip(&[
+        "neigh",
+        "replace",
+        EXTERNAL_ADDR,
+        "lladdr",
+        &external_mac,
+        "dev",
+        "uplink0",
+        "nud",
+        "permanent",
+    ]);
+    assert!(
+        eventually(Duration::from_secs(5), || node_addr(&node).is_null()),
+        "the daemon saw the address go: {}",
+        nat_table(&node)
+    );
+    let status = node.instance.cli(&["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("no IPv4 address"), "{status}");
+    let table = node.instance.cli(&["nat"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("no IPv4 address"), "{table}");
+    let dropped = drops(&node);
+    for from_port in [5000, 5001] {
+        assert!(
+            udp_round_trip(&pod.netns, from_port, external(UDP_PORT), b"none").is_err(),
+            "nothing comes back from port {from_port} without a node address"
+        );
+    }
+    assert_eq!(udp.peers(), first, "nothing reached the external host");
+    assert!(
+        drops(&node) >= dropped + 2,
+        "the old flow's and the new flow's datagrams were dropped and counted"
+    );
+
+    // A new address: new flows leave from it, and the flow of before goes on from it
+    // with its node port.
+    let new_addr = "198.18.0.9";
+    node.netns
+        .ip(&["addr", "add", &format!("{new_addr}/24"), "dev", "uplink0"]);
+    node.netns
+        .ip(&["route", "replace", "default", "via", EXTERNAL_ADDR]);
+    assert!(
+        eventually(Duration::from_secs(5), || node_addr(&node) == new_addr),
+        "the daemon took the new address: {}",
+        nat_table(&node)
+    );
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"old flow").expect("the old flow");
+    udp_round_trip(&pod.netns, 5002, external(UDP_PORT), b"new flow").expect("a new flow");
+    let after: Vec<SocketAddr> = udp.peers()[first.len()..].to_vec();
+    assert_eq!(node_ips(&after), BTreeSet::from([new_addr.to_owned()]));
+    assert_eq!(
+        after[0].port(),
+        first[0].port(),
+        "the old flow kept its node port"
+    );
+}

@@ -64,8 +64,10 @@ pub enum NatError {
 pub struct NatSettings {
     pub uplink: String,
     pub uplink_ifindex: u32,
-    /// The uplink's first IPv4 address: the source of translated packets.
-    pub node_addr: Ipv4Addr,
+    /// The uplink's first IPv4 address: the source of translated packets. `None` once
+    /// the uplink has lost its last one (see [`Nat::follow_uplink_address`]); the
+    /// daemon does not start without one.
+    pub node_addr: Option<Ipv4Addr>,
     pub ports: PortRange,
     pub timeouts: Timeouts,
 }
@@ -74,7 +76,9 @@ impl NatSettings {
     /// The `NAT_CONFIG` value the datapath reads.
     pub fn config(&self) -> NatConfig {
         NatConfig {
-            node_addr: self.node_addr.octets(),
+            node_addr: self
+                .node_addr
+                .map_or(NatConfig::NO_ADDRESS, |addr| addr.octets()),
             port_min: self.ports.min,
             port_max: self.ports.max,
             tcp_established_secs: self.timeouts.tcp_established,
@@ -120,7 +124,7 @@ impl NatArgs {
         Ok(Some(NatSettings {
             uplink,
             uplink_ifindex,
-            node_addr,
+            node_addr: Some(node_addr),
             ports: self.nat_port_range,
             timeouts: self.timeouts(),
         }))
@@ -162,7 +166,7 @@ pub fn start<'a>(
     datapath.attach_uplink(&settings.uplink)?;
     tracing::info!(
         uplink = %settings.uplink,
-        node_addr = %settings.node_addr,
+        node_addr = ?settings.node_addr,
         ports = %settings.ports,
         "source NAT enabled"
     );
@@ -189,7 +193,7 @@ mod tests {
         let settings = NatSettings {
             uplink: "eth0".to_owned(),
             uplink_ifindex: 4,
-            node_addr: Ipv4Addr::new(198, 18, 0, 1),
+            node_addr: Some(Ipv4Addr::new(198, 18, 0, 1)),
             ports: PortRange {
                 min: 61000,
                 max: 65535,
@@ -244,7 +248,7 @@ mod tests {
         match args(&["--uplink", "lo", "--nat-udp-timeout", "45"]).resolve() {
             Ok(Some(settings)) => {
                 assert_eq!(settings.uplink, "lo");
-                assert!(settings.node_addr.is_loopback());
+                assert!(settings.node_addr.is_some_and(|addr| addr.is_loopback()));
                 assert!(settings.uplink_ifindex > 0);
                 assert_eq!(settings.timeouts.udp, 45);
             }

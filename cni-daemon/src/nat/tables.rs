@@ -10,11 +10,11 @@ use aya::{
 use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, sweep};
 
 use super::{
-    NatSettings,
+    NatError, NatSettings,
     args::Timeouts,
     batch,
     cidrs::{self, ClusterCidrs},
-    expiry,
+    expiry, uplink,
 };
 use crate::api::Endpoint;
 
@@ -87,6 +87,48 @@ impl Nat {
     /// still be there.
     pub fn previous_uplink_ifindex(&self) -> u32 {
         self.previous.uplink_ifindex
+    }
+
+    /// Has translation follow the uplink's address, as iptables MASQUERADE does (it
+    /// reads the outgoing device's address for every new connection): new flows take
+    /// the uplink's first IPv4 address now, and while it has none, traffic to translate
+    /// is dropped and counted (`nat_no_address`), never sent with the pod's address or
+    /// one the node gave up. Returns whether the address changed.
+    ///
+    /// Decision: flows already in the tables stay. Their node ports are not tied to an
+    /// address: a UDP flow goes on from the new address (the remote's replies to it match
+    /// the flow's `NAT_IN` entry), and a TCP flow's next packet reaches the remote from
+    /// an address it does not know, whose reset reaches the pod the same way, which is
+    /// how the connection ends under MASQUERADE too (it forgets the device's
+    /// connections when an address goes). The entries then expire as any others.
+    pub fn follow_uplink_address(&mut self) -> Result<bool, NatError> {
+        let Some(settings) = self.settings.as_mut() else {
+            return Ok(false);
+        };
+        let now = uplink::ipv4_address(&settings.uplink).map_err(|source| NatError::Addresses {
+            interface: settings.uplink.clone(),
+            source,
+        })?;
+        if now == settings.node_addr {
+            return Ok(false);
+        }
+        match now {
+            Some(addr) => tracing::info!(
+                uplink = %settings.uplink,
+                previous = ?settings.node_addr,
+                node_addr = %addr,
+                "the uplink's address changed: new flows are translated to it"
+            ),
+            None => tracing::warn!(
+                uplink = %settings.uplink,
+                previous = ?settings.node_addr,
+                "the uplink has no IPv4 address: traffic to translate is dropped \
+                 (counted as nat_no_address) until it has one"
+            ),
+        }
+        settings.node_addr = now;
+        self.write_config()?;
+        Ok(true)
     }
 
     /// Writes this daemon's configuration; with NAT off, a zero configuration (node

@@ -25,7 +25,9 @@ use crate::inspect::{InspectError, open_pinned};
 pub struct NatView {
     /// The datapath translates (the configured node address is not 0.0.0.0).
     pub enabled: bool,
-    pub node_addr: Ipv4Addr,
+    /// The source of translated packets; `None` when NAT is off or the uplink has no
+    /// IPv4 address (traffic to translate is then dropped, see `NatConfig::NO_ADDRESS`).
+    pub node_addr: Option<Ipv4Addr>,
     pub uplink_ifindex: u32,
     pub port_range: PortRange,
     pub timeouts: Timeouts,
@@ -69,7 +71,9 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         HashMap::try_from(pinned(bpf_dir, map_names::NAT_OUT)?)?;
     let flows_in: HashMap<_, NatReverseKey, NatEntry> =
         HashMap::try_from(pinned(bpf_dir, map_names::NAT_IN)?)?;
-    let node_addr = Ipv4Addr::from(config.node_addr);
+    let node_addr = config
+        .has_address()
+        .then(|| Ipv4Addr::from(config.node_addr));
     let timeouts = Timeouts::from_config(&config);
     let mut entries = Vec::new();
     for entry in flows_out.iter() {
@@ -84,14 +88,14 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
             &key,
             &out,
             inbound.as_ref(),
-            node_addr,
+            node_addr.unwrap_or(Ipv4Addr::UNSPECIFIED),
             now_ns,
             &timeouts,
         ));
     }
     entries.sort_by(|a, b| (a.pod, a.remote, &a.proto).cmp(&(b.pod, b.remote, &b.proto)));
     Ok(NatView {
-        enabled: !node_addr.is_unspecified(),
+        enabled: config.node_addr != [0; 4],
         node_addr,
         uplink_ifindex: config.uplink_ifindex,
         port_range: PortRange {
@@ -108,6 +112,10 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
 fn pinned(bpf_dir: &Path, name: &str) -> Result<Map, InspectError> {
     Ok(Map::from_map_data(open_pinned(bpf_dir, name)?)?)
 }
+
+/// How the tables show a node address the uplink does not have.
+pub const NO_ADDRESS: &str =
+    "none (the uplink has no IPv4 address: traffic to translate is dropped)";
 
 /// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`.
 pub fn flow_view(
@@ -163,9 +171,12 @@ pub fn counters_line(counters: &BTreeMap<&'static str, u64>) -> String {
 /// A readable summary and table of `view`.
 pub fn nat_table(view: &NatView) -> String {
     let mut out = if view.enabled {
+        let node = view
+            .node_addr
+            .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
         format!(
-            "nat enabled  node {}  uplink ifindex {}  ports {}\n",
-            view.node_addr, view.uplink_ifindex, view.port_range
+            "nat enabled  node {node}  uplink ifindex {}  ports {}\n",
+            view.uplink_ifindex, view.port_range
         )
     } else {
         "nat disabled\n".to_owned()
