@@ -8,7 +8,7 @@ use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
 use aya::maps::{Map, MapData};
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names};
 use ebpf_cni_tests::{
-    daemon::eventually,
+    daemon::{Daemon, eventually},
     nat_frames::{UDP, entry, monotonic_ns, out_key},
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
@@ -401,7 +401,7 @@ fn a_sweep_removes_thousands_of_expired_flows_and_keeps_the_live_one() {
 #[test]
 fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none() {
     require_root();
-    let node = Node::start("10.244.57.0/24");
+    let mut node = Node::start("10.244.57.0/24");
     let pod = node.add_pod("follow");
     let udp = UdpEcho::start(&node.external, UDP_PORT);
     let node_addr = |node: &Node| nat_table(node)["node_addr"].clone();
@@ -416,8 +416,8 @@ fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none()
     assert_eq!(node_ips(&first), BTreeSet::from([NODE_ADDR.to_owned()]));
 
     // The uplink loses its address. A route and the external host's MAC stay (as a
-    // static route and neighbour would), so pod packets still reach the uplink's
-    // egress program: it must drop them, not send them with the pod's address.
+    // device route and a static neighbour would), so pod packets still reach the
+    // uplink's egress program: it must drop them, not send them with the pod's address.
     node.netns
         .ip(&["addr", "del", &format!("{NODE_ADDR}/24"), "dev", "uplink0"]);
     // (`ip -j`: /sys/class/net shows the namespace /sys was mounted in, not ours.)
@@ -425,7 +425,7 @@ fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none()
         .expect("ip -j link");
     let external_mac = link[0]["address"].as_str().expect("a MAC").to_owned();
     node.netns
-        .ip(&["route", "replace", "198.18.0.0/24", "dev", "uplink0"]);
+        .ip(&["route", "replace", "default", "dev", "uplink0"]);
     node.netns.ip(&[
         "neigh",
         "replace",
@@ -459,6 +459,18 @@ fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none()
     assert!(
         drops(&node) >= dropped + 2,
         "the old flow's and the new flow's datagrams were dropped and counted"
+    );
+
+    // A daemon (re)started while the uplink has no address runs, and still drops.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert!(node_addr(&node).is_null(), "{}", nat_table(&node));
+    let dropped = drops(&node);
+    assert!(udp_round_trip(&pod.netns, 5003, external(UDP_PORT), b"none").is_err());
+    assert_eq!(udp.peers(), first, "nothing reached the external host");
+    assert!(
+        drops(&node) > dropped,
+        "dropped and counted after the restart"
     );
 
     // A new address: new flows leave from it, and the flow of before goes on from it

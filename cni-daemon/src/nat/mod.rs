@@ -46,8 +46,6 @@ pub enum NatError {
         interface: String,
         source: nix::Error,
     },
-    #[error("the uplink {0} has no IPv4 address to translate pods' traffic to")]
-    NoAddress(String),
     #[error("cannot set {path}: {source}")]
     Sysctl {
         path: &'static str,
@@ -93,7 +91,12 @@ impl NatSettings {
 
 impl NatArgs {
     /// The uplink (`--uplink`, else the default route's device) and its address. No
-    /// uplink at all is not an error: NAT is off (`None`), said at warn.
+    /// uplink at all is not an error: NAT is off (`None`), said at warn. An uplink
+    /// without an IPv4 address (yet: a node whose DHCP lease comes after the daemon)
+    /// is not one either: NAT starts without an address, dropping what it would
+    /// translate, and takes the address when it comes ([`Nat::follow_uplink_address`]).
+    /// Failing instead left a DaemonSet restarting with back-off, and no pod could be
+    /// created meanwhile.
     pub fn resolve(&self) -> Result<Option<NatSettings>, NatError> {
         let uplink = match &self.uplink {
             Some(uplink) => uplink.clone(),
@@ -115,16 +118,21 @@ impl NatArgs {
         };
         let uplink_ifindex = nix::net::if_::if_nametoindex(uplink.as_str())
             .map_err(|_| NatError::NoUplink(uplink.clone()))?;
-        let node_addr = uplink::ipv4_address(&uplink)
-            .map_err(|source| NatError::Addresses {
-                interface: uplink.clone(),
-                source,
-            })?
-            .ok_or_else(|| NatError::NoAddress(uplink.clone()))?;
+        let node_addr = uplink::ipv4_address(&uplink).map_err(|source| NatError::Addresses {
+            interface: uplink.clone(),
+            source,
+        })?;
+        if node_addr.is_none() {
+            tracing::warn!(
+                %uplink,
+                "the uplink has no IPv4 address yet: pods' traffic to the outside is \
+                 dropped (counted as nat_no_address) until it has one"
+            );
+        }
         Ok(Some(NatSettings {
             uplink,
             uplink_ifindex,
-            node_addr: Some(node_addr),
+            node_addr,
             ports: self.nat_port_range,
             timeouts: self.timeouts(),
         }))
@@ -248,11 +256,10 @@ mod tests {
         match args(&["--uplink", "lo", "--nat-udp-timeout", "45"]).resolve() {
             Ok(Some(settings)) => {
                 assert_eq!(settings.uplink, "lo");
-                assert!(settings.node_addr.is_some_and(|addr| addr.is_loopback()));
+                assert!(settings.node_addr.is_none_or(|addr| addr.is_loopback()));
                 assert!(settings.uplink_ifindex > 0);
                 assert_eq!(settings.timeouts.udp, 45);
             }
-            Err(NatError::NoAddress(name)) => assert_eq!(name, "lo"),
             other => panic!("unexpected outcome {other:?}"),
         }
     }
