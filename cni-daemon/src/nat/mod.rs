@@ -62,9 +62,8 @@ pub enum NatError {
 pub struct NatSettings {
     pub uplink: String,
     pub uplink_ifindex: u32,
-    /// The uplink's first IPv4 address: the source of translated packets. `None` once
-    /// the uplink has lost its last one (see [`Nat::follow_uplink_address`]); the
-    /// daemon does not start without one.
+    /// The uplink's first IPv4 address: the source of translated packets. `None` while
+    /// the uplink has none, at start or later (see [`Nat::follow_uplink_address`]).
     pub node_addr: Option<Ipv4Addr>,
     pub ports: PortRange,
     pub timeouts: Timeouts,
