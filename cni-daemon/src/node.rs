@@ -148,10 +148,10 @@ impl Node {
     }
 
     /// After a change of the namespace's addresses: refills `NODE_ADDRS` (returned) and
-    /// has source NAT follow the uplink's address.
+    /// has source NAT follow the uplink's address and device.
     pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
         let addrs = self.node_addrs.sync()?;
-        self.nat.follow_uplink_address()?;
+        self.nat.follow_uplink(&mut self.datapath)?;
         Ok(addrs)
     }
 

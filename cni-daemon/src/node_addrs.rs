@@ -65,8 +65,8 @@ impl NodeAddrs {
     }
 }
 
-/// Refills `NODE_ADDRS`, and has source NAT follow the uplink's address (see
-/// `Nat::follow_uplink_address`), on every IPv4 address change, until the task is
+/// Refills `NODE_ADDRS`, and has source NAT follow the uplink's address and device (see
+/// `Nat::follow_uplink`), on every IPv4 address change, until the task is
 /// dropped. A watcher that cannot start is logged: hostPorts then cover the addresses
 /// known at start, and NAT keeps the address it started with.
 pub async fn watch(node: Arc<Mutex<Node>>) {

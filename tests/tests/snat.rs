@@ -495,3 +495,59 @@ fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none()
         "the old flow kept its node port"
     );
 }
+
+#[test]
+fn an_uplink_device_created_again_gets_the_programs_back_and_pods_still_leave_translated() {
+    require_root();
+    let node = Node::start("10.244.66.0/24");
+    let pod = node.add_pod("replug");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"before").expect("UDP through NAT");
+
+    // The uplink goes (its veth peer with it) and a new device of the same name comes,
+    // with the same address and route: a NIC replugged, a bond rebuilt.
+    node.netns.ip(&["link", "del", "uplink0"]);
+    node.netns.link_veth(
+        "uplink0",
+        &format!("{NODE_ADDR}/24"),
+        &node.external,
+        "eth0",
+        &format!("{EXTERNAL_ADDR}/24"),
+    );
+    node.netns
+        .ip(&["route", "replace", "default", "via", EXTERNAL_ADDR]);
+    let link: Value = serde_json::from_str(&node.netns.ip(&["-j", "link", "show", "uplink0"]))
+        .expect("ip -j link");
+    let ifindex = link[0]["ifindex"].as_u64().expect("an ifindex");
+    assert!(
+        eventually(
+            Duration::from_secs(5),
+            || nat_table(&node)["uplink_ifindex"] == ifindex
+        ),
+        "the datapath learnt the new device: {}",
+        nat_table(&node)
+    );
+    let status = node.instance.cli_json(&["status"]);
+    let on_uplink: Vec<&Value> = status["attachments"]
+        .as_array()
+        .expect("attachments")
+        .iter()
+        .filter(|a| a["interface"] == "uplink0")
+        .collect();
+    assert_eq!(
+        on_uplink.len(),
+        2,
+        "egress and ingress, once each: {status}"
+    );
+    assert!(
+        on_uplink.iter().all(|a| a["ifindex"] == ifindex),
+        "{status}"
+    );
+
+    udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"after").expect("UDP through NAT");
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()]),
+        "translated before and after: the pod's address never left the node"
+    );
+}

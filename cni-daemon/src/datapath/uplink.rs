@@ -37,6 +37,9 @@ impl Datapath {
         if !tcx {
             ensure_clsact(uplink)?;
         }
+        // Attached again (the uplink device was recreated): the old entries go.
+        self.attachments
+            .retain(|attachment| !is_uplink_pin(&attachment.program));
         for (name, attach_type) in UPLINK_PROGRAMS {
             let program = classifier(&mut self.ebpf, name)?;
             if tcx {

@@ -63,7 +63,7 @@ pub struct NatSettings {
     pub uplink: String,
     pub uplink_ifindex: u32,
     /// The uplink's first IPv4 address: the source of translated packets. `None` while
-    /// the uplink has none, at start or later (see [`Nat::follow_uplink_address`]).
+    /// the uplink has none, at start or later (see [`Nat::follow_uplink`]).
     pub node_addr: Option<Ipv4Addr>,
     pub ports: PortRange,
     pub timeouts: Timeouts,
@@ -93,7 +93,7 @@ impl NatArgs {
     /// uplink at all is not an error: NAT is off (`None`), said at warn. An uplink
     /// without an IPv4 address (yet: a node whose DHCP lease comes after the daemon)
     /// is not one either: NAT starts without an address, dropping what it would
-    /// translate, and takes the address when it comes ([`Nat::follow_uplink_address`]).
+    /// translate, and takes the address when it comes ([`Nat::follow_uplink`]).
     /// Failing instead left a DaemonSet restarting with back-off, and no pod could be
     /// created meanwhile.
     pub fn resolve(&self) -> Result<Option<NatSettings>, NatError> {

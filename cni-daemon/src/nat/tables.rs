@@ -16,7 +16,7 @@ use super::{
     cidrs::{self, ClusterCidrs},
     expiry, uplink,
 };
-use crate::api::Endpoint;
+use crate::{api::Endpoint, datapath::Datapath};
 
 /// `NAT_OUT`: the pod side of each flow.
 pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;
@@ -89,11 +89,21 @@ impl Nat {
         self.previous.uplink_ifindex
     }
 
-    /// Has translation follow the uplink's address, as iptables MASQUERADE does (it
-    /// reads the outgoing device's address for every new connection): new flows take
-    /// the uplink's first IPv4 address now, and while it has none, traffic to translate
-    /// is dropped and counted (`nat_no_address`), never sent with the pod's address or
-    /// one the node gave up. Returns whether the address changed.
+    /// Has translation follow the uplink, called on every change of the namespace's
+    /// addresses:
+    /// - its address, as iptables MASQUERADE does (it reads the outgoing device's
+    ///   address for every new connection): new flows take the uplink's first IPv4
+    ///   address now, and while it has none, traffic to translate is dropped and
+    ///   counted (`nat_no_address`), never sent with the pod's address or one the node
+    ///   gave up;
+    /// - its device: an uplink deleted and created again (a NIC replugged, a bond or
+    ///   VLAN rebuilt) is a new device without programs, where pods' traffic would
+    ///   leave through the node's stack untranslated; the programs are attached to it
+    ///   again (`Datapath::attach_uplink` replaces the dead pinned links) and the
+    ///   datapath learns its ifindex. While no device has the uplink's name, there is
+    ///   no address either.
+    ///
+    /// Returns whether anything changed.
     ///
     /// Decision: flows already in the tables stay. Their node ports are not tied to an
     /// address: a UDP flow goes on from the new address (the remote's replies to it match
@@ -101,32 +111,50 @@ impl Nat {
     /// an address it does not know, whose reset reaches the pod the same way, which is
     /// how the connection ends under MASQUERADE too (it forgets the device's
     /// connections when an address goes). The entries then expire as any others.
-    pub fn follow_uplink_address(&mut self) -> Result<bool, NatError> {
+    pub fn follow_uplink(&mut self, datapath: &mut Datapath) -> Result<bool, NatError> {
         let Some(settings) = self.settings.as_mut() else {
             return Ok(false);
         };
-        let now = uplink::ipv4_address(&settings.uplink).map_err(|source| NatError::Addresses {
-            interface: settings.uplink.clone(),
-            source,
-        })?;
-        if now == settings.node_addr {
+        let ifindex = nix::net::if_::if_nametoindex(settings.uplink.as_str()).ok();
+        let addr = match ifindex {
+            Some(_) => {
+                uplink::ipv4_address(&settings.uplink).map_err(|source| NatError::Addresses {
+                    interface: settings.uplink.clone(),
+                    source,
+                })?
+            }
+            None => None,
+        };
+        let moved = ifindex.filter(|&ifindex| ifindex != settings.uplink_ifindex);
+        if moved.is_none() && addr == settings.node_addr {
             return Ok(false);
         }
-        match now {
-            Some(addr) => tracing::info!(
+        if let Some(ifindex) = moved {
+            tracing::warn!(
+                uplink = %settings.uplink,
+                previous_ifindex = settings.uplink_ifindex,
+                ifindex,
+                "the uplink is a new device: attaching the NAT programs to it"
+            );
+            datapath.attach_uplink(&settings.uplink)?;
+            settings.uplink_ifindex = ifindex;
+        }
+        match addr {
+            Some(addr) if settings.node_addr != Some(addr) => tracing::info!(
                 uplink = %settings.uplink,
                 previous = ?settings.node_addr,
                 node_addr = %addr,
                 "the uplink's address changed: new flows are translated to it"
             ),
-            None => tracing::warn!(
+            None if settings.node_addr.is_some() => tracing::warn!(
                 uplink = %settings.uplink,
                 previous = ?settings.node_addr,
                 "the uplink has no IPv4 address: traffic to translate is dropped \
                  (counted as nat_no_address) until it has one"
             ),
+            _ => {}
         }
-        settings.node_addr = now;
+        settings.node_addr = addr;
         self.write_config()?;
         Ok(true)
     }
