@@ -36,7 +36,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     bpffs::prepare(&config.bpf_dir)?;
-    let mut datapath = Datapath::load(&config.bpf_dir)?;
+    let mut datapath = Datapath::load(&config.bpf_dir, config.nat.nat_max_flows)?;
     for interface in &config.attach {
         datapath
             .attach_counter(interface)

@@ -7,7 +7,8 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
 
-/// Flows tracked at once; the LRU evicts the oldest when full.
+/// Flows tracked at once, unless the daemon asks for another size (`--nat-max-flows`,
+/// set at load); the LRU evicts the oldest when full.
 const MAX_FLOWS: u32 = 262_144;
 const MAX_CIDRS: u32 = 256;
 

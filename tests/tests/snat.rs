@@ -551,3 +551,47 @@ fn an_uplink_device_created_again_gets_the_programs_back_and_pods_still_leave_tr
         "translated before and after: the pod's address never left the node"
     );
 }
+
+#[test]
+fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
+    require_root();
+    let small = ["--nat-max-flows", "4096"];
+    let mut node = Node::start_with("10.244.67.0/24", &[], &small);
+    let pod = node.add_pod("size");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    let sizes = |node: &Node| {
+        [map_names::NAT_OUT, map_names::NAT_IN].map(|name| {
+            aya::maps::MapInfo::from_pin(node.instance.bpf_dir.join(name))
+                .expect("a pinned NAT table")
+                .max_entries()
+        })
+    };
+    let flows = |node: &Node| nat_table(node)["entries"].as_array().map_or(0, Vec::len);
+    assert_eq!(sizes(&node), [4096, 4096]);
+    assert_eq!(nat_table(&node)["max_flows"], 4096);
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"small").expect("UDP through NAT");
+    assert_eq!(flows(&node), 1);
+
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &small);
+    assert_eq!(
+        flows(&node),
+        1,
+        "the same size keeps the tables and their flows"
+    );
+
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(sizes(&node), [262_144, 262_144], "the default size");
+    assert_eq!(flows(&node), 0, "new tables, the old flows gone");
+    assert!(
+        node.instance.log().contains("the NAT tables change size"),
+        "said in the log"
+    );
+    udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"default").expect("UDP through NAT");
+    assert_eq!(flows(&node), 1);
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+}

@@ -2,9 +2,9 @@
 //! under `<bpf dir>/links/uplink_egress` and `uplink_ingress`, so translation goes on
 //! while the daemon is stopped; and the NAT maps they share with the daemon.
 
-use std::{fs, io};
+use std::{fs, io, path::Path};
 
-use aya::maps::{Array, HashMap, LpmTrie};
+use aya::maps::{Array, HashMap, LpmTrie, MapInfo};
 use aya::programs::{TcAttachType, tc};
 use cni_ebpf_common::{map_names, program_names};
 
@@ -19,6 +19,33 @@ const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
     (program_names::UPLINK_EGRESS, TcAttachType::Egress),
     (program_names::UPLINK_INGRESS, TcAttachType::Ingress),
 ];
+
+/// Makes room for NAT tables of `max_flows` entries: pinned tables of another size
+/// (an earlier `--nat-max-flows`) are unpinned, both of them, so that the load creates
+/// them anew. A pinned map is otherwise reused whatever the object asks (aya opens the
+/// pin as it is), and its size cannot change. The flows they held are lost: said at
+/// warn. The programs still attached keep the old tables until the new ones replace
+/// them, a moment later in the same start.
+pub(super) fn resize_nat_tables(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError> {
+    let pins = [map_names::NAT_OUT, map_names::NAT_IN].map(|name| bpf_dir.join(name));
+    let mut sizes = Vec::new();
+    for pin in pins.iter().filter(|pin| pin.exists()) {
+        sizes.push(MapInfo::from_pin(pin)?.max_entries());
+    }
+    if sizes.iter().all(|&size| size == max_flows) {
+        return Ok(());
+    }
+    tracing::warn!(
+        ?sizes,
+        max_flows,
+        "the NAT tables change size: they are created anew, and the flows they held \
+         lose their translation"
+    );
+    for pin in pins.iter().filter(|pin| pin.exists()) {
+        fs::remove_file(pin).map_err(|source| pin_error(pin, source))?;
+    }
+    Ok(())
+}
 
 /// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).
 pub(super) fn is_uplink_pin(name: &str) -> bool {

@@ -74,7 +74,24 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub nat_gc_interval: u64,
+    /// Flows the NAT tables hold, each of `NAT_OUT` and `NAT_IN`: about 100 bytes of
+    /// kernel memory per flow and table, taken when the tables are created (about 50
+    /// MiB at the default, the size of the kernel's own conntrack table on a node of
+    /// 24 GiB). When full, the least recently used flow makes room. A new size takes
+    /// effect at the next start and resets the translated flows: the pinned tables are
+    /// created anew.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_MAX_FLOWS",
+        default_value_t = 262_144,
+        value_parser = clap::value_parser!(u32).range(i64::from(MIN_NAT_FLOWS)..=i64::from(MAX_NAT_FLOWS))
+    )]
+    pub nat_max_flows: u32,
 }
+
+/// Bounds of `--nat-max-flows`.
+pub const MIN_NAT_FLOWS: u32 = 1024;
+pub const MAX_NAT_FLOWS: u32 = 1 << 20;
 
 impl NatArgs {
     pub fn timeouts(&self) -> Timeouts {
@@ -276,5 +293,18 @@ mod tests {
             <Cli as clap::Parser>::try_parse_from(["test", "--nat-port-range", "100-200"]).is_err()
         );
         assert!(<Cli as clap::Parser>::try_parse_from(["test", "--nat-udp-timeout", "0"]).is_err());
+        assert_eq!(cli.nat.nat_max_flows, 262_144);
+        for (size, ok) in [
+            ("1023", false),
+            ("1024", true),
+            ("1048576", true),
+            ("1048577", false),
+        ] {
+            assert_eq!(
+                <Cli as clap::Parser>::try_parse_from(["test", "--nat-max-flows", size]).is_ok(),
+                ok,
+                "--nat-max-flows {size}"
+            );
+        }
     }
 }

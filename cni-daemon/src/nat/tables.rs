@@ -11,7 +11,7 @@ use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, swe
 
 use super::{
     NatError, NatSettings,
-    args::Timeouts,
+    args::{MAX_NAT_FLOWS, Timeouts},
     batch,
     cidrs::{self, ClusterCidrs},
     expiry, uplink,
@@ -23,8 +23,8 @@ pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;
 /// `NAT_IN`: the node side of each flow.
 pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
 
-/// Most entries one sweep reads from a table (the tables hold 262,144 each).
-const MAX_SCAN: usize = 1 << 20;
+/// Most entries one sweep reads from a table: as many as the largest tables hold.
+const MAX_SCAN: usize = MAX_NAT_FLOWS as usize;
 
 /// The NAT maps, taken from the loaded object (see `Datapath::take_nat_maps`).
 pub struct NatMaps {

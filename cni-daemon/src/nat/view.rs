@@ -7,7 +7,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{Array, HashMap, Map, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, IterableMap, Map, MapError, PerCpuArray};
 use cni_ebpf_common::{
     NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, map_names, tcp_state,
 };
@@ -31,6 +31,8 @@ pub struct NatView {
     pub uplink_ifindex: u32,
     pub port_range: PortRange,
     pub timeouts: Timeouts,
+    /// Flows each table holds at most (`--nat-max-flows`).
+    pub max_flows: u32,
     pub counters: BTreeMap<&'static str, u64>,
     pub entries: Vec<FlowView>,
 }
@@ -69,6 +71,7 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
     let config = config.get(&0, 0)?;
     let flows_out: HashMap<_, NatKey, NatEntry> =
         HashMap::try_from(pinned(bpf_dir, map_names::NAT_OUT)?)?;
+    let max_flows = flows_out.map().info()?.max_entries();
     let flows_in: HashMap<_, NatReverseKey, NatEntry> =
         HashMap::try_from(pinned(bpf_dir, map_names::NAT_IN)?)?;
     let node_addr = config
@@ -103,6 +106,7 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
             max: config.port_max,
         },
         timeouts,
+        max_flows,
         counters: nat_counters(bpf_dir)?,
         entries,
     })
@@ -175,8 +179,11 @@ pub fn nat_table(view: &NatView) -> String {
             .node_addr
             .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
         format!(
-            "nat enabled  node {node}  uplink ifindex {}  ports {}\n",
-            view.uplink_ifindex, view.port_range
+            "nat enabled  node {node}  uplink ifindex {}  ports {}  flows {}/{}\n",
+            view.uplink_ifindex,
+            view.port_range,
+            view.entries.len(),
+            view.max_flows
         )
     } else {
         "nat disabled\n".to_owned()
