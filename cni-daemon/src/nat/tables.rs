@@ -103,17 +103,15 @@ impl Nat {
     ///   datapath learns its ifindex. While no device has the uplink's name, there is
     ///   no address either.
     ///
-    /// Returns whether anything changed.
-    ///
     /// Decision: flows already in the tables stay. Their node ports are not tied to an
     /// address: a UDP flow goes on from the new address (the remote's replies to it match
     /// the flow's `NAT_IN` entry), and a TCP flow's next packet reaches the remote from
     /// an address it does not know, whose reset reaches the pod the same way, which is
     /// how the connection ends under MASQUERADE too (it forgets the device's
     /// connections when an address goes). The entries then expire as any others.
-    pub fn follow_uplink(&mut self, datapath: &mut Datapath) -> Result<bool, NatError> {
+    pub fn follow_uplink(&mut self, datapath: &mut Datapath) -> Result<(), NatError> {
         let Some(settings) = self.settings.as_mut() else {
-            return Ok(false);
+            return Ok(());
         };
         let ifindex = nix::net::if_::if_nametoindex(settings.uplink.as_str()).ok();
         let addr = match ifindex {
@@ -127,7 +125,7 @@ impl Nat {
         };
         let moved = ifindex.filter(|&ifindex| ifindex != settings.uplink_ifindex);
         if moved.is_none() && addr == settings.node_addr {
-            return Ok(false);
+            return Ok(());
         }
         if let Some(ifindex) = moved {
             tracing::warn!(
@@ -156,7 +154,7 @@ impl Nat {
         }
         settings.node_addr = addr;
         self.write_config()?;
-        Ok(true)
+        Ok(())
     }
 
     /// Writes this daemon's configuration; with NAT off, a zero configuration (node
