@@ -3,9 +3,10 @@
 //! addresses are in the endpoints map; `CLUSTER_CIDRS` is the union of the records'
 //! cluster ranges).
 
-use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
+use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, sync::Arc};
 
 use cni_ebpf_common::SockConfig;
+use tokio::sync::Notify;
 
 use crate::{
     api::{Endpoint, EndpointId, Status},
@@ -60,6 +61,9 @@ pub struct Node {
     nat: Nat,
     host_ports: HostPorts,
     node_addrs: NodeAddrs,
+    /// Told after every detach, so that the NAT sweeper forgets the pod's flows at once
+    /// (see [`Self::on_detach`]).
+    detached: Option<Arc<Notify>>,
     /// Host veths whose pod program [`Self::prepare`] attached and no endpoint uses yet.
     /// A plugin that dies in between leaves its name here and its pin in bpffs until
     /// the next start, whose reconciliation removes pins without a record.
@@ -127,6 +131,7 @@ impl Node {
             nat,
             host_ports,
             node_addrs,
+            detached: None,
             prepared: BTreeSet::new(),
         })
     }
@@ -153,6 +158,12 @@ impl Node {
         let addrs = self.node_addrs.sync()?;
         self.nat.follow_uplink(&mut self.datapath)?;
         Ok(addrs)
+    }
+
+    /// Has `detached` notified after every endpoint detached (DEL, GC): the NAT sweeper
+    /// then removes the pod's flows without waiting for its next round.
+    pub fn on_detach(&mut self, detached: Arc<Notify>) {
+        self.detached = Some(detached);
     }
 
     /// The NAT flow tables and their timeouts, for the sweeper to own (`None`: NAT is
@@ -238,6 +249,9 @@ impl Node {
         self.datapath.detach_pod(&endpoint.host_veth)?;
         self.datapath.forget_counters(endpoint.host_ifindex)?;
         self.sync_cluster_cidrs()?;
+        if let Some(detached) = &self.detached {
+            detached.notify_one();
+        }
         Ok(Some(endpoint))
     }
 

@@ -7,7 +7,10 @@ use std::{
 };
 
 use anyhow::Context;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::Notify,
+};
 
 use crate::{
     bpffs,
@@ -45,6 +48,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let cgroup = config.cgroup.clone().or_else(root_cgroup);
     let mut node = Node::open(datapath, &config.state_dir, nat_settings, cgroup.as_deref())?;
     let flows = node.take_nat_flows();
+    let detached = Arc::new(Notify::new());
+    if flows.is_some() {
+        node.on_detach(Arc::clone(&detached));
+    }
     let node = Arc::new(Mutex::new(node));
     let address_watch = tokio::spawn(node_addrs::watch(Arc::clone(&node)));
     let listener = server::bind(&config.socket)
@@ -58,7 +65,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let sweeper = flows.map(|(flows, timeouts)| {
-        tokio::spawn(sweep_nat(flows, timeouts, config.nat.gc_interval()))
+        tokio::spawn(sweep_nat(
+            flows,
+            timeouts,
+            config.nat.gc_interval(),
+            detached,
+        ))
     });
     let outcome = tokio::select! {
         served = server::serve(listener, Arc::clone(&node)) => served.context("socket failed"),
@@ -91,17 +103,21 @@ fn root_cgroup() -> Option<PathBuf> {
     found
 }
 
-/// Every `interval`, removes the NAT flows idle past their timeout. The sweep is
-/// synchronous map work: it runs on a blocking thread, which owns the flow tables for
-/// the sweep and hands them back; it never takes the node's lock.
-async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration) {
+/// Every `interval`, and whenever a pod is detached (`detached`), removes the NAT flows
+/// idle past their timeout and those of pods gone. The sweep is synchronous map work:
+/// it runs on a blocking thread, which owns the flow tables for the sweep and hands
+/// them back; it never takes the node's lock.
+async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detached: Arc<Notify>) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; start sweeping one interval after start.
     ticks.tick().await;
     let mut flows = Some(flows);
     loop {
-        ticks.tick().await;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = detached.notified() => {}
+        }
         let Some(mut owned) = flows.take() else {
             return;
         };

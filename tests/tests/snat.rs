@@ -373,10 +373,13 @@ fn a_sweep_removes_thousands_of_expired_flows_and_keeps_the_live_one() {
     let node = Node::start_with("10.244.56.0/24", &[], &["--nat-gc-interval", "3"]);
     let mut out = flow_table::<NatKey>(&node, map_names::NAT_OUT);
     let mut inbound = flow_table::<NatReverseKey>(&node, map_names::NAT_IN);
+    // Flows of a pod of the node (a sweep removes those of pods gone, whatever their age).
+    let pod = node.add_pod("sweep");
+    let pod_addr = pod.ip.octets();
     // UDP flows (30 s timeout) last seen a minute ago: more than two batches' worth.
     let now = monotonic_ns();
     let long_ago = now.checked_sub(60_000_000_000).expect("up for a minute");
-    let flow = |n: u16| out_key([10, 244, 56, 2], 10_000 + n, 53, UDP);
+    let flow = |n: u16| out_key(pod_addr, 10_000 + n, 53, UDP);
     for n in 0..10_000 {
         let key = flow(n);
         let stamp = if n == 7_777 { now } else { long_ago };
@@ -593,5 +596,48 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
     assert_eq!(
         node_ips(&udp.peers()),
         BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+}
+
+#[test]
+fn a_deleted_pods_flows_go_at_once_and_another_pods_stay() {
+    require_root();
+    let node = Node::start("10.244.68.0/24");
+    let (gone, stays) = (node.add_pod("gone"), node.add_pod("stays"));
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    let tcp = EchoServer::start(&node.external, TCP_PORT);
+    for pod in [&gone, &stays] {
+        udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"udp").expect("UDP through NAT");
+        round_trip(&pod.netns, external(TCP_PORT), b"tcp").expect("TCP through NAT");
+    }
+    assert_eq!(udp.peers().len() + tcp.peers().len(), 4);
+    // The pods with flows in either table (NAT_IN's entries name their pod too).
+    let pods = |node: &Node| -> BTreeSet<[u8; 4]> {
+        let out = flow_table::<NatKey>(node, map_names::NAT_OUT);
+        let inbound = flow_table::<NatReverseKey>(node, map_names::NAT_IN);
+        let mut pods: BTreeSet<[u8; 4]> = out
+            .iter()
+            .map(|entry| entry.expect("a NAT_OUT entry").1.pod_addr)
+            .collect();
+        pods.extend(
+            inbound
+                .iter()
+                .map(|entry| entry.expect("a NAT_IN entry").1.pod_addr),
+        );
+        pods
+    };
+    assert_eq!(
+        pods(&node),
+        BTreeSet::from([gone.ip.octets(), stays.ip.octets()])
+    );
+
+    // UDP flows live 30 s and the sweeps come every 10 s: only the DEL can make them go
+    // within 5 s.
+    node.del_pod(&gone);
+    assert!(
+        eventually(Duration::from_secs(5), || pods(&node)
+            == BTreeSet::from([stays.ip.octets()])),
+        "the deleted pod's flows went from both tables, the other pod's stayed: {}",
+        nat_table(&node)
     );
 }

@@ -4,7 +4,7 @@
 
 use std::{fs, io, path::Path};
 
-use aya::maps::{Array, HashMap, LpmTrie, MapInfo};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
 use aya::programs::{TcAttachType, tc};
 use cni_ebpf_common::{map_names, program_names};
 
@@ -138,7 +138,11 @@ impl Datapath {
             .map_err(program_error)?
             .try_clone()
             .map_err(|error| program_error(error.into()))?;
+        // A second handle on the pinned endpoints map (the node's `Endpoints` owns the
+        // object's), for the sweeps to read.
+        let endpoints = MapData::from_pin(self.bpf_dir.join(map_names::ENDPOINTS))?;
         Ok(NatMaps {
+            endpoints: HashMap::try_from(Map::HashMap(endpoints))?,
             flows_out: HashMap::try_from(flows_out)?,
             flows_in: HashMap::try_from(flows_in)?,
             config: Array::try_from(config)?,

@@ -1,13 +1,15 @@
 //! The NAT maps the daemon owns: the configuration it writes, the cluster ranges it keeps
 //! in step with the endpoints, and the two flow tables it sweeps.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{HashMap as StdHashMap, HashSet};
 
 use aya::{
     maps::{Array, HashMap, IterableMap, MapData, MapError},
     programs::ProgramFd,
 };
-use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, sweep};
+use cni_ebpf_common::{
+    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, sweep,
+};
 
 use super::{
     NatError, NatSettings,
@@ -34,7 +36,12 @@ pub struct NatMaps {
     pub cluster_cidrs: ClusterCidrs,
     /// The `nat_sweep` program, which removes what a sweep decided.
     pub sweeper: ProgramFd,
+    /// The pinned `ENDPOINTS` map, read by the sweeps: flows of pods no longer there go.
+    pub endpoints: Endpoints,
 }
+
+/// `ENDPOINTS`, the node's pods by address (another handle on the map the node keeps).
+pub type Endpoints = HashMap<MapData, EndpointKey, EndpointInfo>;
 
 /// What one sweep removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,6 +71,7 @@ impl Nat {
             config,
             cluster_cidrs,
             sweeper,
+            endpoints,
         } = maps;
         let previous = config.get(&0, 0)?;
         Ok(Self {
@@ -73,6 +81,7 @@ impl Nat {
                 out: flows_out,
                 inbound: flows_in,
                 sweeper,
+                endpoints,
             }),
             settings,
             previous,
@@ -193,11 +202,17 @@ pub struct Flows {
     out: FlowsOut,
     inbound: FlowsIn,
     sweeper: ProgramFd,
+    endpoints: Endpoints,
 }
 
 impl Flows {
     /// Removes every flow idle for longer than its timeout at `now_ns` (CLOCK_MONOTONIC),
-    /// both entries of a pair together.
+    /// and every flow of a pod no longer in `ENDPOINTS`, both entries of a pair together.
+    ///
+    /// A deleted pod's flows go at the next sweep (the daemon sweeps at once after a
+    /// DEL, see `run::sweep_nat`) rather than when they expire, an hour later for an
+    /// established TCP flow: a new pod given the same address (host-local hands
+    /// addresses out again) must not receive the replies of the old pod's connections.
     ///
     /// Both tables are read in batches ([`batch`]: a few syscalls for a whole table) and
     /// the decisions taken on that snapshot ([`expired`], a pure function). The
@@ -216,9 +231,14 @@ impl Flows {
     /// of a CPU; with batched reads, the four syscalls a flow of the removals still
     /// made 150-170 ms of CPU a sweep (every 10 s), 50-70 ms with `nat_sweep`.
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
+        let pods: HashSet<[u8; 4]> = snapshot(&self.endpoints)?
+            .into_keys()
+            .map(|key| key.addr)
+            .collect();
         let removals = expired(
             &snapshot(&self.out)?,
             &snapshot(&self.inbound)?,
+            &pods,
             now_ns,
             timeouts,
         );
@@ -301,16 +321,19 @@ fn item_bytes(item: &SweepItem) -> &[u8] {
     unsafe { std::slice::from_raw_parts(std::ptr::from_ref(item).cast(), size_of::<SweepItem>()) }
 }
 
-/// The flows of a snapshot of both tables that are idle past their timeout at `now_ns`.
-/// A flow is as fresh as the latest of its two entries; a `NAT_IN` entry is a flow's
-/// pair only when it holds that flow's pod address and port (the port may have passed
-/// to another flow since).
+/// The flows of a snapshot of both tables that are idle past their timeout at `now_ns`,
+/// or whose pod is not among `pods` (the node's pod addresses) any more. A flow is as
+/// fresh as the latest of its two entries; a `NAT_IN` entry is a flow's pair only when
+/// it holds that flow's pod address and port (the port may have passed to another flow
+/// since).
 fn expired(
     out: &StdHashMap<NatKey, NatEntry>,
     inbound: &StdHashMap<NatReverseKey, NatEntry>,
+    pods: &HashSet<[u8; 4]>,
     now_ns: u64,
     timeouts: &Timeouts,
 ) -> Vec<Removal> {
+    let gone = |entry: &NatEntry| !pods.contains(&entry.pod_addr);
     let mut removals = Vec::new();
     for (key, entry) in out {
         let reverse = key.reverse(entry.node_port);
@@ -318,7 +341,7 @@ fn expired(
             .get(&reverse)
             .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
         let decided = *expiry::latest(entry, pair);
-        if expiry::is_expired(&decided, key.proto, now_ns, timeouts) {
+        if gone(&decided) || expiry::is_expired(&decided, key.proto, now_ns, timeouts) {
             removals.push(Removal::Flow {
                 key: *key,
                 reverse: pair.map(|_| reverse),
@@ -330,7 +353,7 @@ fn expired(
         let paired = out
             .get(&reverse.forward(entry))
             .is_some_and(|out| out.node_port == reverse.node_port);
-        if !paired && expiry::is_expired(entry, reverse.proto, now_ns, timeouts) {
+        if !paired && (gone(entry) || expiry::is_expired(entry, reverse.proto, now_ns, timeouts)) {
             removals.push(Removal::Orphan {
                 reverse: *reverse,
                 entry: *entry,
@@ -362,6 +385,11 @@ mod tests {
         udp: 30,
         icmp: 30,
     };
+
+    /// The pods of the node: the one pod the flows below belong to.
+    fn pods() -> HashSet<[u8; 4]> {
+        HashSet::from([[10, 244, 1, 2]])
+    }
 
     fn flow(pod_port: u16) -> NatKey {
         NatKey {
@@ -408,7 +436,7 @@ mod tests {
             (live, entry(&live, 2001, 29), Some(entry(&live, 2001, 29))),
         ]);
         assert_eq!(
-            expired(&out, &inbound, NOW, &TIMEOUTS),
+            expired(&out, &inbound, &pods(), NOW, &TIMEOUTS),
             [Removal::Flow {
                 key: idle,
                 reverse: Some(idle.reverse(2000)),
@@ -418,10 +446,42 @@ mod tests {
     }
 
     #[test]
+    fn a_live_flow_of_a_pod_that_is_gone_goes_with_its_pair_and_its_orphans() {
+        let (flowing, orphaned) = (flow(1000), flow(1001));
+        let (out, mut inbound) = tables(&[(
+            flowing,
+            entry(&flowing, 2000, 1),
+            Some(entry(&flowing, 2000, 1)),
+        )]);
+        inbound.insert(orphaned.reverse(2001), entry(&orphaned, 2001, 1));
+        let mut removals = expired(&out, &inbound, &HashSet::new(), NOW, &TIMEOUTS);
+        removals.sort_by_key(|removal| matches!(removal, Removal::Orphan { .. }));
+        assert_eq!(
+            removals,
+            [
+                Removal::Flow {
+                    key: flowing,
+                    reverse: Some(flowing.reverse(2000)),
+                    decided: entry(&flowing, 2000, 1),
+                },
+                Removal::Orphan {
+                    reverse: orphaned.reverse(2001),
+                    entry: entry(&orphaned, 2001, 1),
+                },
+            ]
+        );
+        assert_eq!(
+            expired(&out, &inbound, &pods(), NOW, &TIMEOUTS),
+            [],
+            "while the pod is there, fresh entries stay"
+        );
+    }
+
+    #[test]
     fn a_recent_reply_keeps_a_flow_whose_outbound_entry_is_old() {
         let key = flow(1000);
         let (out, inbound) = tables(&[(key, entry(&key, 2000, 60), Some(entry(&key, 2000, 5)))]);
-        assert_eq!(expired(&out, &inbound, NOW, &TIMEOUTS), []);
+        assert_eq!(expired(&out, &inbound, &pods(), NOW, &TIMEOUTS), []);
     }
 
     #[test]
@@ -430,7 +490,7 @@ mod tests {
         let (old, new) = (flow(1000), flow(1001));
         let mut out = StdHashMap::from([(old, entry(&old, 2000, 31)), (new, entry(&new, 2000, 1))]);
         let inbound = StdHashMap::from([(new.reverse(2000), entry(&new, 2000, 1))]);
-        let removals = expired(&out, &inbound, NOW, &TIMEOUTS);
+        let removals = expired(&out, &inbound, &pods(), NOW, &TIMEOUTS);
         assert_eq!(
             removals,
             [Removal::Flow {
@@ -442,7 +502,7 @@ mod tests {
         );
         out.remove(&new);
         assert_eq!(
-            expired(&out, &inbound, NOW, &TIMEOUTS).len(),
+            expired(&out, &inbound, &pods(), NOW, &TIMEOUTS).len(),
             1,
             "a fresh entry without its pair is not removed as an orphan yet"
         );
@@ -454,7 +514,7 @@ mod tests {
         let orphan = entry(&key, 2000, 31);
         let inbound = StdHashMap::from([(key.reverse(2000), orphan)]);
         assert_eq!(
-            expired(&StdHashMap::new(), &inbound, NOW, &TIMEOUTS),
+            expired(&StdHashMap::new(), &inbound, &pods(), NOW, &TIMEOUTS),
             [Removal::Orphan {
                 reverse: key.reverse(2000),
                 entry: orphan,
