@@ -231,17 +231,14 @@ impl Flows {
     /// of a CPU; with batched reads, the four syscalls a flow of the removals still
     /// made 150-170 ms of CPU a sweep (every 10 s), 50-70 ms with `nat_sweep`.
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
+        let (out, inbound) = (snapshot(&self.out)?, snapshot(&self.inbound)?);
+        // Read after the flows: a flow exists only once its pod is an endpoint, so a
+        // pod added meanwhile is never taken for one gone (its first flow removed).
         let pods: HashSet<[u8; 4]> = snapshot(&self.endpoints)?
             .into_keys()
             .map(|key| key.addr)
             .collect();
-        let removals = expired(
-            &snapshot(&self.out)?,
-            &snapshot(&self.inbound)?,
-            &pods,
-            now_ns,
-            timeouts,
-        );
+        let removals = expired(&out, &inbound, &pods, now_ns, timeouts);
         let mut sweep = Sweep::default();
         let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
         for chunk in removals.chunks(sweep::MAX_ITEMS) {
