@@ -153,11 +153,17 @@ impl Node {
     }
 
     /// After a change of the namespace's addresses: refills `NODE_ADDRS` (returned) and
-    /// has source NAT follow the uplink's address and device.
+    /// has source NAT follow the uplink (see [`Self::follow_uplink`]).
     pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
         let addrs = self.node_addrs.sync()?;
-        self.nat.follow_uplink(&mut self.datapath)?;
+        self.follow_uplink()?;
         Ok(addrs)
+    }
+
+    /// Has source NAT follow the uplink's address, its device and, when the uplink is
+    /// the default route's device, the default route ([`Nat::follow_uplink`]).
+    pub fn follow_uplink(&mut self) -> Result<(), NodeError> {
+        Ok(self.nat.follow_uplink(&mut self.datapath)?)
     }
 
     /// Has `detached` notified after every endpoint detached (DEL, GC): the NAT sweeper

@@ -5,14 +5,20 @@
 
 use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
 
-use aya::maps::{Map, MapData};
+use aya::{
+    maps::{Map, MapData},
+    programs::{SchedClassifier, TcAttachType},
+};
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names};
 use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
     nat_frames::{UDP, entry, monotonic_ns, out_key},
+    netns::Netns,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
-    traffic::{EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, udp_round_trip},
+    traffic::{
+        EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, run_in, udp_round_trip,
+    },
 };
 use serde_json::Value;
 
@@ -640,4 +646,92 @@ fn a_deleted_pods_flows_go_at_once_and_another_pods_stay() {
         "the deleted pod's flows went from both tables, the other pod's stayed: {}",
         nat_table(&node)
     );
+}
+
+#[test]
+fn the_uplink_follows_the_default_route_to_another_device() {
+    require_root();
+    let node = Node::start("10.244.69.0/24");
+    let pod = node.add_pod("failover");
+    // A second way out: `uplink1` to another external host. Both hosts answer for one
+    // remote address (on their loopback), as two paths to the same service would.
+    let second = Netns::new("ext2");
+    node.netns
+        .link_veth("uplink1", "198.19.0.1/24", &second, "eth0", "198.19.0.2/24");
+    let remote = "203.0.113.10";
+    for host in [&node.external, &second] {
+        host.ip(&["addr", "add", &format!("{remote}/32"), "dev", "lo"]);
+    }
+    let (first_server, second_server) = (
+        EchoServer::start(&node.external, TCP_PORT),
+        EchoServer::start(&second, TCP_PORT),
+    );
+    let to: SocketAddr = format!("{remote}:{TCP_PORT}").parse().expect("address");
+    round_trip(&pod.netns, to, b"by uplink0").expect("TCP through NAT on uplink0");
+    assert_eq!(
+        node_ips(&first_server.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+
+    // The default route fails over to uplink1.
+    node.netns
+        .ip(&["route", "replace", "default", "via", "198.19.0.2"]);
+    let link: Value = serde_json::from_str(&node.netns.ip(&["-j", "link", "show", "uplink1"]))
+        .expect("ip -j link");
+    let ifindex = link[0]["ifindex"].as_u64().expect("an ifindex");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let table = nat_table(&node);
+            table["uplink_ifindex"] == ifindex && table["node_addr"] == "198.19.0.1"
+        }),
+        "NAT moved to uplink1: {}",
+        nat_table(&node)
+    );
+    let status = node.instance.cli_json(&["status"]);
+    let uplink_programs: Vec<&Value> = status["attachments"]
+        .as_array()
+        .expect("attachments")
+        .iter()
+        .filter(|a| a["program"] == "uplink_egress" || a["program"] == "uplink_ingress")
+        .collect();
+    assert_eq!(uplink_programs.len(), 2, "{status}");
+    assert!(
+        uplink_programs.iter().all(|a| a["interface"] == "uplink1"),
+        "{status}"
+    );
+    assert!(
+        tcx_programs(&node, "uplink0").is_empty(),
+        "uplink0 kept none"
+    );
+    assert_eq!(
+        tcx_programs(&node, "uplink1"),
+        ["uplink_ingress", "uplink_egress"],
+        "the kernel has both on uplink1"
+    );
+
+    round_trip(&pod.netns, to, b"by uplink1").expect("TCP through NAT on uplink1");
+    assert_eq!(
+        node_ips(&second_server.peers()),
+        BTreeSet::from(["198.19.0.1".to_owned()]),
+        "the second host sees uplink1's address, never the pod's"
+    );
+}
+
+/// Names of the TCX programs on `device` of `node`, ingress then egress, asked from the
+/// kernel.
+fn tcx_programs(node: &Node, device: &str) -> Vec<String> {
+    let device = device.to_owned();
+    run_in(&node.netns, move || {
+        let mut names = Vec::new();
+        for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
+            let (_, programs) = SchedClassifier::query_tcx(&device, direction)
+                .unwrap_or_else(|error| panic!("query {device}: {error}"));
+            names.extend(
+                programs
+                    .iter()
+                    .filter_map(|program| program.name_as_str().map(str::to_owned)),
+            );
+        }
+        names
+    })
 }

@@ -18,7 +18,7 @@ pub mod tables;
 pub mod uplink;
 pub mod view;
 
-use std::{fs, io, net::Ipv4Addr};
+use std::{io, net::Ipv4Addr};
 
 use cni_ebpf_common::NatConfig;
 use nix::time::{ClockId, clock_gettime};
@@ -61,6 +61,9 @@ pub enum NatError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatSettings {
     pub uplink: String,
+    /// The uplink is the default route's device (no `--uplink`): it follows the default
+    /// route when that moves to another device (see [`Nat::follow_uplink`]).
+    pub by_default_route: bool,
     pub uplink_ifindex: u32,
     /// The uplink's first IPv4 address: the source of translated packets. `None` while
     /// the uplink has none, at start or later (see [`Nat::follow_uplink`]).
@@ -100,12 +103,7 @@ impl NatArgs {
         let uplink = match &self.uplink {
             Some(uplink) => uplink.clone(),
             None => {
-                let routes =
-                    fs::read_to_string(uplink::ROUTES).map_err(|source| NatError::Routes {
-                        path: uplink::ROUTES,
-                        source,
-                    })?;
-                let Some(uplink) = uplink::default_route_device(&routes) else {
+                let Some(uplink) = uplink::default_route_device_now()? else {
                     tracing::warn!(
                         "no --uplink and no default IPv4 route in this network namespace: \
                          source NAT is disabled"
@@ -130,6 +128,7 @@ impl NatArgs {
         }
         Ok(Some(NatSettings {
             uplink,
+            by_default_route: self.uplink.is_none(),
             uplink_ifindex,
             node_addr,
             ports: self.nat_port_range,
@@ -199,6 +198,7 @@ mod tests {
     fn settings_become_the_datapath_config() {
         let settings = NatSettings {
             uplink: "eth0".to_owned(),
+            by_default_route: true,
             uplink_ifindex: 4,
             node_addr: Some(Ipv4Addr::new(198, 18, 0, 1)),
             ports: PortRange {

@@ -110,7 +110,11 @@ impl Nat {
     ///   leave through the node's stack untranslated; the programs are attached to it
     ///   again (`Datapath::attach_uplink` replaces the dead pinned links) and the
     ///   datapath learns its ifindex. While no device has the uplink's name, there is
-    ///   no address either.
+    ///   no address either;
+    /// - the default route, when the uplink is its device (no `--uplink`): a default
+    ///   route that moves to another device (a failover) takes the uplink with it: the
+    ///   programs leave the old device and go to the new one, whose address new flows
+    ///   get. Without a default route the uplink stays where it is.
     ///
     /// Decision: flows already in the tables stay. Their node ports are not tied to an
     /// address: a UDP flow goes on from the new address (the remote's replies to it match
@@ -122,6 +126,20 @@ impl Nat {
         let Some(settings) = self.settings.as_mut() else {
             return Ok(());
         };
+        if settings.by_default_route {
+            let now = uplink::default_route_device_now()?;
+            if let Some(device) = now.filter(|device| *device != settings.uplink) {
+                tracing::warn!(
+                    previous = %settings.uplink,
+                    uplink = %device,
+                    "the default route moved: source NAT moves to its device"
+                );
+                datapath.detach_uplink(settings.uplink_ifindex)?;
+                settings.uplink = device;
+                // Attached below, as a new device.
+                settings.uplink_ifindex = 0;
+            }
+        }
         let ifindex = nix::net::if_::if_nametoindex(settings.uplink.as_str()).ok();
         let addr = match ifindex {
             Some(_) => {

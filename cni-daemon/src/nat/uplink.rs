@@ -3,11 +3,23 @@
 
 use std::net::Ipv4Addr;
 
+use super::NatError;
+
 /// The IPv4 routes of the main table, of the reading process's network namespace.
 pub const ROUTES: &str = "/proc/net/route";
 
 /// `RTF_UP` in the `Flags` column of [`ROUTES`].
 const RTF_UP: u32 = 0x1;
+
+/// The device of the default route of the daemon's namespace now (see
+/// [`default_route_device`]).
+pub fn default_route_device_now() -> Result<Option<String>, NatError> {
+    let routes = std::fs::read_to_string(ROUTES).map_err(|source| NatError::Routes {
+        path: ROUTES,
+        source,
+    })?;
+    Ok(default_route_device(&routes))
+}
 
 /// The device of the default route in `table` (the text of [`ROUTES`]): the usable
 /// 0.0.0.0/0 route with the lowest metric, the first one listed on a tie, as the kernel
