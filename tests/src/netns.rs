@@ -5,6 +5,8 @@ use std::{
     process::{Command, Output},
 };
 
+use aya::programs::{SchedClassifier, TcAttachType};
+
 use crate::unique_name;
 
 pub struct Netns {
@@ -23,6 +25,25 @@ impl Netns {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Names of the TCX programs on `device` in this namespace, ingress then egress, asked
+    /// from the kernel (Debian's bpftool predates TCX and cannot list them).
+    pub fn tcx_programs(&self, device: &str) -> Vec<String> {
+        let device = device.to_owned();
+        crate::traffic::run_in(self, move || {
+            let mut names = Vec::new();
+            for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
+                let (_, programs) = SchedClassifier::query_tcx(&device, direction)
+                    .unwrap_or_else(|error| panic!("query {device}: {error}"));
+                names.extend(
+                    programs
+                        .iter()
+                        .filter_map(|program| program.name_as_str().map(str::to_owned)),
+                );
+            }
+            names
+        })
     }
 
     /// The namespace's file, for `nsenter --net=` and setns.

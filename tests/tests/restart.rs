@@ -3,13 +3,12 @@
 
 use std::{net::SocketAddr, thread, time::Duration};
 
-use aya::programs::{SchedClassifier, TcAttachType};
 use ebpf_cni_tests::{
     cni::{Call, veths},
     daemon::{Daemon, eventually},
     node::Node,
     require_root,
-    traffic::{EchoServer, Stream, run_in},
+    traffic::{EchoServer, Stream},
 };
 use serde_json::Value;
 
@@ -114,21 +113,9 @@ fn attached_programs(node: &Node) -> Vec<String> {
             );
         }
     }
-    names.extend(run_in(&node.netns, move || {
-        let mut names = Vec::new();
-        for veth in &veths {
-            for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
-                let (_, programs) = SchedClassifier::query_tcx(veth, direction)
-                    .unwrap_or_else(|e| panic!("query {veth}: {e}"));
-                names.extend(
-                    programs
-                        .iter()
-                        .filter_map(|p| p.name_as_str().map(str::to_owned)),
-                );
-            }
-        }
-        names
-    }));
+    for veth in &veths {
+        names.extend(node.netns.tcx_programs(veth));
+    }
     names
 }
 

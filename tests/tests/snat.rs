@@ -5,10 +5,7 @@
 
 use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
 
-use aya::{
-    maps::{Map, MapData},
-    programs::{SchedClassifier, TcAttachType},
-};
+use aya::maps::{Map, MapData};
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names};
 use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
@@ -16,9 +13,7 @@ use ebpf_cni_tests::{
     netns::Netns,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
-    traffic::{
-        EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, run_in, udp_round_trip,
-    },
+    traffic::{EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, udp_round_trip},
 };
 use serde_json::Value;
 
@@ -700,11 +695,11 @@ fn the_uplink_follows_the_default_route_to_another_device() {
         "{status}"
     );
     assert!(
-        tcx_programs(&node, "uplink0").is_empty(),
+        node.netns.tcx_programs("uplink0").is_empty(),
         "uplink0 kept none"
     );
     assert_eq!(
-        tcx_programs(&node, "uplink1"),
+        node.netns.tcx_programs("uplink1"),
         ["uplink_ingress", "uplink_egress"],
         "the kernel has both on uplink1"
     );
@@ -715,23 +710,4 @@ fn the_uplink_follows_the_default_route_to_another_device() {
         BTreeSet::from(["198.19.0.1".to_owned()]),
         "the second host sees uplink1's address, never the pod's"
     );
-}
-
-/// Names of the TCX programs on `device` of `node`, ingress then egress, asked from the
-/// kernel.
-fn tcx_programs(node: &Node, device: &str) -> Vec<String> {
-    let device = device.to_owned();
-    run_in(&node.netns, move || {
-        let mut names = Vec::new();
-        for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
-            let (_, programs) = SchedClassifier::query_tcx(&device, direction)
-                .unwrap_or_else(|error| panic!("query {device}: {error}"));
-            names.extend(
-                programs
-                    .iter()
-                    .filter_map(|program| program.name_as_str().map(str::to_owned)),
-            );
-        }
-        names
-    })
 }
