@@ -103,8 +103,9 @@ fn root_cgroup() -> Option<PathBuf> {
     found
 }
 
-/// Every `interval`, and whenever a pod is detached (`detached`), removes the NAT flows
-/// idle past their timeout and those of pods gone. The sweep is synchronous map work:
+/// Every `interval`, and whenever a pod is detached (`detached`; detaches during a sweep
+/// make one more sweep, not one each), removes the NAT flows idle past their timeout
+/// and those of pods gone. The sweep is synchronous map work:
 /// it runs on a blocking thread, which owns the flow tables for the sweep and hands
 /// them back; it never takes the node's lock.
 async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detached: Arc<Notify>) {

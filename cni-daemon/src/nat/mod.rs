@@ -115,10 +115,7 @@ impl NatArgs {
         };
         let uplink_ifindex = nix::net::if_::if_nametoindex(uplink.as_str())
             .map_err(|_| NatError::NoUplink(uplink.clone()))?;
-        let node_addr = uplink::ipv4_address(&uplink).map_err(|source| NatError::Addresses {
-            interface: uplink.clone(),
-            source,
-        })?;
+        let node_addr = uplink::ipv4_address(&uplink)?;
         if node_addr.is_none() {
             tracing::warn!(
                 %uplink,

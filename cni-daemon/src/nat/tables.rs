@@ -142,12 +142,7 @@ impl Nat {
         }
         let ifindex = nix::net::if_::if_nametoindex(settings.uplink.as_str()).ok();
         let addr = match ifindex {
-            Some(_) => {
-                uplink::ipv4_address(&settings.uplink).map_err(|source| NatError::Addresses {
-                    interface: settings.uplink.clone(),
-                    source,
-                })?
-            }
+            Some(_) => uplink::ipv4_address(&settings.uplink)?,
             None => None,
         };
         let moved = ifindex.filter(|&ifindex| ifindex != settings.uplink_ifindex);

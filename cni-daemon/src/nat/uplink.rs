@@ -52,8 +52,12 @@ pub fn default_route_device(table: &str) -> Option<String> {
 }
 
 /// The first IPv4 address of `interface` (the primary one: the kernel lists it first).
-pub fn ipv4_address(interface: &str) -> Result<Option<Ipv4Addr>, nix::Error> {
-    Ok(nix::ifaddrs::getifaddrs()?
+pub fn ipv4_address(interface: &str) -> Result<Option<Ipv4Addr>, NatError> {
+    let addresses = nix::ifaddrs::getifaddrs().map_err(|source| NatError::Addresses {
+        interface: interface.to_owned(),
+        source,
+    })?;
+    Ok(addresses
         .filter(|entry| entry.interface_name == interface)
         .find_map(|entry| {
             entry
