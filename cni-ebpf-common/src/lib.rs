@@ -18,7 +18,8 @@ pub use hostport::{
 };
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{
-    CidrKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, SweepItem, sweep, tcp_state,
+    CidrKey, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, SweepItem,
+    Uplinks, sweep, tcp_state,
 };
 pub use stats::{SourceKey, TrafficCounters};
 
@@ -38,6 +39,8 @@ pub mod map_names {
     pub const NAT_IN: &str = "NAT_IN";
     /// Array of one [`crate::NatConfig`].
     pub const NAT_CONFIG: &str = "NAT_CONFIG";
+    /// Array of one [`crate::Uplinks`]: the devices source NAT translates on.
+    pub const UPLINKS: &str = "UPLINKS";
     /// LPM trie: [`crate::CidrKey`] -> `u8`, destinations that are not translated.
     pub const CLUSTER_CIDRS: &str = "CLUSTER_CIDRS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].

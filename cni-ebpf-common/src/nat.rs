@@ -46,7 +46,13 @@ pub struct NatEntry {
     pub node_port: u16,
     /// [`tcp_state`] for TCP; 0 otherwise.
     pub state: u8,
-    pub pad: [u8; 7],
+    pub pad: [u8; 3],
+    /// The address the flow leaves with (its uplink's when the flow began or last left
+    /// after an address change). 0.0.0.0 in entries an earlier datapath wrote, whose
+    /// value had padding here: such a flow matches replies to any uplink address.
+    /// Decision: taken from the padding, so that the pinned tables keep their value size
+    /// across upgrades (a pinned map is reused, never re-created, at a daemon start).
+    pub node_addr: [u8; 4],
 }
 
 impl NatKey {
@@ -104,12 +110,70 @@ pub mod tcp_state {
     pub const POD_CLOSED_SECS: u32 = 2;
 }
 
+/// Uplinks source NAT translates on at most.
+pub const MAX_UPLINKS: usize = 16;
+
+/// The devices source NAT translates on (`UPLINKS`, an array of one), each with the
+/// address what leaves by it is translated to.
+///
+/// Decision: one array value scanned in order rather than a hash keyed by ifindex. The
+/// programs read it for every packet, and an array lookup is a few inlined instructions
+/// where a hash lookup is a helper call and a bucket walk; a node has one uplink or a
+/// few, and the first is found at once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uplinks {
+    /// Entries in use, from the first.
+    pub count: u32,
+    pub ifindex: [u32; MAX_UPLINKS],
+    /// Each uplink's address, or [`NatConfig::NO_ADDRESS`] while it has none.
+    pub addr: [[u8; 4]; MAX_UPLINKS],
+}
+
+impl Uplinks {
+    /// The address of the uplink `ifindex`, or `None` when it is no uplink.
+    #[inline(always)]
+    pub fn find(&self, ifindex: u32) -> Option<[u8; 4]> {
+        for i in 0..MAX_UPLINKS {
+            if i as u32 >= self.count {
+                return None;
+            }
+            if self.ifindex[i] == ifindex {
+                return Some(self.addr[i]);
+            }
+        }
+        None
+    }
+
+    /// Appends an uplink; `false` when full.
+    pub fn push(&mut self, ifindex: u32, addr: [u8; 4]) -> bool {
+        let at = self.count as usize;
+        if at >= MAX_UPLINKS {
+            return false;
+        }
+        self.ifindex[at] = ifindex;
+        self.addr[at] = addr;
+        self.count += 1;
+        true
+    }
+
+    /// The uplinks in order, as (ifindex, address).
+    pub fn iter(&self) -> impl Iterator<Item = (u32, [u8; 4])> + '_ {
+        let count = (self.count as usize).min(MAX_UPLINKS);
+        self.ifindex[..count]
+            .iter()
+            .copied()
+            .zip(self.addr[..count].iter().copied())
+    }
+}
+
 /// What the daemon tells the datapath (`NAT_CONFIG`, an array of one).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NatConfig {
-    /// The uplink's address: the source of translated packets. 0.0.0.0 disables NAT;
-    /// [`NatConfig::NO_ADDRESS`]: NAT is on but the uplink has no IPv4 address now.
+    /// 0.0.0.0 disables NAT. Otherwise the first uplink's address, or
+    /// [`NatConfig::NO_ADDRESS`] while it has none; each uplink's own address, the
+    /// source of what leaves by it, is in `UPLINKS`, which the programs read.
     pub node_addr: [u8; 4],
     /// Node ports handed out, inclusive.
     pub port_min: u16,
@@ -119,7 +183,7 @@ pub struct NatConfig {
     pub tcp_transitory_secs: u32,
     pub udp_secs: u32,
     pub icmp_secs: u32,
-    /// ifindex of the uplink (where translated traffic leaves).
+    /// ifindex of the first uplink (every uplink is in `UPLINKS`).
     pub uplink_ifindex: u32,
     /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
     pub tcp_closed_secs: u32,
@@ -136,7 +200,14 @@ impl NatConfig {
 
     /// Whether there is a node address to translate to.
     pub fn has_address(&self) -> bool {
-        self.node_addr != Self::NO_ADDRESS && self.node_addr != [0; 4]
+        Self::is_address(self.node_addr)
+    }
+
+    /// Whether `addr` (`node_addr`, or an uplink's in `UPLINKS`) is an address to
+    /// translate to.
+    #[inline(always)]
+    pub fn is_address(addr: [u8; 4]) -> bool {
+        addr != Self::NO_ADDRESS && addr != [0; 4]
     }
 }
 
@@ -235,6 +306,7 @@ const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
 const _: () = assert!(core::mem::size_of::<NatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
+const _: () = assert!(core::mem::size_of::<Uplinks>() == 4 + 8 * MAX_UPLINKS);
 const _: () = assert!((NatCounter::ALL.len() as u32) <= NatCounter::SLOTS);
 
 #[cfg(feature = "user")]
@@ -246,4 +318,5 @@ mod pod_impls {
     unsafe impl aya::Pod for super::SweepItem {}
     unsafe impl aya::Pod for super::NatConfig {}
     unsafe impl aya::Pod for super::CidrKey {}
+    unsafe impl aya::Pod for super::Uplinks {}
 }

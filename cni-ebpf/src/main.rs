@@ -23,6 +23,14 @@ mod sweep;
 mod uplink;
 mod zeroed;
 
+/// The device a TC program runs on (ingress: where the frame arrived; egress: where it
+/// leaves).
+#[inline(always)]
+fn ifindex(ctx: &aya_ebpf::programs::TcContext) -> u32 {
+    // SAFETY: the context pointer is valid for the whole program run.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
-use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, tcp_state};
+use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, tcp_state};
 
 /// Flows tracked at once, unless the daemon asks for another size (`--nat-max-flows`,
 /// set at load); the LRU evicts the oldest when full.
@@ -29,6 +29,9 @@ pub static NAT_CURSORS: PerCpuArray<u32> = PerCpuArray::pinned(1 << CURSOR_BITS,
 #[map(name = "NAT_CONFIG")]
 static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
 
+#[map(name = "UPLINKS")]
+static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
+
 #[map(name = "CLUSTER_CIDRS")]
 static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
 
@@ -42,6 +45,13 @@ pub fn config() -> Option<NatConfig> {
         .get(0)
         .copied()
         .filter(|config| config.node_addr != [0; 4])
+}
+
+/// The address of the uplink `ifindex` (`NatConfig::NO_ADDRESS` while it has none), or
+/// `None` when `ifindex` is no uplink.
+#[inline(always)]
+pub fn uplink_addr(ifindex: u32) -> Option<[u8; 4]> {
+    UPLINKS.get(0)?.find(ifindex)
 }
 
 /// Whether `addr` is inside the cluster's pod ranges (kept untranslated).
@@ -73,7 +83,8 @@ pub fn now_ns() -> u64 {
 }
 
 /// Refreshes a flow in both tables, in place: `this` (the entry just looked up) and the
-/// other table's entry at `other`. A map update would allocate a new LRU element and
+/// other table's entry at `other`, with the time, the TCP state and the address the
+/// flow leaves with. A map update would allocate a new LRU element and
 /// take the map's locks, twice per TCP state change (about eight times per
 /// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
 /// the same flow at once write the same kind of values: whichever lands is right. An
@@ -86,11 +97,13 @@ pub fn refresh<K>(
     other: &K,
     now: u64,
     state: u8,
+    node_addr: [u8; 4],
 ) {
     // SAFETY: `this` points into a map value, valid for the program run.
     let entry = unsafe {
         (*this).last_seen_ns = now;
         (*this).state = state;
+        (*this).node_addr = node_addr;
         *this
     };
     match other_table.get_ptr_mut(other) {
@@ -102,6 +115,7 @@ pub fn refresh<K>(
             if same_flow {
                 (*twin).last_seen_ns = now;
                 (*twin).state = state;
+                (*twin).node_addr = node_addr;
             }
         },
         None => {

@@ -25,7 +25,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 }
 
 fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
-    let ifindex = ifindex(ctx);
+    let ifindex = crate::ifindex(ctx);
     metrics::count(ifindex, Direction::FromPod, ctx.len());
     if (ctx.len() as usize) < EthHdr::LEN {
         return Ok(metrics::drop_packet(
@@ -40,11 +40,4 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
     } else {
         Ok(TC_ACT_OK)
     }
-}
-
-/// The device the program runs on (the host-side veth).
-#[inline(always)]
-fn ifindex(ctx: &TcContext) -> u32 {
-    // SAFETY: the context pointer is valid for the whole program run.
-    unsafe { (*ctx.skb.skb).ifindex }
 }

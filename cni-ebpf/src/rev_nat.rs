@@ -1,4 +1,4 @@
-//! Reverse NAT on the uplink's ingress: replies to translated flows (TCP, UDP, ICMP echo
+//! Reverse NAT on an uplink's ingress: replies to translated flows (TCP, UDP, ICMP echo
 //! replies) and ICMP errors about them or about hostPort replies (destination
 //! unreachable, fragmentation needed, time exceeded) get the pod's address and port back
 //! and go straight into the pod, without crossing the node's stack.
@@ -23,10 +23,14 @@ const ICMP_DEST_UNREACHABLE: u8 = 3;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
-pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
+/// Translates back a packet arriving on the uplink `ifindex`.
+pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
     // register on its early-return path, which the verifier refuses.
     let Some(config) = nat_maps::config() else {
+        return Ok(TC_ACT_OK);
+    };
+    let Some(node_addr) = nat_maps::uplink_addr(ifindex) else {
         return Ok(TC_ACT_OK);
     };
     // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
@@ -45,7 +49,7 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
     };
     // Without a node address (`NatConfig::NO_ADDRESS`, the broadcast address) nothing
     // arrives for translated flows.
-    if ip.dst_addr != config.node_addr || !config.has_address() {
+    if ip.dst_addr != node_addr || !NatConfig::is_address(node_addr) {
         // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
             let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
@@ -57,7 +61,7 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
         TCP | UDP => {
             let (remote_port, node_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, &config, flags) else {
+            let Some(entry) = live_entry(&key, &config, node_addr, flags) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
                 let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
                 return Ok(delivered.unwrap_or(TC_ACT_OK));
@@ -78,7 +82,7 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
             ICMP_ECHO_REPLY => {
                 let id = u16::from_be_bytes(ctx.load(l4 + 4)?);
                 let key = reverse(ip.src_addr, id, 0, ICMP);
-                let Some(entry) = live_entry(&key, &config, 0) else {
+                let Some(entry) = live_entry(&key, &config, node_addr, 0) else {
                     return Ok(TC_ACT_OK);
                 };
                 csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -87,7 +91,7 @@ pub fn ingress(ctx: &TcContext) -> Result<i32, i64> {
                 entry.pod_addr
             }
             ICMP_DEST_UNREACHABLE | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
-                let Some(pod_addr) = icmp_error(ctx, &ip, l4, &config)? else {
+                let Some(pod_addr) = icmp_error(ctx, &ip, l4, &config, node_addr)? else {
                     return Ok(TC_ACT_OK);
                 };
                 nat_maps::count(NatCounter::IcmpErrorsIn);
@@ -116,19 +120,30 @@ fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) ->
     }
 }
 
-/// The live entry of a reply's flow, its timestamp and TCP state refreshed.
+/// The live entry of a reply's flow to `node_addr`, its timestamp and TCP state
+/// refreshed. A flow that left with another address (by another uplink) is not this
+/// reply's; an entry without one (written by an earlier datapath) matches any.
 #[inline(always)]
-fn live_entry(key: &NatReverseKey, config: &NatConfig, tcp_flags: u8) -> Option<NatEntry> {
+fn live_entry(
+    key: &NatReverseKey,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    tcp_flags: u8,
+) -> Option<NatEntry> {
     let now = nat_maps::now_ns();
     let slot = NAT_IN.get_ptr_mut(key)?;
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let entry = unsafe { *slot };
+    if entry.node_addr != node_addr && entry.node_addr != [0; 4] {
+        return None;
+    }
     if nat_maps::expired(&entry, key.proto, config, now) {
         return None;
     }
     let state = snat::next_state(entry.state, tcp_flags, Way::In);
     if state != entry.state || now.saturating_sub(entry.last_seen_ns) > snat::REFRESH_NS {
-        nat_maps::refresh(slot, &nat_maps::NAT_OUT, &key.forward(&entry), now, state);
+        let forward = key.forward(&entry);
+        nat_maps::refresh(slot, &nat_maps::NAT_OUT, &forward, now, state, node_addr);
     }
     Some(entry)
 }
@@ -143,6 +158,7 @@ fn icmp_error(
     ip: &Ipv4Hdr,
     l4: usize,
     config: &NatConfig,
+    node_addr: [u8; 4],
 ) -> Result<Option<[u8; 4]>, i64> {
     let icmp_csum = l4 + 2;
     let inner = l4 + 8;
@@ -171,8 +187,8 @@ fn icmp_error(
     };
     // A translated flow of a pod's, else a pod's reply on a hostPort connection (PMTU
     // discovery must reach the pod serving it).
-    let nat = if inner_ip.src_addr == config.node_addr {
-        live_entry(&key, config, 0)
+    let nat = if inner_ip.src_addr == node_addr {
+        live_entry(&key, config, node_addr, 0)
     } else {
         None
     };

@@ -1,4 +1,4 @@
-//! Pod traffic leaving the node: when the node's FIB sends a pod's packet out of the
+//! Pod traffic leaving the node: when the node's FIB sends a pod's packet out of an
 //! uplink, hand it to the uplink directly (`bpf_redirect` with the neighbour's MAC
 //! from the FIB), skipping the node's IP stack. The uplink's egress program then
 //! source-NATs it. The FIB lookup honours the node's forwarding setting: with
@@ -26,7 +26,7 @@ use crate::{forward, nat_maps, zeroed::Words};
 
 const AF_INET: u8 = 2;
 
-/// Sends `ip` (a pod's packet for no local pod) straight out of the uplink when the FIB
+/// Sends `ip` (a pod's packet for no local pod) straight out of an uplink when the FIB
 /// says that is its way and the neighbour is known; otherwise the stack takes it.
 #[inline(always)]
 pub fn to_uplink(
@@ -35,10 +35,7 @@ pub fn to_uplink(
     ip: &Ipv4Hdr,
     ingress_ifindex: u32,
 ) -> Result<i32, i64> {
-    let Some(config) = nat_maps::config() else {
-        return Ok(TC_ACT_OK);
-    };
-    if ip.ttl <= 1 {
+    if nat_maps::config().is_none() || ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
     // A plain C struct of integers; all-zero is its "unset" state.
@@ -60,9 +57,11 @@ pub fn to_uplink(
             0,
         )
     };
-    // Anything but a resolved route out of the uplink (local addresses, no neighbour
+    // Anything but a resolved route out of an uplink (local addresses, no neighbour
     // yet, forwarding off, other devices) is the stack's business.
-    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || params.ifindex != config.uplink_ifindex {
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS)
+        || nat_maps::uplink_addr(params.ifindex).is_none()
+    {
         return Ok(TC_ACT_OK);
     }
     if !segments_fit(ctx, params.ifindex) {

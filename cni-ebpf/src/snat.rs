@@ -1,5 +1,5 @@
-//! Source NAT on the uplink's egress: a masqueraded pod's packet to a destination
-//! outside the cluster ranges leaves with the node's address and a node port (or ICMP
+//! Source NAT on an uplink's egress: a masqueraded pod's packet to a destination
+//! outside the cluster ranges leaves with that uplink's address and a node port (or ICMP
 //! echo identifier) taken from the configured range, recorded in both NAT tables.
 
 use aya_ebpf::{
@@ -40,12 +40,19 @@ pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
-pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
+/// Translates a packet leaving by the uplink `ifindex`.
+pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
     // register on its early-return path, which the verifier refuses.
     let Some(config) = nat_maps::config() else {
         return Ok(TC_ACT_OK);
     };
+    // What leaves by this device takes its address (a device no longer an uplink, whose
+    // programs are on their way off, translates nothing).
+    let Some(node_addr) = nat_maps::uplink_addr(ifindex) else {
+        return Ok(TC_ACT_OK);
+    };
+    let has_address = NatConfig::is_address(node_addr);
     // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
     // packet we translate: the error lets it go on).
     let EthIpv4 { eth, ip } = ctx.load(0)?;
@@ -100,16 +107,21 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         !nat_maps::expired(unsafe { &**entry }, key.proto, &config, now)
     });
     let node_port = match existing {
-        Some(_) if !config.has_address() => {
+        Some(_) if !has_address => {
             return Ok(metrics::drop_packet(DropReason::NatNoAddress));
         }
         Some(slot) => {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
             let state = next_state(entry.state, tcp_flags, Way::Out);
-            if state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+            // A flow goes on from its uplink's address as it is now (see
+            // `Nat::follow_uplink` in the daemon).
+            if state != entry.state
+                || entry.node_addr != node_addr
+                || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS
+            {
                 let reverse = key.reverse(entry.node_port);
-                nat_maps::refresh(slot, &NAT_IN, &reverse, now, state);
+                nat_maps::refresh(slot, &NAT_IN, &reverse, now, state, node_addr);
             }
             entry.node_port
         }
@@ -119,7 +131,7 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
             }
             // No address to give it: dropped before a port is taken (see
             // `NatConfig::NO_ADDRESS`).
-            if !config.has_address() {
+            if !has_address {
                 return Ok(metrics::drop_packet(DropReason::NatNoAddress));
             }
             let state = if key.proto != TCP {
@@ -129,11 +141,11 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
             } else {
                 tcp_state::ESTABLISHED
             };
-            let Some(port) = allocate(&key, &config, now, state) else {
+            let Some(port) = allocate(&key, &config, node_addr, now, state) else {
                 nat_maps::count(NatCounter::AllocationFailures);
                 return Ok(metrics::drop_packet(DropReason::NatPortsExhausted));
             };
-            let entry = flow_entry(&key, port, now, state);
+            let entry = flow_entry(&key, port, node_addr, now, state);
             match found {
                 // The flow's expired entry (a pod reusing a port after a close) is
                 // rewritten in place: no LRU node taken, none freed.
@@ -148,7 +160,7 @@ pub fn egress(ctx: &TcContext) -> Result<i32, i64> {
         }
     };
 
-    csum::set_source(ctx, &ip, config.node_addr, l4_csum)?;
+    csum::set_source(ctx, &ip, node_addr, l4_csum)?;
     if node_port != pod_port {
         csum::set_port(ctx, port_at, pod_port, node_port, l4_csum)?;
     }
@@ -186,7 +198,13 @@ fn to_translate(ip: &Ipv4Hdr) -> bool {
 /// port by port. Each probe is a lookup, which takes no lock; only a port that looks
 /// free is claimed, with an insert that fails if another CPU claimed it meanwhile.
 #[inline(always)]
-fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16> {
+fn allocate(
+    key: &NatKey,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    now: u64,
+    state: u8,
+) -> Option<u16> {
     let size = u32::from(config.port_max.checked_sub(config.port_min)?) + 1;
     let cursor = NAT_CURSORS.get_ptr_mut(cursor_slot(key))?;
     // SAFETY: a pointer into this CPU's slot, valid for the program run.
@@ -199,6 +217,7 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
     let mut search = Search {
         key: *key,
         config: *config,
+        node_addr,
         now,
         start,
         size,
@@ -233,6 +252,8 @@ fn allocate(key: &NatKey, config: &NatConfig, now: u64, state: u8) -> Option<u16
 struct Search {
     key: NatKey,
     config: NatConfig,
+    /// The uplink's address, which the flow leaves with.
+    node_addr: [u8; 4],
     now: u64,
     start: u32,
     size: u32,
@@ -254,7 +275,7 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     let index = index as u32;
     let offset = (search.start + index + index / LINEAR_PROBES * PROBE_STRIDE) % search.size;
     let port = search.config.port_min + offset as u16;
-    if claim(&search.key, &search.config, search.now, search.state, port) {
+    if claim(search, port) {
         search.port = port;
         return 1;
     }
@@ -272,21 +293,24 @@ fn cursor_slot(key: &NatKey) -> u32 {
     mixed.wrapping_mul(0x9E37_79B1) >> (32 - CURSOR_BITS)
 }
 
-/// The entry of `key`'s flow on node `port`.
+/// The entry of `key`'s flow on node `port` of `node_addr`.
 #[inline(always)]
-fn flow_entry(key: &NatKey, port: u16, now: u64, state: u8) -> NatEntry {
+fn flow_entry(key: &NatKey, port: u16, node_addr: [u8; 4], now: u64, state: u8) -> NatEntry {
     NatEntry {
         last_seen_ns: now,
         pod_addr: key.pod_addr,
         pod_port: key.pod_port,
         node_port: port,
         state,
-        pad: [0, 0, 0, 0, 0, 0, 0],
+        pad: [0, 0, 0],
+        node_addr,
     }
 }
 
-/// Claims node `port` for `key` in `NAT_IN` if it is free, held by this very flow, or
-/// held by an expired one (the caller writes `NAT_OUT`).
+/// Claims node `port` for the flow of `search` in `NAT_IN` if it is free, held by this
+/// very flow, or held by an expired one (the caller writes `NAT_OUT`). Node ports are
+/// one space for all uplinks (`NAT_IN` is keyed without the node address): a remote
+/// reached by two uplinks never sees the same node port from both.
 ///
 /// Decision: an expired flow's `NAT_OUT` entry stays when its port is taken over, for
 /// the daemon's sweep to remove (it pairs entries by pod address and port, so it leaves
@@ -297,13 +321,14 @@ fn flow_entry(key: &NatKey, port: u16, now: u64, state: u8) -> NatEntry {
 /// 4-tuple opens a new flow (rewriting the entry in place) and never takes the port it
 /// lost.
 #[inline(always)]
-fn claim(key: &NatKey, config: &NatConfig, now: u64, state: u8, port: u16) -> bool {
+fn claim(search: &Search, port: u16) -> bool {
+    let (key, config, now) = (&search.key, &search.config, search.now);
     // Host ports belong to their mappings.
-    if hostport::is_host_port(key.proto, port, config.node_addr) {
+    if hostport::is_host_port(key.proto, port, search.node_addr) {
         return false;
     }
     let reverse = key.reverse(port);
-    let entry = flow_entry(key, port, now, state);
+    let entry = flow_entry(key, port, search.node_addr, now, search.state);
     match NAT_IN.get_ptr_mut(&reverse) {
         None => {
             if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {

@@ -19,7 +19,7 @@ use aya::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, NatConfig, NatCounter, NatEntry,
-    NatKey, NatReverseKey, PortKey, PortTarget, TARGET_COUNT, map_names,
+    NatKey, NatReverseKey, PortKey, PortTarget, TARGET_COUNT, Uplinks, map_names,
 };
 use nix::{
     mount::{MsFlags, mount},
@@ -240,13 +240,26 @@ impl BpfObject {
 
     // --- Source NAT maps ------------------------------------------------------------------
 
-    /// Writes the NAT configuration, as the daemon does when it finds the uplink.
+    /// Writes the NAT configuration as the daemon does with one uplink: `config`, and
+    /// its uplink (`uplink_ifindex`, with `node_addr`) as the only one.
     pub fn set_nat_config(&mut self, config: NatConfig) {
         let mut array: Array<_, NatConfig> =
             Array::try_from(self.map_mut(map_names::NAT_CONFIG)).expect("NAT_CONFIG is an array");
         array
             .set(0, config, 0)
             .unwrap_or_else(|error| panic!("cannot write the NAT configuration: {error}"));
+        let mut uplinks = Uplinks::default();
+        assert!(uplinks.push(config.uplink_ifindex, config.node_addr));
+        self.set_uplinks(uplinks);
+    }
+
+    /// Writes the uplinks NAT translates on.
+    pub fn set_uplinks(&mut self, uplinks: Uplinks) {
+        let mut array: Array<_, Uplinks> =
+            Array::try_from(self.map_mut(map_names::UPLINKS)).expect("UPLINKS is an array");
+        array
+            .set(0, uplinks, 0)
+            .unwrap_or_else(|error| panic!("cannot write the uplinks: {error}"));
     }
 
     /// Adds `addr/prefix_len` to the destinations that keep the pod's address.

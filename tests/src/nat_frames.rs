@@ -171,16 +171,17 @@ pub fn in_key(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8)
     }
 }
 
-/// The entry of `key`'s flow translated to `node_port`.
+/// The entry of `key`'s flow translated to [`NODE_ADDR`] and `node_port`.
 pub fn entry(key: &NatKey, node_port: u16, state: u8, last_seen_ns: u64) -> NatEntry {
-    let (pod_addr, pod_port, pad) = (key.pod_addr, key.pod_port, [0; 7]);
+    let (pod_addr, pod_port) = (key.pod_addr, key.pod_port);
     NatEntry {
         last_seen_ns,
         pod_addr,
         pod_port,
         node_port,
         state,
-        pad,
+        pad: [0; 3],
+        node_addr: NODE_ADDR,
     }
 }
 

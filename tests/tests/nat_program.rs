@@ -5,10 +5,11 @@
 //! are dropped. Port allocation is in `nat_program_ports.rs`, replies in
 //! `nat_program_replies.rs`.
 
-use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
+use cni_ebpf_common::{DropReason, NatConfig, NatCounter, Uplinks, tcp_state};
 use ebpf_cni_tests::{
     frames::{
-        IP_END, TC_ACT_OK, TC_ACT_SHOT, all_drops, assert_reference_checksum_is_right, no_drops,
+        IP_DST, IP_END, LOOPBACK, TC_ACT_OK, TC_ACT_SHOT, all_drops,
+        assert_reference_checksum_is_right, no_drops,
     },
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REQUEST, ICMP_ID, IP_SRC, MASQ, NODE_ADDR, OTHER_NODE_POD, PLAIN,
@@ -294,6 +295,94 @@ fn without_a_node_address_masqueraded_traffic_is_dropped_and_nothing_is_translat
     );
     assert_unchanged(&ingress(&object, &reply), &reply, "a broadcast");
     assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 0);
+}
+
+/// Another uplink's address (a second NIC).
+const SECOND_ADDR: [u8; 4] = [192, 0, 2, 7];
+
+fn uplinks(list: &[(u32, [u8; 4])]) -> Uplinks {
+    let mut uplinks = Uplinks::default();
+    for &(ifindex, addr) in list {
+        assert!(uplinks.push(ifindex, addr), "room for {ifindex}");
+    }
+    uplinks
+}
+
+#[test]
+fn each_uplink_translates_to_its_own_address_and_takes_only_replies_to_it() {
+    require_root();
+    let mut object = uplink();
+    // The test run's device (the loopback) is the second of two uplinks.
+    object.set_uplinks(uplinks(&[
+        (LOOPBACK + 1000, NODE_ADDR),
+        (LOOPBACK, SECOND_ADDR),
+    ]));
+    let run = egress(&object, &syn_from(MASQ.ip));
+    assert_eq!(run.verdict, TC_ACT_OK);
+    assert_eq!(
+        addr(&run.frame, IP_SRC),
+        SECOND_ADDR,
+        "its uplink's address"
+    );
+    assert_checksums_valid(&run.frame, "the translated SYN");
+    let node_port = port(&run.frame, SPORT);
+    let key = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
+    let out = object.nat_out(&key).expect("NAT_OUT holds the flow");
+    assert_eq!(out.node_addr, SECOND_ADDR, "the flow records its address");
+    let reverse = in_key(REMOTE, node_port, REMOTE_PORT, TCP);
+    assert_eq!(
+        object.nat_in(&reverse).map(|e| e.node_addr),
+        Some(SECOND_ADDR)
+    );
+
+    // A reply to the other uplink's address, arriving here, is not this device's.
+    let to_other = inbound(
+        REMOTE,
+        NODE_ADDR,
+        TCP,
+        &tcp(REMOTE_PORT, node_port, TCP_SYN | TCP_ACK),
+    );
+    assert_unchanged(&ingress(&object, &to_other), &to_other, "another address");
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 0);
+
+    // Both uplinks with the address of the first: a reply to it on the same port is
+    // still not the flow's, which left with the second address.
+    object.set_uplinks(uplinks(&[(LOOPBACK, NODE_ADDR)]));
+    assert_unchanged(
+        &ingress(&object, &to_other),
+        &to_other,
+        "not the flow's address",
+    );
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 0);
+
+    // The flow's own address answers.
+    object.set_uplinks(uplinks(&[(LOOPBACK, SECOND_ADDR)]));
+    let reply = inbound(
+        REMOTE,
+        SECOND_ADDR,
+        TCP,
+        &tcp(REMOTE_PORT, node_port, TCP_SYN | TCP_ACK),
+    );
+    let run = ingress(&object, &reply);
+    assert_eq!(
+        addr(&run.frame, IP_DST),
+        MASQ.ip,
+        "translated back to the pod"
+    );
+    assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 1);
+}
+
+#[test]
+fn a_device_that_is_no_uplink_translates_nothing() {
+    require_root();
+    let mut object = uplink();
+    // NAT is on, but the test run's device is not among the uplinks (programs left on
+    // a device the daemon no longer translates on).
+    object.set_uplinks(uplinks(&[(LOOPBACK + 1000, NODE_ADDR)]));
+    let syn = syn_from(MASQ.ip);
+    assert_unchanged(&egress(&object, &syn), &syn, "not an uplink");
+    assert!(object.nat_out_entries().is_empty(), "no flow");
+    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
 }
 
 #[test]

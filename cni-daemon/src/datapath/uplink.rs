@@ -127,6 +127,7 @@ impl Datapath {
         let flows_out = take(map_names::NAT_OUT)?;
         let flows_in = take(map_names::NAT_IN)?;
         let config = take(map_names::NAT_CONFIG)?;
+        let uplinks = take(map_names::UPLINKS)?;
         let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
         let name = program_names::NAT_SWEEP;
         let program_error = |source| DatapathError::Program {
@@ -146,6 +147,7 @@ impl Datapath {
             flows_out: HashMap::try_from(flows_out)?,
             flows_in: HashMap::try_from(flows_in)?,
             config: Array::try_from(config)?,
+            uplinks: Array::try_from(uplinks)?,
             cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
             sweeper,
         })

@@ -75,7 +75,8 @@ mod tests {
             pod_port: 40000,
             node_port: 61000,
             state,
-            pad: [0; 7],
+            pad: [0; 3],
+            node_addr: [198, 18, 0, 1],
         }
     }
 

@@ -20,7 +20,7 @@ pub mod view;
 
 use std::{io, net::Ipv4Addr};
 
-use cni_ebpf_common::NatConfig;
+use cni_ebpf_common::{NatConfig, Uplinks};
 use nix::time::{ClockId, clock_gettime};
 
 pub use self::{
@@ -88,6 +88,16 @@ impl NatSettings {
             uplink_ifindex: self.uplink_ifindex,
             tcp_closed_secs: self.timeouts.tcp_closed,
         }
+    }
+
+    /// The `UPLINKS` value the datapath reads.
+    pub fn uplinks(&self) -> Uplinks {
+        let mut uplinks = Uplinks::default();
+        let addr = self
+            .node_addr
+            .map_or(NatConfig::NO_ADDRESS, |addr| addr.octets());
+        uplinks.push(self.uplink_ifindex, addr);
+        uplinks
     }
 }
 

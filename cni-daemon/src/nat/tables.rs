@@ -8,7 +8,8 @@ use aya::{
     programs::ProgramFd,
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, sweep,
+    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, Uplinks,
+    sweep,
 };
 
 use super::{
@@ -33,6 +34,7 @@ pub struct NatMaps {
     pub flows_out: FlowsOut,
     pub flows_in: FlowsIn,
     pub config: Array<MapData, NatConfig>,
+    pub uplinks: Array<MapData, Uplinks>,
     pub cluster_cidrs: ClusterCidrs,
     /// The `nat_sweep` program, which removes what a sweep decided.
     pub sweeper: ProgramFd,
@@ -55,6 +57,7 @@ pub struct Sweep {
 /// Source NAT as this daemon runs it: its settings (none: NAT is off) and its maps.
 pub struct Nat {
     config: Array<MapData, NatConfig>,
+    uplinks: Array<MapData, Uplinks>,
     cluster_cidrs: ClusterCidrs,
     /// The flow tables, until the sweeper takes them ([`Self::take_flows`]).
     flows: Option<Flows>,
@@ -69,6 +72,7 @@ impl Nat {
             flows_out,
             flows_in,
             config,
+            uplinks,
             cluster_cidrs,
             sweeper,
             endpoints,
@@ -76,6 +80,7 @@ impl Nat {
         let previous = config.get(&0, 0)?;
         Ok(Self {
             config,
+            uplinks,
             cluster_cidrs,
             flows: Some(Flows {
                 out: flows_out,
@@ -180,12 +185,14 @@ impl Nat {
     }
 
     /// Writes this daemon's configuration; with NAT off, a zero configuration (node
-    /// address 0.0.0.0) and empty flow tables.
+    /// address 0.0.0.0), no uplink and empty flow tables. The uplinks go first: a new
+    /// one is translated on before the first uplink's address says NAT is on.
     pub fn write_config(&mut self) -> Result<(), MapError> {
-        let config = self
-            .settings
-            .as_ref()
-            .map_or_else(NatConfig::default, NatSettings::config);
+        let (config, uplinks) = self.settings.as_ref().map_or_else(
+            || (NatConfig::default(), Uplinks::default()),
+            |settings| (settings.config(), settings.uplinks()),
+        );
+        self.uplinks.set(0, uplinks, 0)?;
         self.config.set(0, config, 0)?;
         if let (None, Some(flows)) = (&self.settings, &mut self.flows) {
             flows.flush()?;
@@ -420,7 +427,8 @@ mod tests {
             pod_port: key.pod_port,
             node_port,
             state: 0,
-            pad: [0; 7],
+            pad: [0; 3],
+            node_addr: [198, 18, 0, 1],
         }
     }
 
@@ -591,7 +599,8 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: 2,
-            pad: [0; 7],
+            pad: [0; 3],
+            node_addr: [198, 18, 0, 1],
         };
         let reverse = key.reverse(entry.node_port);
         assert_eq!(

@@ -229,7 +229,8 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: tcp_state::ESTABLISHED,
-            pad: [0; 7],
+            pad: [0; 3],
+            node_addr: [198, 18, 0, 1],
         };
         let timeouts = Timeouts {
             tcp_established: 3600,
@@ -266,7 +267,8 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: 0,
-            pad: [0; 7],
+            pad: [0; 3],
+            node_addr: [198, 18, 0, 1],
         };
         let inbound = NatEntry {
             last_seen_ns: now - 1_000_000_000,
