@@ -149,12 +149,15 @@ pub struct Status {
     /// `node_addr`.
     #[serde(default)]
     pub nat_enabled: bool,
-    /// The interface translated traffic leaves by.
+    /// The first interface translated traffic leaves by (all of them: `uplinks`).
     #[serde(default)]
     pub uplink: Option<String>,
-    /// The address pods' traffic to the outside is translated to.
+    /// The address pods' traffic out of the first uplink is translated to.
     #[serde(default)]
     pub node_addr: Option<std::net::Ipv4Addr>,
+    /// Every interface source NAT translates on, with its address.
+    #[serde(default)]
+    pub uplinks: Vec<UplinkStatus>,
     /// The node addresses a hostPort mapping without hostIP covers (loopback aside),
     /// as the datapath has them now.
     #[serde(default)]
@@ -163,6 +166,16 @@ pub struct Status {
     /// 64 KiB default (see `big_tcp`); `None`: the kernel's default.
     #[serde(default)]
     pub pod_gso_max_size: Option<u32>,
+}
+
+/// A device source NAT translates on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UplinkStatus {
+    pub name: String,
+    pub ifindex: u32,
+    /// The address of what leaves by it; `None` while it has none (that traffic is
+    /// dropped).
+    pub node_addr: Option<std::net::Ipv4Addr>,
 }
 
 /// Packets and bytes through a link, from the kernel's counters.

@@ -50,6 +50,21 @@ pub async fn pod_size_for(uplink: &str) -> std::io::Result<Option<u32>> {
     Ok(gso.zip(gro).and_then(|(gso, gro)| pod_size(gso, gro)))
 }
 
+/// [`pod_size_for`] every one of `uplinks` takes: the smallest, `None` when one of
+/// them takes no more than the default (or there is none). Decision: a pod's traffic may
+/// leave by any uplink, and a GSO packet larger than its device takes would be split in
+/// software there, so a pod gets what all of them take.
+pub async fn pod_size_for_all(uplinks: &[String]) -> std::io::Result<Option<u32>> {
+    let mut smallest: Option<u32> = None;
+    for uplink in uplinks {
+        let Some(size) = pod_size_for(uplink).await? else {
+            return Ok(None);
+        };
+        smallest = Some(smallest.map_or(size, |s| s.min(size)));
+    }
+    Ok(smallest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,15 +171,17 @@ pub fn status_table(view: &StatusView) -> String {
     );
     let drops: Vec<String> = view.drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
     out.push_str(&format!("drops: {}\n", drops.join(" ")));
-    match (&status.uplink, status.node_addr) {
-        (Some(uplink), Some(node_addr)) if status.nat_enabled => out.push_str(&format!(
-            "nat: enabled  uplink {uplink}  node {node_addr}\n"
-        )),
-        (Some(uplink), None) if status.nat_enabled => out.push_str(&format!(
-            "nat: enabled  uplink {uplink}  node {}\n",
-            crate::nat::view::NO_ADDRESS
-        )),
-        _ => out.push_str("nat: disabled\n"),
+    if status.nat_enabled {
+        out.push_str("nat: enabled\n");
+        for uplink in &status.uplinks {
+            let node = uplink.node_addr.map_or_else(
+                || crate::nat::view::NO_ADDRESS.to_owned(),
+                |addr| addr.to_string(),
+            );
+            out.push_str(&format!("  uplink {}  node {node}\n", uplink.name));
+        }
+    } else {
+        out.push_str("nat: disabled\n");
     }
     match status.pod_gso_max_size {
         Some(size) => out.push_str(&format!(
@@ -358,6 +360,7 @@ mod tests {
                 nat_enabled: false,
                 uplink: None,
                 node_addr: None,
+                uplinks: Vec::new(),
                 host_port_addrs: Vec::new(),
                 pod_gso_max_size: None,
             },
@@ -374,6 +377,50 @@ mod tests {
         assert!(
             mode_at.iter().all(|at| *at == mode_at[0]),
             "the last column starts at one place: {table}"
+        );
+    }
+
+    #[test]
+    fn status_names_every_uplink_with_its_address() {
+        let uplink = |name: &str, ifindex, node_addr| crate::api::UplinkStatus {
+            name: name.into(),
+            ifindex,
+            node_addr,
+        };
+        let view = StatusView {
+            status: Status {
+                daemon_version: "0".into(),
+                bpf_dir: "/sys/fs/bpf/x".into(),
+                datapath_loaded: true,
+                endpoints: 0,
+                attachments: Vec::new(),
+                nat_enabled: true,
+                uplink: Some("eth0".into()),
+                node_addr: Some([198, 18, 0, 1].into()),
+                uplinks: vec![
+                    uplink("eth0", 2, Some([198, 18, 0, 1].into())),
+                    uplink("eth1", 3, None),
+                ],
+                host_port_addrs: Vec::new(),
+                pod_gso_max_size: None,
+            },
+            drops: BTreeMap::new(),
+            nat_counters: BTreeMap::new(),
+        };
+        let table = status_table(&view);
+        let nat: Vec<&str> = table
+            .lines()
+            .skip_while(|line| *line != "nat: enabled")
+            .take(3)
+            .collect();
+        assert_eq!(
+            nat,
+            [
+                "nat: enabled",
+                "  uplink eth0  node 198.18.0.1",
+                &format!("  uplink eth1  node {}", crate::nat::view::NO_ADDRESS),
+            ],
+            "{table}"
         );
     }
 

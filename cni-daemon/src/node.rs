@@ -9,7 +9,7 @@ use cni_ebpf_common::SockConfig;
 use tokio::sync::Notify;
 
 use crate::{
-    api::{Endpoint, EndpointId, Status},
+    api::{Endpoint, EndpointId, Status, UplinkStatus},
     datapath::{Datapath, DatapathError},
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
@@ -144,8 +144,19 @@ impl Node {
             endpoints: self.endpoints.len(),
             attachments: self.datapath.attachments().to_vec(),
             nat_enabled: self.nat.settings().is_some(),
-            uplink: self.nat.settings().map(|s| s.uplink.clone()),
-            node_addr: self.nat.settings().and_then(|s| s.node_addr),
+            uplink: self.nat.settings().map(|s| s.first().name.clone()),
+            node_addr: self.nat.settings().and_then(|s| s.first().node_addr),
+            uplinks: self.nat.settings().map_or_else(Vec::new, |settings| {
+                settings
+                    .uplinks
+                    .iter()
+                    .map(|uplink| UplinkStatus {
+                        name: uplink.name.clone(),
+                        ifindex: uplink.ifindex,
+                        node_addr: uplink.node_addr,
+                    })
+                    .collect()
+            }),
             host_port_addrs: self.node_addrs.current().iter().copied().collect(),
             // Filled in by the server, outside the node's lock (a netlink query).
             pod_gso_max_size: None,

@@ -65,13 +65,13 @@ async fn handle(mut stream: UnixStream, node: &Mutex<Node>) -> anyhow::Result<()
                     Err(error) => tracing::warn!(%error, "cannot read the veths' counters"),
                 },
                 Response::Status(status) => {
-                    if let Some(uplink) = status.uplink.clone() {
-                        // Read at each request: new pods follow the uplink as it is now.
-                        match big_tcp::pod_size_for(&uplink).await {
-                            Ok(size) => status.pod_gso_max_size = size,
-                            Err(error) => {
-                                tracing::warn!(%error, "cannot read the uplink's GSO size")
-                            }
+                    let uplinks: Vec<String> =
+                        status.uplinks.iter().map(|u| u.name.clone()).collect();
+                    // Read at each request: new pods follow the uplinks as they are now.
+                    match big_tcp::pod_size_for_all(&uplinks).await {
+                        Ok(size) => status.pod_gso_max_size = size,
+                        Err(error) => {
+                            tracing::warn!(%error, "cannot read the uplinks' GSO size")
                         }
                     }
                 }

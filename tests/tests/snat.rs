@@ -711,3 +711,155 @@ fn the_uplink_follows_the_default_route_to_another_device() {
         "the second host sees uplink1's address, never the pod's"
     );
 }
+
+/// The uplink pins in the node's links folder, sorted.
+fn uplink_pins(node: &Node) -> Vec<String> {
+    let dir = node.instance.bpf_dir.join("links");
+    let mut pins: Vec<String> = std::fs::read_dir(&dir)
+        .expect("the links folder")
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("uplink_"))
+        .collect();
+    pins.sort();
+    pins
+}
+
+#[test]
+fn a_second_uplink_translates_to_its_own_address() {
+    require_root();
+    let mut node = Node::start("10.244.70.0/24");
+    let pod = node.add_pod("two-nics");
+    // A second network (storage, say) on `uplink1`: its hosts are reached there, and
+    // know nothing of the pods, as on a real node with a second NIC.
+    let storage = Netns::new("storage");
+    let storage_addr = "198.19.0.2";
+    node.netns.link_veth(
+        "uplink1",
+        "198.19.0.1/24",
+        &storage,
+        "eth0",
+        &format!("{storage_addr}/24"),
+    );
+    let (internet, storage_server) = (
+        EchoServer::start(&node.external, TCP_PORT),
+        EchoServer::start(&storage, TCP_PORT),
+    );
+    let storage_udp = UdpEcho::start(&storage, UDP_PORT);
+    let to_storage =
+        |port: u16| -> SocketAddr { format!("{storage_addr}:{port}").parse().expect("address") };
+
+    // Restarted with both uplinks, from pins as a daemon of one uplink named them (no
+    // device in the name): those go, and no device gets the programs twice.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    let links = node.instance.bpf_dir.join("links");
+    for program in ["uplink_egress", "uplink_ingress"] {
+        std::fs::rename(
+            links.join(format!("{program}@uplink0")),
+            links.join(program),
+        )
+        .expect("an uplink pin to rename");
+    }
+    let both = ["--uplink", "uplink0,uplink1"];
+    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &both);
+    assert_eq!(
+        uplink_pins(&node),
+        [
+            "uplink_egress@uplink0",
+            "uplink_egress@uplink1",
+            "uplink_ingress@uplink0",
+            "uplink_ingress@uplink1"
+        ],
+        "one pair of pins per uplink, the unnamed ones gone"
+    );
+    for device in ["uplink0", "uplink1"] {
+        assert_eq!(
+            node.netns.tcx_programs(device),
+            ["uplink_ingress", "uplink_egress"],
+            "the kernel has each program once on {device}"
+        );
+    }
+
+    round_trip(&pod.netns, to_storage(TCP_PORT), b"to storage").expect("TCP out of uplink1");
+    udp_round_trip(&pod.netns, 0, to_storage(UDP_PORT), b"udp").expect("UDP out of uplink1");
+    round_trip(&pod.netns, external(TCP_PORT), b"to the internet").expect("TCP out of uplink0");
+    assert_eq!(
+        node_ips(&storage_server.peers()),
+        BTreeSet::from(["198.19.0.1".to_owned()]),
+        "the storage host sees uplink1's address, never the pod's"
+    );
+    assert_eq!(
+        node_ips(&storage_udp.peers()),
+        BTreeSet::from(["198.19.0.1".to_owned()])
+    );
+    assert_eq!(
+        node_ips(&internet.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()]),
+        "the external host still sees uplink0's"
+    );
+
+    let table = nat_table(&node);
+    let uplinks: Vec<(&str, &str)> = table["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .map(|u| {
+            (
+                u["name"].as_str().expect("a name"),
+                u["node_addr"].as_str().expect("an address"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        uplinks,
+        [("uplink0", NODE_ADDR), ("uplink1", "198.19.0.1")],
+        "{table}"
+    );
+    let node_of = |remote: &str| -> BTreeSet<String> {
+        table["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["remote"].as_str().is_some_and(|r| r.starts_with(remote)))
+            .map(|e| {
+                let node: SocketAddr = e["node"].as_str().expect("node").parse().expect("addr");
+                node.ip().to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        node_of(storage_addr),
+        BTreeSet::from(["198.19.0.1".to_owned()]),
+        "{table}"
+    );
+    assert_eq!(
+        node_of(EXTERNAL_ADDR),
+        BTreeSet::from([NODE_ADDR.to_owned()]),
+        "{table}"
+    );
+    let status = node.instance.cli_json(&["status"]);
+    let names: Vec<&Value> = status["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .map(|u| &u["name"])
+        .collect();
+    assert_eq!(names, ["uplink0", "uplink1"], "{status}");
+
+    // Restarted with the second one only: the first loses its programs and pins.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &["--uplink", "uplink1"]);
+    assert!(
+        node.netns.tcx_programs("uplink0").is_empty(),
+        "uplink0 kept none"
+    );
+    assert_eq!(
+        uplink_pins(&node),
+        ["uplink_egress@uplink1", "uplink_ingress@uplink1"]
+    );
+    round_trip(&pod.netns, to_storage(TCP_PORT), b"again").expect("TCP out of uplink1");
+    assert_eq!(
+        node_ips(&storage_server.peers()),
+        BTreeSet::from(["198.19.0.1".to_owned()])
+    );
+}

@@ -1,6 +1,8 @@
 //! The uplink programs (source NAT), attached like the pod programs through links pinned
-//! under `<bpf dir>/links/uplink_egress` and `uplink_ingress`, so translation goes on
-//! while the daemon is stopped; and the NAT maps they share with the daemon.
+//! under `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one
+//! pair per uplink, so translation goes on while the daemon is stopped; and the NAT maps
+//! they share with the daemon. (A daemon of one uplink pinned them without the device:
+//! such pins go at the next start, see [`Datapath::detach_uplinks_except`].)
 
 use std::{fs, io, path::Path};
 
@@ -49,7 +51,30 @@ pub(super) fn resize_nat_tables(bpf_dir: &Path, max_flows: u32) -> Result<(), Da
 
 /// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).
 pub(super) fn is_uplink_pin(name: &str) -> bool {
-    UPLINK_PROGRAMS.iter().any(|(program, _)| *program == name)
+    pin_device(name).is_some()
+}
+
+/// The device of the uplink pin `name`: `Some("")` for a pin without one (an earlier
+/// daemon's), `None` when `name` is no uplink pin.
+fn pin_device(name: &str) -> Option<&str> {
+    UPLINK_PROGRAMS.iter().find_map(|(program, _)| {
+        let rest = name.strip_prefix(program)?;
+        if rest.is_empty() {
+            Some(rest)
+        } else {
+            rest.strip_prefix('@')
+        }
+    })
+}
+
+/// The pin of `program`'s link on `device`.
+fn pin_name(program: &str, device: &str) -> String {
+    format!("{program}@{device}")
+}
+
+/// Whether `program` is one of the uplink programs.
+fn is_uplink_program(program: &str) -> bool {
+    UPLINK_PROGRAMS.iter().any(|(name, _)| *name == program)
 }
 
 impl Datapath {
@@ -65,12 +90,13 @@ impl Datapath {
             ensure_clsact(uplink)?;
         }
         // Attached again (the uplink device was recreated): the old entries go.
-        self.attachments
-            .retain(|attachment| !is_uplink_pin(&attachment.program));
+        self.attachments.retain(|attachment| {
+            !(is_uplink_program(&attachment.program) && attachment.interface == uplink)
+        });
         for (name, attach_type) in UPLINK_PROGRAMS {
             let program = classifier(&mut self.ebpf, name)?;
             if tcx {
-                let pin = links_dir.join(name);
+                let pin = links_dir.join(pin_name(name, uplink));
                 if let Err(error) = attach_pinned(program, name, uplink, attach_type, pin.clone()) {
                     if !pin.exists() {
                         return Err(error);
@@ -95,25 +121,47 @@ impl Datapath {
         Ok(())
     }
 
-    /// Detaches the uplink programs a previous daemon attached to the interface
-    /// `ifindex` (0: unknown): their pins go, and with TCX their links with them. Nothing
-    /// attached is not an error.
-    pub fn detach_uplink(&mut self, ifindex: u32) -> Result<(), DatapathError> {
-        let interface = (ifindex != 0)
-            .then(|| nix::net::if_::if_indextoname(ifindex).ok())
-            .flatten()
-            .map(|name| name.to_string_lossy().into_owned());
-        for (name, attach_type) in UPLINK_PROGRAMS {
-            let pin = self.links_dir().join(name);
-            if pin.exists() {
-                tracing::info!(pin = %pin.display(), "detaching the previous uplink program");
-            }
-            remove_pin(&pin)?;
-            if let (false, Some(interface)) = (has_tcx(), &interface) {
-                // Absent filter: nothing to detach.
-                let _ = tc::qdisc_detach_program(interface, attach_type, name);
+    /// Detaches the uplink programs from every device but those of `keep`: with TCX,
+    /// each uplink pin of another device (or of none: an earlier daemon's) goes, and its
+    /// link with it; with clsact filters (no pins), those on the devices `previous`
+    /// (ifindexes a previous daemon translated on) go. Nothing attached is not an error.
+    pub fn detach_uplinks_except(
+        &mut self,
+        keep: &[&str],
+        previous: &[u32],
+    ) -> Result<(), DatapathError> {
+        let links_dir = self.links_dir();
+        if let Ok(entries) = fs::read_dir(&links_dir) {
+            for entry in entries.filter_map(Result::ok) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(device) = pin_device(&name) else {
+                    continue;
+                };
+                if device.is_empty() || !keep.contains(&device) {
+                    let pin = links_dir.join(&name);
+                    tracing::info!(pin = %pin.display(), "detaching an uplink program");
+                    remove_pin(&pin)?;
+                }
             }
         }
+        if !has_tcx() {
+            for &ifindex in previous {
+                let Ok(interface) = nix::net::if_::if_indextoname(ifindex) else {
+                    continue;
+                };
+                let interface = interface.to_string_lossy();
+                if keep.contains(&interface.as_ref()) {
+                    continue;
+                }
+                for (name, attach_type) in UPLINK_PROGRAMS {
+                    // Absent filter: nothing to detach.
+                    let _ = tc::qdisc_detach_program(&interface, attach_type, name);
+                }
+            }
+        }
+        self.attachments.retain(|attachment| {
+            !is_uplink_program(&attachment.program) || keep.contains(&attachment.interface.as_str())
+        });
         Ok(())
     }
 
@@ -159,5 +207,22 @@ fn remove_pin(pin: &std::path::Path) -> Result<(), DatapathError> {
         Ok(()) => Ok(()),
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(pin_error(pin, source)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uplink_pins_name_their_device_and_pod_pins_are_not_uplink_pins() {
+        assert_eq!(pin_device(&pin_name("uplink_egress", "eth1")), Some("eth1"));
+        assert_eq!(pin_device("uplink_ingress@bond0.100"), Some("bond0.100"));
+        // An earlier daemon's pins, without a device.
+        assert_eq!(pin_device("uplink_egress"), Some(""));
+        for pod in ["veth1a2b3c_from_pod", "uplink_egressx", "cgroup", "uplink"] {
+            assert_eq!(pin_device(pod), None, "{pod}");
+            assert!(!is_uplink_pin(pod), "{pod}");
+        }
     }
 }

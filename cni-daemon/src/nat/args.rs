@@ -9,11 +9,13 @@ use serde::Serialize;
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Source NAT")]
 pub struct NatArgs {
-    /// Interface pod traffic to the outside leaves by, translated to its first IPv4
-    /// address. Default: the device of the default IPv4 route of the daemon's network
-    /// namespace; without one, NAT is off.
-    #[arg(long, env = "EBPF_CNID_UPLINK")]
-    pub uplink: Option<String>,
+    /// Interfaces pod traffic to the outside leaves by, each translating to its own
+    /// first IPv4 address (comma-separated, or the flag repeated, up to 16): a node with
+    /// a second network (storage, management) names both, as MASQUERADE would translate
+    /// on either. Default: the device of the default IPv4 route of the daemon's network
+    /// namespace, followed when the default route moves; without one, NAT is off.
+    #[arg(long = "uplink", env = "EBPF_CNID_UPLINK", value_delimiter = ',')]
+    pub uplinks: Vec<String>,
     /// Node ports handed to translated flows, MIN-MAX inclusive (MIN >= 1024). The
     /// default sits below Linux's default ephemeral range (net.ipv4.ip_local_port_range,
     /// 32768-60999), so the node's own connections never take a port a translated flow
@@ -270,7 +272,7 @@ mod tests {
             nat: NatArgs,
         }
         let cli = <Cli as clap::Parser>::try_parse_from(["test"]).expect("defaults parse");
-        assert_eq!(cli.nat.uplink, None);
+        assert!(cli.nat.uplinks.is_empty());
         assert_eq!(
             cli.nat.nat_port_range,
             PortRange {
@@ -305,6 +307,13 @@ mod tests {
                 ok,
                 "--nat-max-flows {size}"
             );
+        }
+        for argv in [
+            &["test", "--uplink", "eth0,eth1"][..],
+            &["test", "--uplink", "eth0", "--uplink", "eth1"],
+        ] {
+            let cli = <Cli as clap::Parser>::try_parse_from(argv).expect("uplinks parse");
+            assert_eq!(cli.nat.uplinks, ["eth0", "eth1"], "{argv:?}");
         }
     }
 }

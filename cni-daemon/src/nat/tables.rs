@@ -13,7 +13,7 @@ use cni_ebpf_common::{
 };
 
 use super::{
-    NatError, NatSettings,
+    NatError, NatSettings, Uplink,
     args::{MAX_NAT_FLOWS, Timeouts},
     batch,
     cidrs::{self, ClusterCidrs},
@@ -64,6 +64,8 @@ pub struct Nat {
     settings: Option<NatSettings>,
     /// `NAT_CONFIG` as the previous daemon left it.
     previous: NatConfig,
+    /// `UPLINKS` as the previous daemon left it (empty if it had none).
+    previous_uplinks: Uplinks,
 }
 
 impl Nat {
@@ -78,6 +80,7 @@ impl Nat {
             endpoints,
         } = maps;
         let previous = config.get(&0, 0)?;
+        let previous_uplinks = uplinks.get(&0, 0)?;
         Ok(Self {
             config,
             uplinks,
@@ -90,6 +93,7 @@ impl Nat {
             }),
             settings,
             previous,
+            previous_uplinks,
         })
     }
 
@@ -97,17 +101,27 @@ impl Nat {
         self.settings.as_ref()
     }
 
-    /// The uplink the previous daemon attached to (0: none), whose pinned links may
-    /// still be there.
-    pub fn previous_uplink_ifindex(&self) -> u32 {
-        self.previous.uplink_ifindex
+    /// The devices the previous daemon translated on (none when NAT was off), whose
+    /// programs may still be attached: its `UPLINKS`, and the uplink of its
+    /// `NAT_CONFIG` (a daemon of one uplink had no `UPLINKS`).
+    pub fn previous_uplinks(&self) -> Vec<u32> {
+        let mut ifindexes: Vec<u32> = self
+            .previous_uplinks
+            .iter()
+            .map(|(ifindex, _)| ifindex)
+            .collect();
+        let first = self.previous.uplink_ifindex;
+        if first != 0 && !ifindexes.contains(&first) {
+            ifindexes.push(first);
+        }
+        ifindexes
     }
 
-    /// Has translation follow the uplink, called on every change of the namespace's
-    /// addresses:
+    /// Has translation follow the uplinks, called on every change of the namespace's
+    /// addresses and of its default route. For each uplink:
     /// - its address, as iptables MASQUERADE does (it reads the outgoing device's
     ///   address for every new connection): new flows take the uplink's first IPv4
-    ///   address now, and while it has none, traffic to translate is dropped and
+    ///   address now, and while it has none, traffic to translate there is dropped and
     ///   counted (`nat_no_address`), never sent with the pod's address or one the node
     ///   gave up;
     /// - its device: an uplink deleted and created again (a NIC replugged, a bond or
@@ -118,8 +132,8 @@ impl Nat {
     ///   no address either;
     /// - the default route, when the uplink is its device (no `--uplink`): a default
     ///   route that moves to another device (a failover) takes the uplink with it: the
-    ///   programs leave the old device and go to the new one, whose address new flows
-    ///   get. Without a default route the uplink stays where it is.
+    ///   programs go on the new device, whose address new flows get, and leave the old
+    ///   one. Without a default route the uplink stays where it is.
     ///
     /// Decision: flows already in the tables stay. Their node ports are not tied to an
     /// address: a UDP flow goes on from the new address (the remote's replies to it match
@@ -131,56 +145,36 @@ impl Nat {
         let Some(settings) = self.settings.as_mut() else {
             return Ok(());
         };
+        // The device the default route left (its ifindex): its programs come off once
+        // the new one has them and `UPLINKS` names it.
+        let mut left = None;
         if settings.by_default_route {
             let now = uplink::default_route_device_now()?;
-            if let Some(device) = now.filter(|device| *device != settings.uplink) {
+            let first = &mut settings.uplinks[0];
+            if let Some(device) = now.filter(|device| *device != first.name) {
                 tracing::warn!(
-                    previous = %settings.uplink,
+                    previous = %first.name,
                     uplink = %device,
                     "the default route moved: source NAT moves to its device"
                 );
-                datapath.detach_uplink(settings.uplink_ifindex)?;
-                settings.uplink = device;
+                first.name = device;
                 // Attached below, as a new device.
-                settings.uplink_ifindex = 0;
+                left = Some(std::mem::take(&mut first.ifindex));
             }
         }
-        let ifindex = nix::net::if_::if_nametoindex(settings.uplink.as_str()).ok();
-        let addr = match ifindex {
-            Some(_) => uplink::ipv4_address(&settings.uplink)?,
-            None => None,
-        };
-        let moved = ifindex.filter(|&ifindex| ifindex != settings.uplink_ifindex);
-        if moved.is_none() && addr == settings.node_addr {
+        let mut changed = left.is_some();
+        for uplink in &mut settings.uplinks {
+            changed |= follow_device(uplink, datapath)?;
+        }
+        if !changed {
             return Ok(());
         }
-        if let Some(ifindex) = moved {
-            tracing::warn!(
-                uplink = %settings.uplink,
-                previous_ifindex = settings.uplink_ifindex,
-                ifindex,
-                "the uplink is a new device: attaching the NAT programs to it"
-            );
-            datapath.attach_uplink(&settings.uplink)?;
-            settings.uplink_ifindex = ifindex;
-        }
-        match addr {
-            Some(addr) if settings.node_addr != Some(addr) => tracing::info!(
-                uplink = %settings.uplink,
-                previous = ?settings.node_addr,
-                node_addr = %addr,
-                "the uplink's address changed: new flows are translated to it"
-            ),
-            None if settings.node_addr.is_some() => tracing::warn!(
-                uplink = %settings.uplink,
-                previous = ?settings.node_addr,
-                "the uplink has no IPv4 address: traffic to translate is dropped \
-                 (counted as nat_no_address) until it has one"
-            ),
-            _ => {}
-        }
-        settings.node_addr = addr;
+        let keep: Vec<String> = settings.uplinks.iter().map(|u| u.name.clone()).collect();
         self.write_config()?;
+        if let Some(ifindex) = left {
+            let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+            datapath.detach_uplinks_except(&keep, &[ifindex])?;
+        }
         Ok(())
     }
 
@@ -329,6 +323,49 @@ impl Removal {
             decided_ns: decided.last_seen_ns,
         }
     }
+}
+
+/// Brings `uplink` to its device as it is now (see [`Nat::follow_uplink`]): the
+/// programs onto a new device of its name, its address. Whether anything changed.
+fn follow_device(uplink: &mut Uplink, datapath: &mut Datapath) -> Result<bool, NatError> {
+    let ifindex = nix::net::if_::if_nametoindex(uplink.name.as_str()).ok();
+    let addr = match ifindex {
+        Some(_) => uplink::ipv4_address(&uplink.name)?,
+        None => None,
+    };
+    let moved = ifindex.filter(|&ifindex| ifindex != uplink.ifindex);
+    if moved.is_none() && addr == uplink.node_addr {
+        return Ok(false);
+    }
+    if let Some(ifindex) = moved {
+        if uplink.ifindex != 0 {
+            tracing::warn!(
+                uplink = %uplink.name,
+                previous_ifindex = uplink.ifindex,
+                ifindex,
+                "the uplink is a new device: attaching the NAT programs to it"
+            );
+        }
+        datapath.attach_uplink(&uplink.name)?;
+        uplink.ifindex = ifindex;
+    }
+    match addr {
+        Some(addr) if uplink.node_addr != Some(addr) => tracing::info!(
+            uplink = %uplink.name,
+            previous = ?uplink.node_addr,
+            node_addr = %addr,
+            "the uplink's address changed: new flows out of it are translated to it"
+        ),
+        None if uplink.node_addr.is_some() => tracing::warn!(
+            uplink = %uplink.name,
+            previous = ?uplink.node_addr,
+            "the uplink has no IPv4 address: traffic to translate out of it is dropped \
+             (counted as nat_no_address) until it has one"
+        ),
+        _ => {}
+    }
+    uplink.node_addr = addr;
+    Ok(true)
 }
 
 /// The bytes of `item`, as the `nat_sweep` program reads them.

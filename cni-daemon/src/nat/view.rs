@@ -9,7 +9,7 @@ use std::{
 
 use aya::maps::{Array, HashMap, IterableMap, Map, MapError, PerCpuArray};
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, map_names, tcp_state,
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, map_names, tcp_state,
 };
 use serde::Serialize;
 
@@ -25,16 +25,30 @@ use crate::inspect::{InspectError, open_pinned};
 pub struct NatView {
     /// The datapath translates (the configured node address is not 0.0.0.0).
     pub enabled: bool,
-    /// The source of translated packets; `None` when NAT is off or the uplink has no
-    /// IPv4 address (traffic to translate is then dropped, see `NatConfig::NO_ADDRESS`).
+    /// The source of packets translated out of the first uplink; `None` when NAT is off
+    /// or that uplink has no IPv4 address (traffic to translate is then dropped, see
+    /// `NatConfig::NO_ADDRESS`).
     pub node_addr: Option<Ipv4Addr>,
+    /// The first uplink.
     pub uplink_ifindex: u32,
+    /// Every uplink, in order.
+    pub uplinks: Vec<UplinkView>,
     pub port_range: PortRange,
     pub timeouts: Timeouts,
     /// Flows each table holds at most (`--nat-max-flows`).
     pub max_flows: u32,
     pub counters: BTreeMap<&'static str, u64>,
     pub entries: Vec<FlowView>,
+}
+
+/// A device source NAT translates on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UplinkView {
+    pub ifindex: u32,
+    /// Its name now; `None` when no device has that ifindex any more.
+    pub name: Option<String>,
+    /// The source of what is translated out of it; `None` while it has no address.
+    pub node_addr: Option<Ipv4Addr>,
 }
 
 /// One translated flow. For ICMP echo the "ports" are the echo identifiers. State, idle
@@ -77,6 +91,18 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
     let node_addr = config
         .has_address()
         .then(|| Ipv4Addr::from(config.node_addr));
+    let uplinks: Array<_, Uplinks> = Array::try_from(pinned(bpf_dir, map_names::UPLINKS)?)?;
+    let uplinks = uplinks
+        .get(&0, 0)?
+        .iter()
+        .map(|(ifindex, addr)| UplinkView {
+            ifindex,
+            name: nix::net::if_::if_indextoname(ifindex)
+                .ok()
+                .map(|name| name.to_string_lossy().into_owned()),
+            node_addr: NatConfig::is_address(addr).then(|| Ipv4Addr::from(addr)),
+        })
+        .collect();
     let timeouts = Timeouts::from_config(&config);
     let mut entries = Vec::new();
     for entry in flows_out.iter() {
@@ -101,6 +127,7 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         enabled: config.node_addr != [0; 4],
         node_addr,
         uplink_ifindex: config.uplink_ifindex,
+        uplinks,
         port_range: PortRange {
             min: config.port_min,
             max: config.port_max,
@@ -121,7 +148,8 @@ fn pinned(bpf_dir: &Path, name: &str) -> Result<Map, InspectError> {
 pub const NO_ADDRESS: &str =
     "none (the uplink has no IPv4 address: traffic to translate is dropped)";
 
-/// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`.
+/// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`. Its node
+/// address is the one it records, else (an entry of an earlier datapath) `node_addr`.
 pub fn flow_view(
     key: &NatKey,
     out: &NatEntry,
@@ -131,6 +159,11 @@ pub fn flow_view(
     timeouts: &Timeouts,
 ) -> FlowView {
     let entry = expiry::latest(out, inbound);
+    let node_addr = if out.node_addr == [0; 4] {
+        node_addr
+    } else {
+        Ipv4Addr::from(out.node_addr)
+    };
     FlowView {
         proto: proto_name(key.proto),
         pod: SocketAddrV4::new(key.pod_addr.into(), key.pod_port),
@@ -175,16 +208,23 @@ pub fn counters_line(counters: &BTreeMap<&'static str, u64>) -> String {
 /// A readable summary and table of `view`.
 pub fn nat_table(view: &NatView) -> String {
     let mut out = if view.enabled {
-        let node = view
-            .node_addr
-            .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
-        format!(
-            "nat enabled  node {node}  uplink ifindex {}  ports {}  flows {}/{}\n",
-            view.uplink_ifindex,
+        let mut head = format!(
+            "nat enabled  ports {}  flows {}/{}\n",
             view.port_range,
             view.entries.len(),
             view.max_flows
-        )
+        );
+        for uplink in &view.uplinks {
+            let node = uplink
+                .node_addr
+                .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
+            let name = uplink.name.as_deref().unwrap_or("(gone)");
+            head.push_str(&format!(
+                "  uplink {name} (ifindex {})  node {node}\n",
+                uplink.ifindex
+            ));
+        }
+        head
     } else {
         "nat disabled\n".to_owned()
     };
@@ -230,7 +270,8 @@ mod tests {
             node_port: 61007,
             state: tcp_state::ESTABLISHED,
             pad: [0; 3],
-            node_addr: [198, 18, 0, 1],
+            // Left by a second uplink.
+            node_addr: [192, 0, 2, 7],
         };
         let timeouts = Timeouts {
             tcp_established: 3600,
@@ -243,7 +284,17 @@ mod tests {
         let view = flow_view(&key, &entry, None, node, now, &timeouts);
         assert_eq!(view.proto, "tcp");
         assert_eq!(view.pod.to_string(), "10.244.1.2:40000");
-        assert_eq!(view.node.to_string(), "198.18.0.1:61007");
+        assert_eq!(view.node.to_string(), "192.0.2.7:61007", "the flow's own");
+        let earlier = NatEntry {
+            node_addr: [0; 4],
+            ..entry
+        };
+        let view_earlier = flow_view(&key, &earlier, None, node, now, &timeouts);
+        assert_eq!(
+            view_earlier.node.to_string(),
+            "198.18.0.1:61007",
+            "an entry without one: the first uplink's"
+        );
         assert_eq!(view.remote.to_string(), "198.18.0.9:443");
         assert_eq!(view.state, "established");
         assert_eq!(view.idle_secs, 7);
