@@ -18,6 +18,7 @@ use cni_daemon::{
     node,
     run::{self, RunConfig},
 };
+use ipnet::Ipv4Net;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -66,6 +67,17 @@ enum Command {
         /// Interface (in the daemon's network namespace) to attach the counter to.
         #[arg(long, env = "EBPF_CNID_ATTACH", value_delimiter = ',')]
         attach: Vec<String>,
+        /// The cluster's Service ranges (ClusterIPs; comma-separated or repeated), when
+        /// kube-proxy runs in iptables or nftables mode: pods' traffic to them and to
+        /// node addresses (NodePorts), and the replies of those connections, then goes
+        /// through the node's stack, where kube-proxy's DNAT is. Without them, pods'
+        /// traffic skips the node's netfilter and a ClusterIP is routed as it is.
+        #[arg(
+            long = "service-cidr",
+            env = "EBPF_CNID_SERVICE_CIDRS",
+            value_delimiter = ','
+        )]
+        service_cidrs: Vec<Ipv4Net>,
         #[command(flatten)]
         nat: NatArgs,
     },
@@ -110,12 +122,17 @@ fn main() -> ExitCode {
 
 fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { attach, nat } => {
+        Command::Run {
+            attach,
+            service_cidrs,
+            nat,
+        } => {
             let config = RunConfig {
                 bpf_dir: cli.bpf_dir,
                 socket: cli.socket,
                 state_dir: cli.state_dir,
                 attach,
+                service_cidrs,
                 nat,
                 cgroup: cli.cgroup,
             };

@@ -29,6 +29,8 @@ pub struct RunConfig {
     /// Folder of the endpoint records (survives restarts).
     pub state_dir: PathBuf,
     pub attach: Vec<String>,
+    /// `--service-cidr`: see `Datapath::set_service_cidrs`.
+    pub service_cidrs: Vec<ipnet::Ipv4Net>,
     pub nat: NatArgs,
     /// The cgroup v2 folder of the socket programs (hostPorts for the node's own
     /// processes); `None`: the root of the first cgroup v2 mount.
@@ -40,6 +42,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     bpffs::prepare(&config.bpf_dir)?;
     let mut datapath = Datapath::load(&config.bpf_dir, config.nat.nat_max_flows)?;
+    datapath.set_service_cidrs(&config.service_cidrs)?;
     for interface in &config.attach {
         datapath
             .attach_counter(interface)

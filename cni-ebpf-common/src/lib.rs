@@ -9,6 +9,7 @@ pub mod endpoint;
 pub mod hostport;
 pub mod metrics;
 pub mod nat;
+pub mod services;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
@@ -21,6 +22,7 @@ pub use nat::{
     CidrKey, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, SweepItem,
     Uplinks, sweep, tcp_state,
 };
+pub use services::{MAX_SERVICE_CIDRS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
@@ -43,6 +45,12 @@ pub mod map_names {
     pub const UPLINKS: &str = "UPLINKS";
     /// LPM trie: [`crate::CidrKey`] -> `u8`, destinations that are not translated.
     pub const CLUSTER_CIDRS: &str = "CLUSTER_CIDRS";
+    /// LPM trie: [`crate::CidrKey`] -> `u8`, the Service ranges (see [`crate::services`]).
+    pub const SERVICE_CIDRS: &str = "SERVICE_CIDRS";
+    /// Array of one `u32`: how many Service ranges there are.
+    pub const SERVICE_RANGES: &str = "SERVICE_RANGES";
+    /// LRU hash: [`crate::ServiceClient`] -> `u8`, pod sockets with Service connections.
+    pub const SERVICE_CLIENTS: &str = "SERVICE_CLIENTS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
     pub const NAT_STATS: &str = "NAT_STATS";
     /// Per-CPU array of `u32`, indexed by a hash of a flow's destination: the offset in

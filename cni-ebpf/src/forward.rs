@@ -3,7 +3,8 @@
 //! `bpf_redirect_peer`: it never crosses the node's IP stack, netfilter, or a bridge.
 //! A frame the sender addressed to the destination pod's MAC (an on-link neighbour, see
 //! `arp`) goes as it is; one addressed to the gateway is routed: TTL decremented, MACs
-//! rewritten. Anything else goes to the stack.
+//! rewritten. Anything else goes to the stack, as do Service connections when Service
+//! ranges are configured (see `services`).
 
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect_peer, programs::TcContext};
 use cni_ebpf_common::{DropReason, EndpointInfo};
@@ -13,7 +14,7 @@ use crate::{
     csum::{self, IP_TTL},
     endpoints, hostport,
     metrics::{self, Direction},
-    route,
+    route, services,
 };
 
 /// Handles an IPv4 frame that left a pod.
@@ -33,6 +34,10 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
                 let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
                 return deliver(ctx, eth, &ip, &destination);
             }
+            // A backend's reply on a Service connection: the stack undoes the DNAT.
+            if services::is_reply(ctx, &ip)? {
+                return Ok(services::to_stack(ctx));
+            }
             if eth.dst_addr == destination.pod_mac {
                 return Ok(switch(ctx, &destination));
             }
@@ -40,6 +45,8 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
         }
         None => match hostport::from_pod(ctx, eth, &ip)? {
             Some(verdict) => Ok(verdict),
+            // A Service (kube-proxy's DNAT is in the stack).
+            None if services::to_service(ctx, &ip)? => Ok(services::to_stack(ctx)),
             None => route::to_uplink(ctx, eth, &ip, ifindex),
         },
     }

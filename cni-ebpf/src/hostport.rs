@@ -43,7 +43,7 @@ static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS + 1, 0);
 
 /// Whether `addr` is one of the node's own addresses.
 #[inline(always)]
-fn is_node_addr(addr: [u8; 4]) -> bool {
+pub fn is_node_addr(addr: [u8; 4]) -> bool {
     // SAFETY: only the presence is read.
     unsafe { NODE_ADDRS.get(&addr) }.is_some()
 }

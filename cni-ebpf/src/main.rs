@@ -16,6 +16,7 @@ mod nat_maps;
 mod pod;
 mod rev_nat;
 mod route;
+mod services;
 mod snat;
 mod sock;
 mod stats;

@@ -14,6 +14,7 @@ use crate::{
     csum::{self, EthIpv4, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
     endpoints, forward, hostport,
     nat_maps::{self, NAT_IN},
+    services,
     snat::{self, Way},
 };
 
@@ -68,8 +69,11 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             };
             nat_maps::count(NatCounter::TranslatedIn);
             // Delivered into the pod (TTL decremented in the same store as the address),
-            // or, when the pod is gone or the TTL runs out, left to the stack translated.
-            let pod = endpoints::lookup(entry.pod_addr).filter(|_| ip.ttl > 1);
+            // or, when the pod is gone, the TTL runs out or the flow is a Service
+            // connection (the stack undoes its DNAT), left to the stack translated.
+            let pod = endpoints::lookup(entry.pod_addr).filter(|_| {
+                ip.ttl > 1 && !services::is_client(entry.pod_addr, entry.pod_port, proto)
+            });
             let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
             csum::set_destination(ctx, &ip, entry.pod_addr, ttl, l4_csum)?;
             csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;

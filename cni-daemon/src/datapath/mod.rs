@@ -3,6 +3,7 @@
 //! [`uplink`], the socket programs (hostPorts for the node's processes) in [`sock`].
 
 mod pod;
+mod services;
 pub mod sock;
 pub mod tc_block;
 mod uplink;
@@ -39,6 +40,8 @@ pub enum DatapathError {
     },
     #[error("the eBPF object has no map {0}")]
     MissingMap(&'static str),
+    #[error("--service-cidr: {0}")]
+    ServiceCidrs(String),
     #[error("map: {0}")]
     Map(#[from] aya::maps::MapError),
     #[error("link pin {path}: {source}")]

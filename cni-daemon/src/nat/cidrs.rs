@@ -1,7 +1,7 @@
 //! `CLUSTER_CIDRS`, the destinations that keep the pod's address: always the union of
 //! every endpoint's `cluster_cidrs`.
 
-use std::collections::BTreeSet;
+use std::{borrow::BorrowMut, collections::BTreeSet};
 
 use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
 use ipnet::Ipv4Net;
@@ -30,12 +30,13 @@ pub fn changes(
     )
 }
 
-/// Makes `trie` hold exactly `desired`. New ranges go in before old ones leave, so a
-/// range present in both never disappears, even for a moment.
-pub fn sync(
-    trie: &mut ClusterCidrs,
+/// Makes `trie` (`CLUSTER_CIDRS`, or another trie of ranges: `SERVICE_CIDRS`) hold
+/// exactly `desired`. New ranges go in before old ones leave, so a range present in both
+/// never disappears, even for a moment. Whether anything changed.
+pub fn sync<T: BorrowMut<MapData>>(
+    trie: &mut LpmTrie<T, [u8; 4], u8>,
     desired: &BTreeSet<Ipv4Net>,
-) -> Result<(), aya::maps::MapError> {
+) -> Result<bool, aya::maps::MapError> {
     let keys: Vec<Key<[u8; 4]>> = trie.keys().collect::<Result<_, _>>()?;
     let mut current = BTreeSet::new();
     for key in keys {
@@ -54,10 +55,7 @@ pub fn sync(
     for net in &remove {
         crate::maps::removed(trie.remove(&key(net)))?;
     }
-    if !add.is_empty() || !remove.is_empty() {
-        tracing::info!(cidrs = ?desired, "cluster ranges kept untranslated");
-    }
-    Ok(())
+    Ok(!add.is_empty() || !remove.is_empty())
 }
 
 fn key(net: &Ipv4Net) -> Key<[u8; 4]> {

@@ -199,7 +199,11 @@ impl Nat {
         &mut self,
         endpoints: impl IntoIterator<Item = &'a Endpoint>,
     ) -> Result<(), MapError> {
-        cidrs::sync(&mut self.cluster_cidrs, &cidrs::union(endpoints))
+        let desired = cidrs::union(endpoints);
+        if cidrs::sync(&mut self.cluster_cidrs, &desired)? {
+            tracing::info!(cidrs = ?desired, "cluster ranges kept untranslated");
+        }
+        Ok(())
     }
 
     /// Hands the flow tables, with the timeouts that decide their expiry, to the sweeper

@@ -1,0 +1,31 @@
+//! Kubernetes Services implemented by the node's netfilter (kube-proxy in iptables or
+//! nftables mode): the datapath hands pods' Service traffic, and the replies of those
+//! connections, to the node's stack, where the Service's DNAT and its undoing happen.
+//!
+//! - `SERVICE_CIDRS`: LPM trie ([`crate::CidrKey`] -> `u8`) of the Service ranges;
+//! - `SERVICE_RANGES`: array of one `u32`, how many ranges there are (0: none, and the
+//!   datapath spends nothing on Services);
+//! - `SERVICE_CLIENTS`: LRU hash [`ServiceClient`] -> `u8`, the pod sockets that opened a
+//!   connection to a Service.
+
+/// A pod socket (address, port, protocol) that opened a connection to a Service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceClient {
+    pub addr: [u8; 4],
+    /// Host byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+
+/// Service ranges at most.
+pub const MAX_SERVICE_CIDRS: u32 = 64;
+
+const _: () = assert!(core::mem::size_of::<ServiceClient>() == 8);
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: #[repr(C)], fixed-width fields, explicit padding, size asserted.
+    unsafe impl aya::Pod for super::ServiceClient {}
+}

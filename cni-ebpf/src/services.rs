@@ -1,0 +1,128 @@
+//! Kubernetes Services implemented by the node's netfilter (kube-proxy in iptables or
+//! nftables mode, see `cni_ebpf_common::services`). The datapath otherwise keeps pods'
+//! traffic away from the node's stack, and with it from the Services' DNAT: a packet for
+//! a ClusterIP would be routed out as it is. With Service ranges configured:
+//! - a pod's packet for a Service range, or for a node address (a NodePort), goes to the
+//!   stack, and the pod's socket is remembered ([`to_service`]);
+//! - a packet for such a socket goes to the stack too, where the DNAT is undone: a reply
+//!   from a backend on this node ([`is_reply`], pod to pod) or, translated back by the
+//!   uplink, from one outside ([`is_client`]).
+//!
+//! Without ranges each check is one array read.
+
+use aya_ebpf::{
+    bindings::TC_ACT_OK,
+    helpers::generated::bpf_skb_change_type,
+    macros::map,
+    maps::{Array, LpmTrie, LruHashMap, lpm_trie::Key},
+    programs::TcContext,
+};
+use cni_ebpf_common::{MAX_SERVICE_CIDRS, ServiceClient};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{
+    csum::{self, TCP, UDP},
+    hostport,
+};
+
+/// Pod sockets with Service connections remembered at once; the least recently used
+/// goes first (a forgotten one only loses its replies' way through the stack while its
+/// next packet out is still to come).
+const MAX_CLIENTS: u32 = 65536;
+/// `skb->pkt_type` of a frame addressed to this host.
+const PACKET_HOST: u32 = 0;
+
+#[map(name = "SERVICE_CIDRS")]
+static SERVICE_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_SERVICE_CIDRS, 0);
+
+#[map(name = "SERVICE_RANGES")]
+static SERVICE_RANGES: Array<u32> = Array::pinned(1, 0);
+
+#[map(name = "SERVICE_CLIENTS")]
+static SERVICE_CLIENTS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+
+/// Whether Service ranges are configured.
+#[inline(always)]
+fn enabled() -> bool {
+    SERVICE_RANGES.get(0).is_some_and(|ranges| *ranges != 0)
+}
+
+#[inline(always)]
+fn client(addr: [u8; 4], port: u16, proto: u8) -> ServiceClient {
+    ServiceClient {
+        addr,
+        port,
+        proto,
+        pad: 0,
+    }
+}
+
+/// The (source, destination) ports of `ip`'s TCP or UDP header, if it has one.
+#[inline(always)]
+fn ports(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16)>, i64> {
+    let proto = ip.proto as u8;
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+        return Ok(None);
+    }
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let (source, destination, _) = csum::ports_and_flags(ctx, proto, l4)?;
+    Ok(Some((source, destination)))
+}
+
+/// Whether `ip`, a pod's packet for no local pod, is for a Service (a Service range or a
+/// node address): the caller hands it to the stack. Its socket is remembered.
+#[inline(always)]
+pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    if !enabled() {
+        return Ok(false);
+    }
+    let in_range = SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some();
+    if !in_range && !hostport::is_node_addr(ip.dst_addr) {
+        return Ok(false);
+    }
+    if let Some((port, _)) = ports(ctx, ip)? {
+        let key = client(ip.src_addr, port, ip.proto as u8);
+        // SAFETY: only the presence is read.
+        if unsafe { SERVICE_CLIENTS.get(&key) }.is_none() {
+            // A full table evicts the least recently used socket.
+            let _ = SERVICE_CLIENTS.insert(&key, &1, 0);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `ip`, for the local pod at its destination, is for a socket of that pod with a
+/// Service connection (a backend's reply, to go back through the stack's un-DNAT).
+#[inline(always)]
+pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    if !enabled() {
+        return Ok(false);
+    }
+    Ok(match ports(ctx, ip)? {
+        Some((_, port)) => is_remembered(ip.dst_addr, port, ip.proto as u8),
+        None => false,
+    })
+}
+
+/// Whether the pod socket `addr`:`port` (`proto`) has a Service connection.
+#[inline(always)]
+pub fn is_client(addr: [u8; 4], port: u16, proto: u8) -> bool {
+    enabled() && is_remembered(addr, port, proto)
+}
+
+#[inline(always)]
+fn is_remembered(addr: [u8; 4], port: u16, proto: u8) -> bool {
+    // SAFETY: only the presence is read.
+    unsafe { SERVICE_CLIENTS.get(&client(addr, port, proto)) }.is_some()
+}
+
+/// Hands a pod's frame to the node's stack as one addressed to the node: a frame the pod
+/// addressed to another pod's MAC (see `arp`) would otherwise be dropped there as not
+/// the host's.
+#[inline(always)]
+pub fn to_stack(ctx: &TcContext) -> i32 {
+    // SAFETY: a plain helper call on the program's context. It fails only for types a
+    // TC program may not set; PACKET_HOST is allowed.
+    unsafe { bpf_skb_change_type(ctx.skb.skb.cast(), PACKET_HOST) };
+    TC_ACT_OK
+}

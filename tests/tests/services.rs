@@ -1,0 +1,141 @@
+//! Kubernetes Services implemented by kube-proxy in iptables mode, next to the datapath:
+//! with `--service-cidr`, pods reach ClusterIPs (a backend outside the node, one on the
+//! node, over TCP and UDP) and a NodePort, and get the replies from the address they
+//! asked. The node's DNAT rules stand in for kube-proxy's: the same PREROUTING DNAT
+//! kube-proxy writes, without its chains of chains.
+
+use std::{collections::BTreeSet, net::SocketAddr};
+
+use ebpf_cni_tests::{
+    netns::Netns,
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node},
+    require_root,
+    traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip},
+};
+
+const SERVICE_RANGE: &str = "10.96.0.0/12";
+/// A Service whose endpoint is outside the cluster (the external host).
+const OUTSIDE: &str = "10.96.0.10";
+/// A Service whose endpoint is a pod of this node, over TCP and UDP.
+const ON_NODE: &str = "10.96.0.11";
+const NODE_PORT: u16 = 30080;
+const TCP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 9053;
+
+fn socket(addr: &str, port: u16) -> SocketAddr {
+    format!("{addr}:{port}").parse().expect("address")
+}
+
+/// A DNAT rule as kube-proxy writes one (nat PREROUTING, for traffic forwarded from pods).
+fn dnat(node: &Netns, proto: &str, to: &str, port: u16, endpoint: SocketAddr) {
+    let port = port.to_string();
+    let endpoint = endpoint.to_string();
+    let output = node.run(
+        "iptables",
+        &[
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-p",
+            proto,
+            "-d",
+            to,
+            "--dport",
+            &port,
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &endpoint,
+        ],
+    );
+    assert!(output.status.success(), "iptables: {output:?}");
+}
+
+#[test]
+fn pods_reach_services_that_the_nodes_netfilter_dnats() {
+    require_root();
+    let node = Node::start_with("10.244.71.0/24", &[], &["--service-cidr", SERVICE_RANGE]);
+    let client = node.add_pod("svc-client");
+    let backend = node.add_pod("svc-backend");
+    let backend_ip = backend.ip.to_string();
+    let outside = EchoServer::start(&node.external, TCP_PORT);
+    let on_node = EchoServer::start(&backend.netns, TCP_PORT);
+    let on_node_udp = UdpEcho::start(&backend.netns, UDP_PORT);
+    dnat(
+        &node.netns,
+        "tcp",
+        OUTSIDE,
+        80,
+        socket(EXTERNAL_ADDR, TCP_PORT),
+    );
+    dnat(
+        &node.netns,
+        "tcp",
+        ON_NODE,
+        80,
+        socket(&backend_ip, TCP_PORT),
+    );
+    dnat(
+        &node.netns,
+        "udp",
+        ON_NODE,
+        53,
+        socket(&backend_ip, UDP_PORT),
+    );
+    dnat(
+        &node.netns,
+        "tcp",
+        NODE_ADDR,
+        NODE_PORT,
+        socket(&backend_ip, TCP_PORT),
+    );
+
+    let cases = [
+        (socket(OUTSIDE, 80), "a ClusterIP with its endpoint outside"),
+        (
+            socket(ON_NODE, 80),
+            "a ClusterIP with its endpoint on the node",
+        ),
+        (
+            socket(NODE_ADDR, NODE_PORT),
+            "a NodePort on the node's address",
+        ),
+    ];
+    for (to, what) in cases {
+        let payload = format!("to {what}").into_bytes();
+        let back =
+            round_trip(&client.netns, to, &payload).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(back, payload, "{what}");
+    }
+    let back = udp_round_trip(&client.netns, 0, socket(ON_NODE, 53), b"dns?")
+        .expect("UDP to a ClusterIP: the reply comes from the address asked (connected socket)");
+    assert_eq!(back, b"dns?");
+
+    let ips = |peers: Vec<SocketAddr>| -> BTreeSet<String> {
+        peers.iter().map(|peer| peer.ip().to_string()).collect()
+    };
+    assert_eq!(
+        ips(outside.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()]),
+        "leaving the node, the Service's traffic is source-NATed as any other"
+    );
+    assert_eq!(
+        ips(on_node.peers()),
+        BTreeSet::from([client.ip.to_string()]),
+        "inside the node, it keeps the pod's address"
+    );
+    assert_eq!(
+        ips(on_node_udp.peers()),
+        BTreeSet::from([client.ip.to_string()])
+    );
+
+    // Pods' own traffic still takes the datapath both ways.
+    let direct =
+        round_trip(&client.netns, socket(&backend_ip, TCP_PORT), b"direct").expect("pod to pod");
+    assert_eq!(direct, b"direct");
+    let out = round_trip(&client.netns, socket(EXTERNAL_ADDR, TCP_PORT), b"out")
+        .expect("pod to the outside");
+    assert_eq!(out, b"out");
+}
