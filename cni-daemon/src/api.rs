@@ -158,6 +158,9 @@ pub struct Status {
     /// Every interface source NAT translates on, with its address.
     #[serde(default)]
     pub uplinks: Vec<UplinkStatus>,
+    /// The Service ranges whose traffic goes through the node's stack (kube-proxy).
+    #[serde(default)]
+    pub service_cidrs: Vec<ipnet::Ipv4Net>,
     /// The node addresses a hostPort mapping without hostIP covers (loopback aside),
     /// as the datapath has them now.
     #[serde(default)]

@@ -183,6 +183,17 @@ pub fn status_table(view: &StatusView) -> String {
     } else {
         out.push_str("nat: disabled\n");
     }
+    if !status.service_cidrs.is_empty() {
+        let ranges: Vec<String> = status
+            .service_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        out.push_str(&format!(
+            "services: {} (through the node's stack: kube-proxy)\n",
+            ranges.join(", ")
+        ));
+    }
     match status.pod_gso_max_size {
         Some(size) => out.push_str(&format!(
             "new pods: IPv4 GSO/GRO size {size} (BIG TCP, following the uplink)\n"
@@ -361,6 +372,7 @@ mod tests {
                 uplink: None,
                 node_addr: None,
                 uplinks: Vec::new(),
+                service_cidrs: Vec::new(),
                 host_port_addrs: Vec::new(),
                 pod_gso_max_size: None,
             },
@@ -381,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn status_names_every_uplink_with_its_address() {
+    fn status_names_every_uplink_and_the_service_ranges() {
         let uplink = |name: &str, ifindex, node_addr| crate::api::UplinkStatus {
             name: name.into(),
             ifindex,
@@ -401,6 +413,7 @@ mod tests {
                     uplink("eth0", 2, Some([198, 18, 0, 1].into())),
                     uplink("eth1", 3, None),
                 ],
+                service_cidrs: vec!["10.96.0.0/12".parse().expect("a range")],
                 host_port_addrs: Vec::new(),
                 pod_gso_max_size: None,
             },
@@ -411,7 +424,7 @@ mod tests {
         let nat: Vec<&str> = table
             .lines()
             .skip_while(|line| *line != "nat: enabled")
-            .take(3)
+            .take(4)
             .collect();
         assert_eq!(
             nat,
@@ -419,6 +432,7 @@ mod tests {
                 "nat: enabled",
                 "  uplink eth0  node 198.18.0.1",
                 &format!("  uplink eth1  node {}", crate::nat::view::NO_ADDRESS),
+                "services: 10.96.0.0/12 (through the node's stack: kube-proxy)",
             ],
             "{table}"
         );

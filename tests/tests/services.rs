@@ -92,6 +92,11 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
         socket(&backend_ip, TCP_PORT),
     );
 
+    assert_eq!(
+        node.instance.cli_json(&["status"])["service_cidrs"],
+        serde_json::json!([SERVICE_RANGE]),
+        "status names the ranges"
+    );
     let cases = [
         (socket(OUTSIDE, 80), "a ClusterIP with its endpoint outside"),
         (
@@ -138,4 +143,41 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
     let out = round_trip(&client.netns, socket(EXTERNAL_ADDR, TCP_PORT), b"out")
         .expect("pod to the outside");
     assert_eq!(out, b"out");
+}
+
+#[test]
+fn services_on_the_node_work_without_source_nat() {
+    require_root();
+    let mut node = Node::start("10.244.72.0/24");
+    let client = node.add_pod("svc-nonat-client");
+    let backend = node.add_pod("svc-nonat-backend");
+    let backend_ip = backend.ip.to_string();
+    let server = EchoServer::start(&backend.netns, TCP_PORT);
+    dnat(
+        &node.netns,
+        "tcp",
+        ON_NODE,
+        80,
+        socket(&backend_ip, TCP_PORT),
+    );
+    // No default route: source NAT is off, and with it the forwarding it turned on.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.netns.ip(&["route", "del", "default"]);
+    let sysctl = node.netns.run("sysctl", &["-qw", "net.ipv4.ip_forward=0"]);
+    assert!(sysctl.status.success(), "{sysctl:?}");
+    node.daemon = ebpf_cni_tests::daemon::Daemon::start_with(
+        &node.netns,
+        &node.instance,
+        &[],
+        &["--service-cidr", SERVICE_RANGE],
+    );
+    assert_eq!(
+        node.instance.cli_json(&["status"])["nat_enabled"],
+        false,
+        "no source NAT"
+    );
+    let back = round_trip(&client.netns, socket(ON_NODE, 80), b"no nat")
+        .expect("a ClusterIP with its endpoint on the node, routed by the stack");
+    assert_eq!(back, b"no nat");
+    assert_eq!(server.peers().len(), 1);
 }

@@ -76,6 +76,8 @@ pub struct Datapath {
     ebpf: Ebpf,
     bpf_dir: PathBuf,
     attachments: Vec<Attachment>,
+    /// The Service ranges (see `set_service_cidrs`).
+    service_cidrs: Vec<ipnet::Ipv4Net>,
 }
 
 impl Datapath {
@@ -116,6 +118,7 @@ impl Datapath {
             ebpf,
             bpf_dir: bpf_dir.to_owned(),
             attachments: Vec::new(),
+            service_cidrs: Vec::new(),
         })
     }
 

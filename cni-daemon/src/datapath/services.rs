@@ -37,6 +37,7 @@ impl Datapath {
         let mut count: Array<_, u32> = Array::try_from(map)?;
         // At most MAX_SERVICE_CIDRS, checked above.
         count.set(0, desired.len() as u32, 0)?;
+        self.service_cidrs = desired.iter().copied().collect();
         if changed {
             tracing::info!(
                 ranges = ?desired,
@@ -45,5 +46,10 @@ impl Datapath {
             );
         }
         Ok(())
+    }
+
+    /// The Service ranges in force.
+    pub fn service_cidrs(&self) -> &[Ipv4Net] {
+        &self.service_cidrs
     }
 }
