@@ -1,7 +1,7 @@
 //! Kubernetes Services implemented by kube-proxy in iptables mode, next to the datapath:
 //! with `--service-cidr`, pods reach ClusterIPs (a backend outside the node, one on the
-//! node, over TCP and UDP) and a NodePort, and get the replies from the address they
-//! asked. The node's DNAT rules stand in for kube-proxy's: the same PREROUTING DNAT
+//! node, over TCP and UDP, the backend itself through its own Service) and a NodePort,
+//! and get the replies from the address they asked. The node's DNAT rules stand in for kube-proxy's: the same PREROUTING DNAT
 //! kube-proxy writes, without its chains of chains.
 
 use std::{collections::BTreeSet, net::SocketAddr};
@@ -114,6 +114,29 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
             round_trip(&client.netns, to, &payload).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(back, payload, "{what}");
     }
+    // The backend reaching its own Service (a single replica): kube-proxy masquerades
+    // such hairpin connections, and the pod gets its answer from the node's address.
+    let rule = format!("{backend_ip}/32");
+    let masquerade = node.netns.run(
+        "iptables",
+        &[
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            &rule,
+            "-d",
+            &rule,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    assert!(masquerade.status.success(), "iptables: {masquerade:?}");
+    let back = round_trip(&backend.netns, socket(ON_NODE, 80), b"myself")
+        .expect("a pod reaching its own Service");
+    assert_eq!(back, b"myself");
     let back = udp_round_trip(&client.netns, 0, socket(ON_NODE, 53), b"dns?")
         .expect("UDP to a ClusterIP: the reply comes from the address asked (connected socket)");
     assert_eq!(back, b"dns?");
@@ -128,8 +151,8 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
     );
     assert_eq!(
         ips(on_node.peers()),
-        BTreeSet::from([client.ip.to_string()]),
-        "inside the node, it keeps the pod's address"
+        BTreeSet::from([client.ip.to_string(), NODE_ADDR.to_owned()]),
+        "inside the node, it keeps the pod's address (the hairpin aside)"
     );
     assert_eq!(
         ips(on_node_udp.peers()),
