@@ -347,6 +347,32 @@ pub fn endpoints_table(views: &[EndpointView]) -> String {
 mod tests {
     use super::*;
 
+    /// The view of a daemon with nothing attached and NAT off, for a test to change.
+    fn view(status: Status) -> StatusView {
+        StatusView {
+            status,
+            drops: BTreeMap::new(),
+            nat_counters: BTreeMap::new(),
+        }
+    }
+
+    fn idle() -> Status {
+        Status {
+            daemon_version: "0".into(),
+            bpf_dir: "/sys/fs/bpf/x".into(),
+            datapath_loaded: true,
+            endpoints: 0,
+            attachments: Vec::new(),
+            nat_enabled: false,
+            uplink: None,
+            node_addr: None,
+            uplinks: Vec::new(),
+            service_cidrs: Vec::new(),
+            host_port_addrs: Vec::new(),
+            pod_gso_max_size: None,
+        }
+    }
+
     #[test]
     fn status_columns_are_as_wide_as_the_longest_attachment() {
         let attachment = |interface: &str, program: &str| crate::api::Attachment {
@@ -355,30 +381,16 @@ mod tests {
             program: program.into(),
             mode: "m".into(),
         };
-        let view = StatusView {
-            status: Status {
-                daemon_version: "0".into(),
-                bpf_dir: "/sys/fs/bpf/x".into(),
-                datapath_loaded: true,
-                endpoints: 0,
-                attachments: vec![
-                    attachment("uplink0", "uplink_egress"),
-                    attachment(
-                        "/sys/fs/cgroup/unified/a-long-cgroup",
-                        "hostport_getpeername4",
-                    ),
-                ],
-                nat_enabled: false,
-                uplink: None,
-                node_addr: None,
-                uplinks: Vec::new(),
-                service_cidrs: Vec::new(),
-                host_port_addrs: Vec::new(),
-                pod_gso_max_size: None,
-            },
-            drops: BTreeMap::new(),
-            nat_counters: BTreeMap::new(),
-        };
+        let view = view(Status {
+            attachments: vec![
+                attachment("uplink0", "uplink_egress"),
+                attachment(
+                    "/sys/fs/cgroup/unified/a-long-cgroup",
+                    "hostport_getpeername4",
+                ),
+            ],
+            ..idle()
+        });
         let table = status_table(&view);
         let rows: Vec<&str> = table
             .lines()
@@ -399,27 +411,17 @@ mod tests {
             ifindex,
             node_addr,
         };
-        let view = StatusView {
-            status: Status {
-                daemon_version: "0".into(),
-                bpf_dir: "/sys/fs/bpf/x".into(),
-                datapath_loaded: true,
-                endpoints: 0,
-                attachments: Vec::new(),
-                nat_enabled: true,
-                uplink: Some("eth0".into()),
-                node_addr: Some([198, 18, 0, 1].into()),
-                uplinks: vec![
-                    uplink("eth0", 2, Some([198, 18, 0, 1].into())),
-                    uplink("eth1", 3, None),
-                ],
-                service_cidrs: vec!["10.96.0.0/12".parse().expect("a range")],
-                host_port_addrs: Vec::new(),
-                pod_gso_max_size: None,
-            },
-            drops: BTreeMap::new(),
-            nat_counters: BTreeMap::new(),
-        };
+        let view = view(Status {
+            nat_enabled: true,
+            uplink: Some("eth0".into()),
+            node_addr: Some([198, 18, 0, 1].into()),
+            uplinks: vec![
+                uplink("eth0", 2, Some([198, 18, 0, 1].into())),
+                uplink("eth1", 3, None),
+            ],
+            service_cidrs: vec!["10.96.0.0/12".parse().expect("a range")],
+            ..idle()
+        });
         let table = status_table(&view);
         let nat: Vec<&str> = table
             .lines()
