@@ -67,8 +67,9 @@ enum Command {
         /// Interface (in the daemon's network namespace) to attach the counter to.
         #[arg(long, env = "EBPF_CNID_ATTACH", value_delimiter = ',')]
         attach: Vec<String>,
-        /// The cluster's Service ranges (ClusterIPs; comma-separated or repeated), when
-        /// kube-proxy runs in iptables or nftables mode: pods' traffic to them and to
+        /// The cluster's Service ranges (ClusterIPs, and any externalIP or LoadBalancer
+        /// IP ranges; comma-separated or repeated), when kube-proxy runs in iptables or
+        /// nftables mode: pods' traffic to them and to
         /// node addresses (NodePorts), and the replies of those connections, then goes
         /// through the node's stack, where kube-proxy's DNAT is. Without them, pods'
         /// traffic skips the node's netfilter and a ClusterIP is routed as it is.
