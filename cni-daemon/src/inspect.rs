@@ -184,19 +184,14 @@ pub fn status_table(view: &StatusView) -> String {
         out.push_str("nat: disabled\n");
     }
     if !status.service_cidrs.is_empty() {
-        let ranges: Vec<String> = status
-            .service_cidrs
-            .iter()
-            .map(ToString::to_string)
-            .collect();
         out.push_str(&format!(
             "services: {} (through the node's stack: kube-proxy)\n",
-            ranges.join(", ")
+            joined(&status.service_cidrs, ", ")
         ));
     }
     match status.pod_gso_max_size {
         Some(size) => out.push_str(&format!(
-            "new pods: IPv4 GSO/GRO size {size} (BIG TCP, following the uplink)\n"
+            "new pods: IPv4 GSO/GRO size {size} (BIG TCP, following the uplinks)\n"
         )),
         None => out.push_str("new pods: IPv4 GSO/GRO size default (64 KiB)\n"),
     }
@@ -204,14 +199,9 @@ pub fn status_table(view: &StatusView) -> String {
         "nat counters: {}\n",
         crate::nat::view::counters_line(&view.nat_counters)
     ));
-    let addrs: Vec<String> = status
-        .host_port_addrs
-        .iter()
-        .map(ToString::to_string)
-        .collect();
     out.push_str(&format!(
         "hostPort addresses: {} (and 127.0.0.0/8 for the node's own processes)\n",
-        addrs.join(" ")
+        joined(&status.host_port_addrs, " ")
     ));
     if !status.attachments.is_empty() {
         // Columns as wide as their longest entry: a cgroup path is long.
@@ -341,6 +331,12 @@ pub fn endpoints_table(views: &[EndpointView]) -> String {
         ));
     }
     out
+}
+
+/// `items` as text, separated by `separator`.
+fn joined<T: std::fmt::Display>(items: &[T], separator: &str) -> String {
+    let texts: Vec<String> = items.iter().map(ToString::to_string).collect();
+    texts.join(separator)
 }
 
 #[cfg(test)]

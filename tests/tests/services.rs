@@ -53,6 +53,11 @@ fn dnat(node: &Netns, proto: &str, to: &str, port: u16, endpoint: SocketAddr) {
     assert!(output.status.success(), "iptables: {output:?}");
 }
 
+/// The TCP Service [`ON_NODE`]:80, its endpoint `backend`:[`TCP_PORT`].
+fn on_node_service(node: &Netns, backend: &str) {
+    dnat(node, "tcp", ON_NODE, 80, socket(backend, TCP_PORT));
+}
+
 #[test]
 fn pods_reach_services_that_the_nodes_netfilter_dnats() {
     require_root();
@@ -70,13 +75,7 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
         80,
         socket(EXTERNAL_ADDR, TCP_PORT),
     );
-    dnat(
-        &node.netns,
-        "tcp",
-        ON_NODE,
-        80,
-        socket(&backend_ip, TCP_PORT),
-    );
+    on_node_service(&node.netns, &backend_ip);
     dnat(
         &node.netns,
         "udp",
@@ -176,13 +175,7 @@ fn services_on_the_node_work_without_source_nat() {
     let backend = node.add_pod("svc-nonat-backend");
     let backend_ip = backend.ip.to_string();
     let server = EchoServer::start(&backend.netns, TCP_PORT);
-    dnat(
-        &node.netns,
-        "tcp",
-        ON_NODE,
-        80,
-        socket(&backend_ip, TCP_PORT),
-    );
+    on_node_service(&node.netns, &backend_ip);
     // No default route: source NAT is off, and with it the forwarding it turned on.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     node.netns.ip(&["route", "del", "default"]);
