@@ -19,8 +19,8 @@ pub use hostport::{
 };
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{
-    CidrKey, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, SweepItem,
-    Uplinks, sweep, tcp_state,
+    CidrKey, FragmentKey, FragmentTarget, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey,
+    NatReverseKey, SweepItem, Uplinks, sweep, tcp_state,
 };
 pub use services::{MAX_SERVICE_CIDRS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};
@@ -56,6 +56,9 @@ pub mod map_names {
     /// Per-CPU array of `u32`, indexed by a hash of a flow's destination: the offset in
     /// the port range of the next node port to hand out there, plus one (0: unused).
     pub const NAT_CURSORS: &str = "NAT_CURSORS";
+    /// LRU hash: [`crate::FragmentKey`] -> [`crate::FragmentTarget`], what the first
+    /// fragment of a translated datagram was given, for the fragments after it.
+    pub const NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
     /// Hash: [`crate::PortKey`] -> [`crate::PortTarget`], the hostPort mappings.
     pub const HOSTPORTS: &str = "HOSTPORTS";
     /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::HostPortFlow`].

@@ -237,16 +237,23 @@ pub enum NatCounter {
     /// Node ports tried for new flows after their first choice was held: how crowded
     /// the port range is towards busy destinations.
     PortProbes = 5,
+    /// Fragments after the first of a translated datagram, given its source on the way
+    /// out (see [`FragmentKey`]).
+    FragmentsOut = 6,
+    /// The same on the way in: given the pod's address back.
+    FragmentsIn = 7,
 }
 
 impl NatCounter {
-    pub const ALL: [NatCounter; 6] = [
+    pub const ALL: [NatCounter; 8] = [
         NatCounter::TranslatedOut,
         NatCounter::TranslatedIn,
         NatCounter::IcmpErrorsIn,
         NatCounter::NewFlows,
         NatCounter::AllocationFailures,
         NatCounter::PortProbes,
+        NatCounter::FragmentsOut,
+        NatCounter::FragmentsIn,
     ];
     pub const SLOTS: u32 = 8;
 
@@ -258,8 +265,51 @@ impl NatCounter {
             NatCounter::NewFlows => "new_flows",
             NatCounter::AllocationFailures => "allocation_failures",
             NatCounter::PortProbes => "port_probes",
+            NatCounter::FragmentsOut => "fragments_out",
+            NatCounter::FragmentsIn => "fragments_in",
         }
     }
+}
+
+/// A fragmented IPv4 datagram crossing an uplink: the key of `NAT_FRAGMENTS`, which
+/// holds what the translation of its first fragment did ([`FragmentTarget`]) for the
+/// fragments after it, which carry no ports to find the flow by. The addresses are the
+/// packet's before translation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragmentKey {
+    pub src_addr: [u8; 4],
+    pub dst_addr: [u8; 4],
+    /// The IPv4 identification field, as on the wire.
+    pub id: [u8; 2],
+    pub proto: u8,
+    /// [`FragmentKey::LEAVING`], [`FragmentKey::ARRIVING`] or [`FragmentKey::TO_STACK`].
+    pub way: u8,
+}
+
+impl FragmentKey {
+    /// A pod's datagram leaving by an uplink (its source is rewritten).
+    pub const LEAVING: u8 = 0;
+    /// A datagram arriving on an uplink for a pod (its destination is rewritten).
+    pub const ARRIVING: u8 = 1;
+    /// A pod's datagram for a pod of the node, handed to the node's stack (a Service
+    /// backend's reply, whose DNAT the stack undoes); nothing is rewritten.
+    pub const TO_STACK: u8 = 2;
+}
+
+/// The value of `NAT_FRAGMENTS` (see [`FragmentKey`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragmentTarget {
+    /// When the first fragment passed (CLOCK_MONOTONIC, coarse).
+    pub seen_ns: u64,
+    /// The address the first fragment was given: its new source leaving, its new
+    /// destination (the pod's) arriving.
+    pub addr: [u8; 4],
+    /// Arriving: 1 when the first fragment was handed straight into the pod, 0 when it
+    /// was left to the node's stack; the fragments after it go the same way.
+    pub deliver: u8,
+    pub pad: [u8; 3],
 }
 
 /// One removal the daemon's NAT sweep hands the `nat_sweep` program (see [`sweep`]).
@@ -306,6 +356,8 @@ const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
 const _: () = assert!(core::mem::size_of::<NatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
+const _: () = assert!(core::mem::size_of::<FragmentKey>() == 12);
+const _: () = assert!(core::mem::size_of::<FragmentTarget>() == 16);
 const _: () = assert!(core::mem::size_of::<Uplinks>() == 4 + 8 * MAX_UPLINKS);
 const _: () = assert!((NatCounter::ALL.len() as u32) <= NatCounter::SLOTS);
 
@@ -319,4 +371,6 @@ mod pod_impls {
     unsafe impl aya::Pod for super::NatConfig {}
     unsafe impl aya::Pod for super::CidrKey {}
     unsafe impl aya::Pod for super::Uplinks {}
+    unsafe impl aya::Pod for super::FragmentKey {}
+    unsafe impl aya::Pod for super::FragmentTarget {}
 }

@@ -56,6 +56,13 @@ pub struct L4Csum {
 }
 
 impl L4Csum {
+    /// No L4 header to fix: a fragment after the first of its datagram.
+    pub const NONE: Self = Self {
+        at: 0,
+        pseudo: false,
+        flags: 0,
+    };
+
     /// The checksum of a `proto` header starting at `l4`, if we translate that protocol.
     #[inline(always)]
     pub fn of(proto: u8, l4: usize) -> Option<Self> {

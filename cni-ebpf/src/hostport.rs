@@ -22,7 +22,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum, TCP, UDP},
-    endpoints, forward,
+    endpoints, forward, fragments,
 };
 
 /// Mappings per node: 5,000 must fit with room to spare.
@@ -150,6 +150,8 @@ pub fn inbound(
     remember(&flow, &host);
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, host_port, target.pod_port, l4_csum)?;
+    // The fragments after a first one follow it (`deliver` hands it over above TTL 1).
+    fragments::arrived(ip, target.pod_addr, ip.ttl > 1);
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     forward::deliver(ctx, eth, &ip, &pod).map(Some)
 }
@@ -175,7 +177,7 @@ pub fn quoted(
 
 /// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, L4 header at `l4`) leaving
 /// by the uplink on a hostPort connection: source set back to the host address and
-/// port. Returns whether it was one.
+/// port. Returns the host address when it was one.
 #[inline(always)]
 pub fn outbound(
     ctx: &TcContext,
@@ -184,10 +186,10 @@ pub fn outbound(
     l4_csum: L4Csum,
     pod_port: u16,
     remote_port: u16,
-) -> Result<bool, i64> {
+) -> Result<Option<[u8; 4]>, i64> {
     // Most packets (every source-NATed one) leave other ports: one array read, no hash.
     if !is_target_port(pod_port) {
-        return Ok(false);
+        return Ok(None);
     }
     let flow = NatKey {
         pod_addr: ip.src_addr,
@@ -199,11 +201,11 @@ pub fn outbound(
     };
     // SAFETY: the value is copied at once.
     let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
-        return Ok(false);
+        return Ok(None);
     };
     csum::set_source(ctx, ip, host.host_addr, l4_csum)?;
     csum::set_port(ctx, l4, pod_port, host.host_port, l4_csum)?;
-    Ok(true)
+    Ok(Some(host.host_addr))
 }
 
 /// A pod's TCP/UDP packet for an address that is not a pod's: a connection to a node
@@ -289,7 +291,7 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
         return Ok(false);
     };
     let (pod_port, remote_port, _) = csum::ports_and_flags(ctx, proto, l4)?;
-    outbound(ctx, ip, l4, l4_csum, pod_port, remote_port)
+    Ok(outbound(ctx, ip, l4, l4_csum, pod_port, remote_port)?.is_some())
 }
 
 /// Whether any mapping exists on the node (an array read the verifier inlines).

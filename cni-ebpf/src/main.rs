@@ -10,6 +10,7 @@ mod count_by_source;
 mod csum;
 mod endpoints;
 mod forward;
+mod fragments;
 mod hostport;
 mod metrics;
 mod nat_maps;

@@ -4,7 +4,7 @@
 //! and go straight into the pod, without crossing the node's stack.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatReverseKey};
+use cni_ebpf_common::{FragmentKey, NatConfig, NatCounter, NatEntry, NatReverseKey};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -12,7 +12,7 @@ use network_types::{
 
 use crate::{
     csum::{self, EthIpv4, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
-    endpoints, forward, hostport,
+    endpoints, forward, fragments, hostport,
     nat_maps::{self, NAT_IN},
     services,
     snat::{self, Way},
@@ -40,8 +40,8 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     if eth.ether_type != EtherType::Ipv4 as u16 {
         return Ok(TC_ACT_OK);
     }
-    if ip.frag_offset() != 0 {
-        return Ok(TC_ACT_OK);
+    if fragments::is_later(&ip) {
+        return later_fragment(ctx, &eth, &ip);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
     let proto = ip.proto as u8;
@@ -77,6 +77,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
             csum::set_destination(ctx, &ip, entry.pod_addr, ttl, l4_csum)?;
             csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;
+            fragments::arrived(&ip, entry.pod_addr, pod.is_some());
             return match pod {
                 Some(pod) => forward::redirect(ctx, &eth, &pod),
                 None => Ok(TC_ACT_OK),
@@ -105,13 +106,34 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         },
         _ => return Ok(TC_ACT_OK),
     };
-    let Some(pod) = endpoints::lookup(pod_addr) else {
+    let pod = endpoints::lookup(pod_addr);
+    // `deliver` hands the packet over above TTL 1.
+    fragments::arrived(&ip, pod_addr, pod.is_some() && ip.ttl > 1);
+    let Some(pod) = pod else {
         // The pod is gone: the stack answers (or drops) as for any unknown address.
         return Ok(TC_ACT_OK);
     };
     // Headers as they are now (addresses rewritten), for delivery.
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     forward::deliver(ctx, &eth, &ip, &pod)
+}
+
+/// A fragment after the first of a datagram (no ports): it gets the destination its
+/// first fragment was given and goes the same way, into the pod or to the stack.
+/// Without a record (see `fragments`) it is the stack's.
+#[inline(always)]
+fn later_fragment(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<i32, i64> {
+    let Some(first) = fragments::first_of(ip, FragmentKey::ARRIVING) else {
+        return Ok(TC_ACT_OK);
+    };
+    let pod = endpoints::lookup(first.addr).filter(|_| first.deliver != 0 && ip.ttl > 1);
+    let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
+    csum::set_destination(ctx, ip, first.addr, ttl, L4Csum::NONE)?;
+    nat_maps::count(NatCounter::FragmentsIn);
+    match pod {
+        Some(pod) => forward::redirect(ctx, eth, &pod),
+        None => Ok(TC_ACT_OK),
+    }
 }
 
 fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) -> NatReverseKey {

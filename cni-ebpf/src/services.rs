@@ -17,12 +17,12 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, lpm_trie::Key},
     programs::TcContext,
 };
-use cni_ebpf_common::{MAX_SERVICE_CIDRS, ServiceClient};
+use cni_ebpf_common::{FragmentKey, MAX_SERVICE_CIDRS, ServiceClient};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     csum::{self, TCP, UDP},
-    hostport,
+    fragments, hostport,
 };
 
 /// Pod sockets with Service connections remembered at once; the least recently used
@@ -98,10 +98,18 @@ pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !enabled() {
         return Ok(false);
     }
-    Ok(match ports(ctx, ip)? {
+    // A fragment after the first (no ports) goes where its first fragment went.
+    if fragments::is_later(ip) {
+        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
+    }
+    let reply = match ports(ctx, ip)? {
         Some((_, port)) => is_remembered(ip.dst_addr, port, ip.proto as u8),
         None => false,
-    })
+    };
+    if reply {
+        fragments::went_to_stack(ip);
+    }
+    Ok(reply)
 }
 
 /// Whether the pod socket `addr`:`port` (`proto`) has a Service connection.

@@ -9,7 +9,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    DropReason, NatConfig, NatCounter, NatEntry, NatKey, endpoint_flags, tcp_state,
+    DropReason, FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, endpoint_flags, tcp_state,
 };
 use network_types::{
     eth::{EthHdr, EtherType},
@@ -18,7 +18,7 @@ use network_types::{
 
 use crate::{
     csum::{self, EthIpv4, ICMP, L4Csum, TCP, UDP},
-    endpoints, hostport, metrics,
+    endpoints, fragments, hostport, metrics,
     nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
 };
 
@@ -59,11 +59,8 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     if eth.ether_type != EtherType::Ipv4 as u16 {
         return Ok(TC_ACT_OK);
     }
-    if ip.frag_offset() != 0 {
-        if to_translate(&ip) {
-            return Ok(metrics::drop_packet(DropReason::NatFragment));
-        }
-        return Ok(TC_ACT_OK);
+    if fragments::is_later(&ip) {
+        return later_fragment(ctx, &ip);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
     let Some(l4_csum) = L4Csum::of(ip.proto, l4) else {
@@ -75,7 +72,10 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             let (pod_port, remote_port, flags) = csum::ports_and_flags(ctx, ip.proto, l4)?;
             // A pod's reply on a hostPort connection leaves with the host address and
             // port.
-            if hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port)? {
+            if let Some(host_addr) =
+                hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port)?
+            {
+                fragments::left(&ip, host_addr);
                 return Ok(TC_ACT_OK);
             }
             (pod_port, remote_port, l4, flags)
@@ -164,8 +164,25 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     if node_port != pod_port {
         csum::set_port(ctx, port_at, pod_port, node_port, l4_csum)?;
     }
+    fragments::left(&ip, node_addr);
     nat_maps::count(NatCounter::TranslatedOut);
     Ok(TC_ACT_OK)
+}
+
+/// A fragment after the first of a pod's datagram (no ports): it leaves with the
+/// source its first fragment was given. Without a record (see `fragments`) a fragment
+/// to translate is dropped, as it would leak the pod's address.
+#[inline(always)]
+fn later_fragment(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<i32, i64> {
+    match fragments::first_of(ip, FragmentKey::LEAVING) {
+        Some(first) => {
+            csum::set_source(ctx, ip, first.addr, L4Csum::NONE)?;
+            nat_maps::count(NatCounter::FragmentsOut);
+            Ok(TC_ACT_OK)
+        }
+        None if to_translate(ip) => Ok(metrics::drop_packet(DropReason::NatFragment)),
+        None => Ok(TC_ACT_OK),
+    }
 }
 
 /// Whether `ip` is a masqueraded pod's packet for outside the cluster ranges.

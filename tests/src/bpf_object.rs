@@ -18,8 +18,9 @@ use aya::{
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
 };
 use cni_ebpf_common::{
-    DropReason, EndpointCounters, EndpointInfo, EndpointKey, NatConfig, NatCounter, NatEntry,
-    NatKey, NatReverseKey, PortKey, PortTarget, TARGET_COUNT, Uplinks, map_names,
+    DropReason, EndpointCounters, EndpointInfo, EndpointKey, FragmentKey, FragmentTarget,
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, PortKey, PortTarget, TARGET_COUNT,
+    Uplinks, map_names,
 };
 use nix::{
     mount::{MsFlags, mount},
@@ -292,6 +293,16 @@ impl BpfObject {
     /// Every entry of `NAT_OUT`, in the map's order.
     pub fn nat_out_entries(&self) -> Vec<(NatKey, NatEntry)> {
         self.hash_entries(map_names::NAT_OUT)
+    }
+
+    /// Every record of `NAT_FRAGMENTS` (fragmented datagrams whose first fragment was
+    /// translated), in the map's order.
+    pub fn nat_fragments(&self) -> Vec<(FragmentKey, FragmentTarget)> {
+        self.hash_entries(map_names::NAT_FRAGMENTS)
+    }
+
+    pub fn insert_nat_fragment(&mut self, key: FragmentKey, target: FragmentTarget) {
+        self.hash_insert(map_names::NAT_FRAGMENTS, key, target);
     }
 
     /// Every entry of `NAT_IN`, in the map's order.

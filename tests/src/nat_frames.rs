@@ -360,6 +360,23 @@ pub fn with_frag_field(mut frame: Vec<u8>, frag: u16) -> Vec<u8> {
     frame
 }
 
+/// `frame` with the IPv4 identification `id`.
+pub fn with_ip_id(mut frame: Vec<u8>, id: u16) -> Vec<u8> {
+    frame[IP + 4..IP + 6].copy_from_slice(&id.to_be_bytes());
+    set_ip_checksum(&mut frame);
+    frame
+}
+
+/// `frame` with the IPv4 addresses `src` and `dst` and its header checksum recomputed,
+/// nothing else changed: what a fragment after the first (no L4 header) becomes when
+/// translated.
+pub fn with_addrs(mut frame: Vec<u8>, src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+    frame[IP_SRC..IP_SRC + 4].copy_from_slice(&src);
+    frame[IP_DST..IP_DST + 4].copy_from_slice(&dst);
+    set_ip_checksum(&mut frame);
+    frame
+}
+
 /// The options [`with_ip_options`] puts in an IPv4 header: three NOPs, end of list.
 pub const IP_OPTIONS: [u8; 4] = [1, 1, 1, 0];
 

@@ -50,6 +50,12 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     )
     .expect("UDP");
     assert_eq!(back, b"udp via hostPort");
+    // Larger than the MTU: the fragments after the first follow it to the pod, and those
+    // of the pod's reply follow its first out with the host's address.
+    let big: Vec<u8> = (0..4000u32).map(|n| (n % 251) as u8).collect();
+    let back = udp_round_trip(&node.external, 0, socket(NODE_ADDR, 30053), &big)
+        .expect("a 4,000-byte datagram via hostPort");
+    assert_eq!(back, big, "reassembled whole both ways");
     // Like portmap's default, the pod sees the client's own address.
     assert!(
         tcp.peers()

@@ -1,9 +1,9 @@
 //! Source NAT on the uplink's egress, run by the kernel through BPF_PROG_TEST_RUN: a
 //! masqueraded pod's TCP, UDP and ICMP echo leave with the node's address and a node
 //! port (or identifier) from the range, every checksum valid, the flow recorded in both
-//! tables; traffic that must keep its source passes untouched; fragments without ports
-//! are dropped. Port allocation is in `nat_program_ports.rs`, replies in
-//! `nat_program_replies.rs`.
+//! tables; traffic that must keep its source passes untouched. Port allocation is in
+//! `nat_program_ports.rs`, replies in `nat_program_replies.rs`, fragmented datagrams in
+//! `nat_program_fragments.rs`.
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, Uplinks, tcp_state};
 use ebpf_cni_tests::{
@@ -16,8 +16,7 @@ use ebpf_cni_tests::{
         POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK, TCP_SYN, UDP,
         UDP_CHECK, addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo,
         in_key, inbound, ingress, monotonic_coarse_ns, nat_config, out_key, outbound, port,
-        pseudo_header_checksum, tcp, udp, uplink, uplink_with, with_frag_field,
-        without_udp_checksum,
+        pseudo_header_checksum, tcp, udp, uplink, uplink_with, without_udp_checksum,
     },
     require_root,
 };
@@ -383,28 +382,4 @@ fn a_device_that_is_no_uplink_translates_nothing() {
     assert_unchanged(&egress(&object, &syn), &syn, "not an uplink");
     assert!(object.nat_out_entries().is_empty(), "no flow");
     assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
-}
-
-#[test]
-fn a_non_first_fragment_of_masqueraded_traffic_is_dropped_as_nat_fragment() {
-    require_root();
-    let object = uplink();
-    let datagram = outbound(MASQ.ip, REMOTE, UDP, &udp(POD_PORT, 53, &[0x5a; 32]));
-    // Offset 185 (1480 bytes), no more fragments: the tail of a datagram, no ports.
-    let tail = with_frag_field(datagram.clone(), 185);
-    let mut drops = no_drops();
-    drops[DropReason::NatFragment as usize] = 1;
-    let run = egress(&object, &tail);
-    assert_eq!(run.verdict, TC_ACT_SHOT, "it would leak the pod's address");
-    assert_eq!(run.frame, tail, "a dropped packet is not rewritten");
-    assert_eq!(all_drops(&object), drops, "one drop, nat_fragment");
-    assert!(object.nat_out_entries().is_empty(), "no flow opened");
-
-    // The first fragment (more fragments, offset 0) carries the ports: translated.
-    let head = with_frag_field(datagram, 0x2000);
-    let run = egress(&object, &head);
-    assert_eq!(run.verdict, TC_ACT_OK, "the first fragment is translated");
-    assert_eq!(addr(&run.frame, IP_SRC), NODE_ADDR);
-    assert_checksums_valid(&run.frame, "the translated first fragment");
-    assert_eq!(all_drops(&object), drops, "no further drop");
 }

@@ -139,6 +139,12 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
     let back = udp_round_trip(&client.netns, 0, socket(ON_NODE, 53), b"dns?")
         .expect("UDP to a ClusterIP: the reply comes from the address asked (connected socket)");
     assert_eq!(back, b"dns?");
+    // Larger than the MTU: the backend's reply leaves it in fragments, which must all
+    // take the stack's way back, as the first one does.
+    let big: Vec<u8> = (0..4000u32).map(|n| (n % 251) as u8).collect();
+    let back = udp_round_trip(&client.netns, 0, socket(ON_NODE, 53), &big)
+        .expect("a 4,000-byte datagram to a ClusterIP and its reply");
+    assert_eq!(back, big, "reassembled whole both ways");
 
     let ips = |peers: Vec<SocketAddr>| -> BTreeSet<String> {
         peers.iter().map(|peer| peer.ip().to_string()).collect()

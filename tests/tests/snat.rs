@@ -188,6 +188,55 @@ fn an_icmp_port_unreachable_about_a_translated_flow_reaches_the_pod() {
 }
 
 #[test]
+fn datagrams_larger_than_the_mtu_cross_the_nat_in_fragments_both_ways() {
+    require_root();
+    let node = Node::start("10.244.74.0/24");
+    let pod = node.add_pod("snat-frag");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    // 4,000 bytes: three fragments each way at the veths' 1,500-byte MTU; only the
+    // first carries the ports.
+    let payload: Vec<u8> = (0..4000u32).map(|n| (n % 251) as u8).collect();
+    let back = udp_round_trip(&pod.netns, 0, external(UDP_PORT), &payload)
+        .expect("a 4,000-byte datagram through NAT and its echo back");
+    assert_eq!(back, payload, "the echo reassembled whole in the pod");
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()]),
+        "the external host reassembled it from the node's address"
+    );
+    // ICMP echo of 3,000 bytes, fragments both ways (the identifier in the first).
+    let ping = pod.netns.run(
+        "ping",
+        &[
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            "-s",
+            "3000",
+            "-M",
+            "dont",
+            EXTERNAL_ADDR,
+        ],
+    );
+    assert!(
+        ping.status.success(),
+        "a fragmented ping through NAT: {}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+    // Two later fragments per datagram: one UDP datagram and two echoes each way.
+    let stats = &nat_table(&node)["counters"];
+    for counter in ["fragments_out", "fragments_in"] {
+        assert!(
+            stats[counter].as_u64().is_some_and(|n| n >= 6),
+            "{counter}: {stats}"
+        );
+    }
+}
+
+#[test]
 fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
     require_root();
     // One node port and a 2 s UDP timeout, swept every second.

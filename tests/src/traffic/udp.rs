@@ -9,6 +9,9 @@ use std::{
 use super::{Background, IO_TIMEOUT, MAX_LIFETIME, run_in};
 use crate::netns::Netns;
 
+/// The largest UDP payload over IPv4: datagrams larger than the MTU travel in fragments.
+const MAX_DATAGRAM: usize = 65_507;
+
 /// A UDP echo server in a namespace that records who sent, stopped on drop.
 pub struct UdpEcho {
     peers: Arc<Mutex<Vec<SocketAddr>>>,
@@ -28,7 +31,7 @@ impl UdpEcho {
                 .expect("timeout");
             bound.send(()).expect("ready signal");
             let deadline = Instant::now() + MAX_LIFETIME;
-            let mut buffer = [0u8; 2048];
+            let mut buffer = vec![0u8; MAX_DATAGRAM];
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 if let Ok((n, peer)) = socket.recv_from(&mut buffer) {
                     seen.lock().expect("peers lock").push(peer);
@@ -66,7 +69,7 @@ pub fn udp_round_trip(
         socket.connect(to)?;
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         socket.send(&payload)?;
-        let mut buffer = vec![0u8; 2048];
+        let mut buffer = vec![0u8; MAX_DATAGRAM];
         let n = socket.recv(&mut buffer)?;
         buffer.truncate(n);
         Ok(buffer)
