@@ -34,24 +34,30 @@ pub enum DropReason {
     MalformedIpv4 = 1,
     /// An ARP packet that is not Ethernet/IPv4.
     MalformedArp = 2,
-    /// A new flow to translate found every node port of its destination taken.
+    /// A new flow to translate found every node port of its destination taken (for SCTP,
+    /// whose port is kept, and protocols without ports: the one it can have).
     NatPortsExhausted = 3,
     /// A non-first IPv4 fragment of masqueraded traffic: it has no ports to translate,
     /// and sending it untranslated would leak the pod's address.
     NatFragment = 4,
     /// Masqueraded traffic while the uplink has no IPv4 address (`NatConfig::NO_ADDRESS`).
     NatNoAddress = 5,
+    /// Masqueraded traffic of a protocol whose checksum covers the addresses and which
+    /// the datapath does not translate (DCCP, UDP-Lite): dropped rather than sent with
+    /// the pod's address.
+    NatProtocol = 6,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
         DropReason::NatPortsExhausted,
         DropReason::NatFragment,
         DropReason::NatNoAddress,
+        DropReason::NatProtocol,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -66,6 +72,7 @@ impl DropReason {
             DropReason::NatPortsExhausted => "nat_ports_exhausted",
             DropReason::NatFragment => "nat_fragment",
             DropReason::NatNoAddress => "nat_no_address",
+            DropReason::NatProtocol => "nat_protocol",
         }
     }
 }

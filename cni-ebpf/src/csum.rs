@@ -17,6 +17,12 @@ pub const IP_DST: usize = EthHdr::LEN + 16;
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
 pub const ICMP: u8 = 1;
+/// Its CRC32c covers its ports and chunks, not the IP addresses (no pseudo header).
+pub const SCTP: u8 = 132;
+/// Both have a checksum over a pseudo header with the addresses, as TCP and UDP do,
+/// which the datapath does not fix: never translated.
+pub const DCCP: u8 = 33;
+pub const UDPLITE: u8 = 136;
 
 /// The Ethernet and IPv4 headers, read together (one helper call where two were).
 #[repr(C)]

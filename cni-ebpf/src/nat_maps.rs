@@ -132,8 +132,9 @@ pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> boo
         (6, tcp_state::CLOSED) => config.tcp_closed_secs,
         (6, tcp_state::POD_CLOSED) => config.tcp_closed_secs.min(tcp_state::POD_CLOSED_SECS),
         (6, _) => config.tcp_transitory_secs,
-        (17, _) => config.udp_secs,
-        _ => config.icmp_secs,
+        (1, _) => config.icmp_secs,
+        // UDP, and the protocols translated by address or with their ports kept.
+        _ => config.udp_secs,
     };
     now.saturating_sub(entry.last_seen_ns) > u64::from(secs) * 1_000_000_000
 }

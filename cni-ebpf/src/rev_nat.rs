@@ -11,7 +11,7 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, EthIpv4, ICMP, IP_CSUM, IP_DST, L4Csum, TCP, UDP},
+    csum::{self, DCCP, EthIpv4, ICMP, IP_CSUM, IP_DST, L4Csum, SCTP, TCP, UDP, UDPLITE},
     endpoints, forward, fragments, hostport,
     nat_maps::{self, NAT_IN},
     services,
@@ -45,9 +45,8 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
     let proto = ip.proto as u8;
-    let Some(l4_csum) = L4Csum::of(proto, l4) else {
-        return Ok(TC_ACT_OK);
-    };
+    // Other protocols than TCP, UDP and ICMP have no checksum over the addresses.
+    let l4_csum = L4Csum::of(proto, l4).unwrap_or(L4Csum::NONE);
     // Without a node address (`NatConfig::NO_ADDRESS`, the broadcast address) nothing
     // arrives for translated flows.
     if ip.dst_addr != node_addr || !NatConfig::is_address(node_addr) {
@@ -104,7 +103,24 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             _ => return Ok(TC_ACT_OK),
         },
-        _ => return Ok(TC_ACT_OK),
+        // Never translated on the way out (`snat::keep_port`).
+        DCCP | UDPLITE => return Ok(TC_ACT_OK),
+        // SCTP, its ports kept, and protocols without ports: the address alone.
+        _ => {
+            let (remote_port, node_port) = if proto == SCTP {
+                let (remote_port, node_port, _) = csum::ports_and_flags(ctx, UDP, l4)?;
+                (remote_port, node_port)
+            } else {
+                (0, 0)
+            };
+            let key = reverse(ip.src_addr, node_port, remote_port, proto);
+            let Some(entry) = live_entry(&key, &config, node_addr, 0) else {
+                return Ok(TC_ACT_OK);
+            };
+            csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
+            nat_maps::count(NatCounter::TranslatedIn);
+            entry.pod_addr
+        }
     };
     let pod = endpoints::lookup(pod_addr);
     // `deliver` hands the packet over above TTL 1.
@@ -196,7 +212,7 @@ fn icmp_error(
     let inner_proto = inner_ip.proto as u8;
     // Where the node port sits in the quoted header, and the flow's key.
     let (port_at, key) = match inner_proto {
-        TCP | UDP => {
+        TCP | UDP | SCTP => {
             let ports: [u8; 4] = ctx.load(inner_l4)?;
             let node_port = u16::from_be_bytes([ports[0], ports[1]]);
             let remote_port = u16::from_be_bytes([ports[2], ports[3]]);
@@ -209,7 +225,9 @@ fn icmp_error(
             let id = u16::from_be_bytes(ctx.load(inner_l4 + 4)?);
             (inner_l4 + 4, reverse(inner_ip.dst_addr, id, 0, ICMP))
         }
-        _ => return Ok(None),
+        ICMP | DCCP | UDPLITE => return Ok(None),
+        // Translated by address alone (a pod's GRE or ESP tunnel told the path's MTU).
+        _ => (inner_l4, reverse(inner_ip.dst_addr, 0, 0, inner_proto)),
     };
     // A translated flow of a pod's, else a pod's reply on a hostPort connection (PMTU
     // discovery must reach the pod serving it).
@@ -220,7 +238,7 @@ fn icmp_error(
     };
     let (pod_addr, pod_port) = match nat {
         Some(entry) => (entry.pod_addr, entry.pod_port),
-        None if inner_proto != ICMP => {
+        None if inner_proto == TCP || inner_proto == UDP => {
             let quoted = hostport::quoted(
                 inner_proto,
                 inner_ip.src_addr,
@@ -261,12 +279,15 @@ fn icmp_error(
         new_inner_csum,
     )?;
     csum::set_icmp_payload4(ctx, inner + 12, icmp_csum, inner_ip.src_addr, pod_addr)?;
-    csum::set_icmp_payload2(
-        ctx,
-        port_at,
-        icmp_csum,
-        key.node_port.to_be_bytes(),
-        pod_port.to_be_bytes(),
-    )?;
+    // Kept ports (SCTP, and 0 for protocols without) need no rewrite.
+    if key.node_port != pod_port {
+        csum::set_icmp_payload2(
+            ctx,
+            port_at,
+            icmp_csum,
+            key.node_port.to_be_bytes(),
+            pod_port.to_be_bytes(),
+        )?;
+    }
     Ok(Some(pod_addr))
 }

@@ -1,6 +1,7 @@
 //! Source NAT on an uplink's egress: a masqueraded pod's packet to a destination
 //! outside the cluster ranges leaves with that uplink's address and a node port (or ICMP
-//! echo identifier) taken from the configured range, recorded in both NAT tables.
+//! echo identifier) taken from the configured range, recorded in both NAT tables. SCTP
+//! keeps its ports and protocols without ports change address alone ([`keep_port`]).
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK},
@@ -17,7 +18,7 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, EthIpv4, ICMP, L4Csum, TCP, UDP},
+    csum::{self, DCCP, EthIpv4, ICMP, L4Csum, SCTP, TCP, UDP, UDPLITE},
     endpoints, fragments, hostport, metrics,
     nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
 };
@@ -63,9 +64,8 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         return later_fragment(ctx, &ip);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
-    let Some(l4_csum) = L4Csum::of(ip.proto, l4) else {
-        return Ok(TC_ACT_OK);
-    };
+    // Other protocols than TCP, UDP and ICMP have no checksum over the addresses.
+    let l4_csum = L4Csum::of(ip.proto, l4).unwrap_or(L4Csum::NONE);
     // The pod-side port (or echo identifier) and where it sits.
     let (pod_port, remote_port, port_at, tcp_flags) = match ip.proto {
         TCP | UDP => {
@@ -88,7 +88,21 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             let id: [u8; 2] = ctx.load(l4 + 4)?;
             (u16::from_be_bytes(id), 0, l4 + 4, 0)
         }
-        _ => return Ok(TC_ACT_OK),
+        // Their checksums cover the addresses, which is not fixed here: never sent with
+        // the pod's address.
+        DCCP | UDPLITE => {
+            if to_translate(&ip) {
+                return Ok(metrics::drop_packet(DropReason::NatProtocol));
+            }
+            return Ok(TC_ACT_OK);
+        }
+        // Ports where UDP has them, kept (see `keep_port`).
+        SCTP => {
+            let (pod_port, remote_port, _) = csum::ports_and_flags(ctx, UDP, l4)?;
+            (pod_port, remote_port, l4, 0)
+        }
+        // No ports (GRE, ESP, IP in IP...): the address alone (see `keep_port`).
+        _ => (0, 0, l4, 0),
     };
     let key = NatKey {
         pod_addr: ip.src_addr,
@@ -141,7 +155,12 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             } else {
                 tcp_state::ESTABLISHED
             };
-            let Some(port) = allocate(&key, &config, node_addr, now, state) else {
+            let port = if key.proto == TCP || key.proto == UDP || key.proto == ICMP {
+                allocate(&key, &config, node_addr, now, state)
+            } else {
+                keep_port(&key, &config, node_addr, now)
+            };
+            let Some(port) = port else {
                 nat_maps::count(NatCounter::AllocationFailures);
                 return Ok(metrics::drop_packet(DropReason::NatPortsExhausted));
             };
@@ -257,6 +276,31 @@ fn allocate(
     // SAFETY: as above; the next offset, plus one (0 means "not used yet").
     unsafe { *cursor = (u32::from(search.port - config.port_min) + 1) % size + 1 };
     Some(search.port)
+}
+
+/// Claims the pod's own port for `key`, a flow of a protocol whose port is not rewritten
+/// (see below): `None` when another pod's live flow holds it.
+///
+/// Decision: SCTP keeps its ports, since rewriting one means recomputing
+/// the CRC32c over the whole packet, and protocols without ports (GRE, ESP, IP in IP)
+/// are translated by address alone (port 0), as MASQUERADE's generic protocol handling
+/// does: one pod at a time per (remote address, protocol), or per (remote address and
+/// port, pod port) for SCTP; another pod's flow meanwhile is dropped and counted as
+/// `nat_ports_exhausted`. DCCP and UDP-Lite, whose checksums cover the addresses, are
+/// dropped (`nat_protocol`), never sent with the pod's address.
+#[inline(always)]
+fn keep_port(key: &NatKey, config: &NatConfig, node_addr: [u8; 4], now: u64) -> Option<u16> {
+    let search = Search {
+        key: *key,
+        config: *config,
+        node_addr,
+        now,
+        start: 0,
+        size: 1,
+        state: 0,
+        port: 0,
+    };
+    claim(&search, key.pod_port).then_some(key.pod_port)
 }
 
 /// A port search of [`allocate`], shared with its [`probe`] callback.

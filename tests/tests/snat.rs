@@ -3,7 +3,12 @@
 //! The external namespace has no route to the pods, so any reply a pod gets proves the
 //! translation both ways.
 
-use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddr},
+    thread,
+    time::Duration,
+};
 
 use aya::maps::{Map, MapData};
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names};
@@ -13,12 +18,17 @@ use ebpf_cni_tests::{
     netns::Netns,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
-    traffic::{EchoServer, UdpEcho, many_connections, round_trip, round_trip_from, udp_round_trip},
+    traffic::{
+        EchoServer, RawSocket, UdpEcho, many_connections, round_trip, round_trip_from,
+        udp_round_trip,
+    },
 };
 use serde_json::Value;
 
 const TCP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 9000;
+/// An IP protocol number for experiments (RFC 3692): no ports, no kernel handler.
+const EXPERIMENTAL_PROTO: u8 = 253;
 
 fn external(port: u16) -> SocketAddr {
     format!("{EXTERNAL_ADDR}:{port}").parse().expect("address")
@@ -234,6 +244,56 @@ fn datagrams_larger_than_the_mtu_cross_the_nat_in_fragments_both_ways() {
             "{counter}: {stats}"
         );
     }
+}
+
+#[test]
+fn a_protocol_without_ports_leaves_with_the_node_address_one_pod_per_remote() {
+    require_root();
+    let node = Node::start("10.244.75.0/24");
+    let rules_before = node.netns.iptables_rules();
+    let (a, b) = (node.add_pod("snat-raw-a"), node.add_pod("snat-raw-b"));
+    let external = RawSocket::open(&node.external, EXPERIMENTAL_PROTO);
+    let (in_a, in_b) = (
+        RawSocket::open(&a.netns, EXPERIMENTAL_PROTO),
+        RawSocket::open(&b.netns, EXPERIMENTAL_PROTO),
+    );
+    let external_addr: Ipv4Addr = EXTERNAL_ADDR.parse().expect("address");
+    let node_addr: Ipv4Addr = NODE_ADDR.parse().expect("address");
+    let wait = Duration::from_secs(2);
+
+    in_a.send_to(external_addr, b"from a").expect("send");
+    assert_eq!(
+        external.recv(wait),
+        Some((node_addr, b"from a".to_vec())),
+        "the external host gets a's packet from the node's address"
+    );
+    external.send_to(node_addr, b"to a").expect("send");
+    assert_eq!(
+        in_a.recv(wait),
+        Some((external_addr, b"to a".to_vec())),
+        "the answer to the node's address reaches pod a"
+    );
+
+    // The one mapping to that host is a's: b's packet is dropped, never sent with b's
+    // address or given a's replies.
+    in_b.send_to(external_addr, b"from b").expect("send");
+    assert_eq!(external.recv(Duration::from_millis(500)), None);
+    let drops = &node.instance.cli_json(&["status"])["drops"]["nat_ports_exhausted"];
+    assert_eq!(drops.as_u64(), Some(1), "counted: {drops}");
+    let table = nat_table(&node);
+    assert!(
+        table["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .any(|e| e["proto"] == "253"),
+        "the flow is listed: {table}"
+    );
+    assert_eq!(
+        node.netns.iptables_rules(),
+        rules_before,
+        "no iptables rule"
+    );
 }
 
 #[test]

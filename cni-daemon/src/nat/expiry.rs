@@ -15,7 +15,8 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// The idle timeout of a flow of `proto` in TCP `state` (ignored for other protocols).
 /// A TCP flow in no known state counts as transitory; other protocols than TCP, UDP and
-/// ICMP (the datapath translates none) get the UDP timeout.
+/// ICMP (SCTP, and those translated by address alone: GRE, ESP...) get the UDP timeout,
+/// as in the datapath's `nat_maps::expired`.
 pub fn timeout_secs(proto: u8, state: u8, timeouts: &Timeouts) -> u32 {
     match (proto, state) {
         (IPPROTO_TCP, tcp_state::ESTABLISHED) => timeouts.tcp_established,

@@ -180,6 +180,10 @@ pub fn proto_name(proto: u8) -> String {
         expiry::IPPROTO_TCP => "tcp".to_owned(),
         expiry::IPPROTO_UDP => "udp".to_owned(),
         expiry::IPPROTO_ICMP => "icmp".to_owned(),
+        4 => "ipip".to_owned(),
+        47 => "gre".to_owned(),
+        50 => "esp".to_owned(),
+        132 => "sctp".to_owned(),
         other => other.to_string(),
     }
 }
@@ -343,7 +347,9 @@ mod tests {
     fn names_of_protocols_and_states() {
         assert_eq!(proto_name(17), "udp");
         assert_eq!(proto_name(1), "icmp");
-        assert_eq!(proto_name(47), "47");
+        assert_eq!(proto_name(47), "gre");
+        assert_eq!(proto_name(132), "sctp");
+        assert_eq!(proto_name(253), "253");
         assert_eq!(state_name(6, tcp_state::SYN_SENT), "syn_sent");
         assert_eq!(state_name(6, tcp_state::CLOSING), "closing");
         assert_eq!(state_name(17, tcp_state::ESTABLISHED), "-");

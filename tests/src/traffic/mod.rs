@@ -8,6 +8,7 @@
 //! own (in a cgroup).
 
 mod probe;
+mod raw;
 mod tcp;
 mod udp;
 
@@ -26,6 +27,7 @@ use nix::sched::{CloneFlags, setns};
 
 pub use self::{
     probe::probe,
+    raw::RawSocket,
     tcp::{EchoServer, Stream, many_connections, round_trip, round_trip_from},
     udp::{UdpEcho, udp_round_trip},
 };
