@@ -51,6 +51,9 @@ pub mod map_names {
     pub const SERVICE_RANGES: &str = "SERVICE_RANGES";
     /// LRU hash: [`crate::ServiceClient`] -> `u8`, pod sockets with Service connections.
     pub const SERVICE_CLIENTS: &str = "SERVICE_CLIENTS";
+    /// LRU hash: [`crate::ServiceClient`] -> `u8`, outside clients of Services whose
+    /// connections the stack DNATs to pods.
+    pub const SERVICE_PEERS: &str = "SERVICE_PEERS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
     pub const NAT_STATS: &str = "NAT_STATS";
     /// Per-CPU array of `u32`, indexed by a hash of a flow's destination: the offset in

@@ -6,9 +6,13 @@
 //! - `SERVICE_RANGES`: array of one `u32`, how many ranges there are (0: none, and the
 //!   datapath spends nothing on Services);
 //! - `SERVICE_CLIENTS`: LRU hash [`ServiceClient`] -> `u8`, the pod sockets that opened a
-//!   connection to a Service.
+//!   connection to a Service;
+//! - `SERVICE_PEERS`: LRU hash [`ServiceClient`] -> `u8`, the sockets of clients outside
+//!   the node whose connections arrived on an uplink for a Service (a NodePort, a
+//!   LoadBalancer or external IP) and went to the stack, which DNATs them to a pod.
 
-/// A pod socket (address, port, protocol) that opened a connection to a Service.
+/// A socket (address, port, protocol): a pod's that opened a connection to a Service, or
+/// an outside client's of a Service.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ServiceClient {

@@ -52,8 +52,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     if ip.dst_addr != node_addr || !NatConfig::is_address(node_addr) {
         // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
-            let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
-            return Ok(delivered.unwrap_or(TC_ACT_OK));
+            return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
         }
         return Ok(TC_ACT_OK);
     }
@@ -63,8 +62,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, node_addr, flags) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
-                let delivered = hostport::inbound(ctx, &eth, &ip, l4, l4_csum)?;
-                return Ok(delivered.unwrap_or(TC_ACT_OK));
+                return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
             };
             nat_maps::count(NatCounter::TranslatedIn);
             // Delivered into the pod (TTL decremented in the same store as the address),
@@ -150,6 +148,24 @@ fn later_fragment(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<i32, i6
         Some(pod) => forward::redirect(ctx, eth, &pod),
         None => Ok(TC_ACT_OK),
     }
+}
+
+/// A TCP or UDP packet that is no reply to a translated flow: to the pod behind a
+/// hostPort, else to the stack (a Service's client remembered on the way, see
+/// `services::from_outside`).
+#[inline(always)]
+fn host_port_or_stack(
+    ctx: &TcContext,
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+    l4: usize,
+    l4_csum: L4Csum,
+) -> Result<i32, i64> {
+    if let Some(delivered) = hostport::inbound(ctx, eth, ip, l4, l4_csum)? {
+        return Ok(delivered);
+    }
+    services::from_outside(ctx, ip)?;
+    Ok(TC_ACT_OK)
 }
 
 fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) -> NatReverseKey {

@@ -6,7 +6,13 @@
 //!   stack, and the pod's socket is remembered ([`to_service`]);
 //! - a packet for such a socket goes to the stack too, where the DNAT is undone: a reply
 //!   from a backend on this node ([`is_reply`], pod to pod) or, translated back by the
-//!   uplink, from one outside ([`is_client`]).
+//!   uplink, from one outside ([`is_client`]);
+//! - a client outside the node reaching a Service (a NodePort, or a LoadBalancer or
+//!   external IP in the ranges) arrives on the uplink for the stack, which DNATs it to a
+//!   pod; its socket is remembered ([`from_outside`]), and the backend's answers to it go
+//!   to the stack too ([`to_service`]), where the DNAT is undone. Without that they left
+//!   by the uplink from the pod's address, or translated to a new node port, whenever
+//!   the client's address is kept (`externalTrafficPolicy: Local`).
 //!
 //! Without ranges each check is one array read.
 
@@ -41,6 +47,9 @@ static SERVICE_RANGES: Array<u32> = Array::pinned(1, 0);
 #[map(name = "SERVICE_CLIENTS")]
 static SERVICE_CLIENTS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
 
+#[map(name = "SERVICE_PEERS")]
+static SERVICE_PEERS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+
 /// Whether Service ranges are configured.
 #[inline(always)]
 fn enabled() -> bool {
@@ -69,16 +78,22 @@ fn ports(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16)>, i64> {
     Ok(Some((source, destination)))
 }
 
+/// Whether `addr` is a Service's: in a Service range, or a node address (NodePorts).
+#[inline(always)]
+fn is_service_addr(addr: [u8; 4]) -> bool {
+    SERVICE_CIDRS.get(Key::new(32, addr)).is_some() || hostport::is_node_addr(addr)
+}
+
 /// Whether `ip`, a pod's packet for no local pod, is for a Service (a Service range or a
-/// node address): the caller hands it to the stack. Its socket is remembered.
+/// node address), or a backend's answer to a Service's client outside the node: the
+/// caller hands it to the stack. A Service's client socket is remembered.
 #[inline(always)]
 pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !enabled() {
         return Ok(false);
     }
-    let in_range = SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some();
-    if !in_range && !hostport::is_node_addr(ip.dst_addr) {
-        return Ok(false);
+    if !is_service_addr(ip.dst_addr) {
+        return answers_outside_client(ctx, ip);
     }
     if let Some((port, _)) = ports(ctx, ip)? {
         let key = client(ip.src_addr, port, ip.proto as u8);
@@ -89,6 +104,46 @@ pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
         }
     }
     Ok(true)
+}
+
+/// Whether `ip` answers a client outside the node on a Service connection the stack
+/// DNATed (see [`from_outside`]). A fragment after the first goes where its first went.
+#[inline(always)]
+fn answers_outside_client(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    if fragments::is_later(ip) {
+        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
+    }
+    let Some((_, port)) = ports(ctx, ip)? else {
+        return Ok(false);
+    };
+    let key = client(ip.dst_addr, port, ip.proto as u8);
+    // SAFETY: only the presence is read.
+    let answers = unsafe { SERVICE_PEERS.get(&key) }.is_some();
+    if answers {
+        fragments::went_to_stack(ip);
+    }
+    Ok(answers)
+}
+
+/// Remembers the client of `ip`, a TCP or UDP packet arriving on an uplink that no
+/// translation took and that goes to the stack: when it is for a Service address (a
+/// NodePort, a LoadBalancer or external IP), the stack DNATs it to a pod, whose
+/// answers must come back through the stack (see [`to_service`]).
+#[inline(always)]
+pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
+    if !enabled() || !is_service_addr(ip.dst_addr) {
+        return Ok(());
+    }
+    let Some((port, _)) = ports(ctx, ip)? else {
+        return Ok(());
+    };
+    let key = client(ip.src_addr, port, ip.proto as u8);
+    // SAFETY: only the presence is read.
+    if unsafe { SERVICE_PEERS.get(&key) }.is_none() {
+        // A full table evicts the least recently used client.
+        let _ = SERVICE_PEERS.insert(&key, &1, 0);
+    }
+    Ok(())
 }
 
 /// Whether `ip`, for the local pod at its destination, is for a socket of that pod with a

@@ -1,7 +1,8 @@
 //! Kubernetes Services implemented by kube-proxy in iptables mode, next to the datapath:
 //! with `--service-cidr`, pods reach ClusterIPs (a backend outside the node, one on the
 //! node, over TCP and UDP, the backend itself through its own Service) and a NodePort,
-//! and get the replies from the address they asked. The node's DNAT rules stand in for kube-proxy's: the same PREROUTING DNAT
+//! and get the replies from the address they asked; so do clients outside the node
+//! reaching a NodePort or a LoadBalancer IP whose backend sees their own address. The node's DNAT rules stand in for kube-proxy's: the same PREROUTING DNAT
 //! kube-proxy writes, without its chains of chains.
 
 use std::{collections::BTreeSet, net::SocketAddr};
@@ -19,6 +20,10 @@ const OUTSIDE: &str = "10.96.0.10";
 /// A Service whose endpoint is a pod of this node, over TCP and UDP.
 const ON_NODE: &str = "10.96.0.11";
 const NODE_PORT: u16 = 30080;
+/// LoadBalancer IPs (outside the ClusterIP range, routed to the node by the load
+/// balancer), and one of them.
+const LB_RANGE: &str = "203.0.113.0/24";
+const LB_IP: &str = "203.0.113.10";
 const TCP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 9053;
 
@@ -202,4 +207,62 @@ fn services_on_the_node_work_without_source_nat() {
         .expect("a ClusterIP with its endpoint on the node, routed by the stack");
     assert_eq!(back, b"no nat");
     assert_eq!(server.peers().len(), 1);
+}
+
+#[test]
+fn external_clients_reach_a_node_port_and_a_load_balancer_ip_keeping_their_address() {
+    require_root();
+    let node = Node::start_with(
+        "10.244.76.0/24",
+        &[],
+        &["--service-cidr", &format!("{SERVICE_RANGE},{LB_RANGE}")],
+    );
+    let backend = node.add_pod("svc-lb-backend");
+    let backend_ip = backend.ip.to_string();
+    let tcp = EchoServer::start(&backend.netns, TCP_PORT);
+    let udp = UdpEcho::start(&backend.netns, UDP_PORT);
+    // externalTrafficPolicy: Local, as kube-proxy writes it: DNAT without masquerade,
+    // so that the backend sees the client's address and answers it directly.
+    dnat(
+        &node.netns,
+        "tcp",
+        NODE_ADDR,
+        NODE_PORT,
+        socket(&backend_ip, TCP_PORT),
+    );
+    dnat(
+        &node.netns,
+        "udp",
+        NODE_ADDR,
+        NODE_PORT,
+        socket(&backend_ip, UDP_PORT),
+    );
+    dnat(&node.netns, "tcp", LB_IP, 80, socket(&backend_ip, TCP_PORT));
+    // The load balancer's address is routed to the node, as a cloud's or MetalLB's.
+    node.external
+        .ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_ADDR]);
+
+    for (to, what) in [
+        (socket(NODE_ADDR, NODE_PORT), "a NodePort"),
+        (socket(LB_IP, 80), "a LoadBalancer IP"),
+    ] {
+        let payload = format!("to {what}").into_bytes();
+        let back =
+            round_trip(&node.external, to, &payload).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            back, payload,
+            "{what}: the reply comes from the address asked"
+        );
+    }
+    let back = udp_round_trip(&node.external, 0, socket(NODE_ADDR, NODE_PORT), b"udp")
+        .expect("a UDP NodePort: the reply comes from the address asked (connected socket)");
+    assert_eq!(back, b"udp");
+    let peers: Vec<SocketAddr> = [tcp.peers(), udp.peers()].concat();
+    assert_eq!(peers.len(), 3);
+    assert!(
+        peers
+            .iter()
+            .all(|peer| peer.ip().to_string() == EXTERNAL_ADDR),
+        "the backend sees the client's own address: {peers:?}"
+    );
 }
