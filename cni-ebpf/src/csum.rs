@@ -19,6 +19,22 @@ pub const UDP: u8 = 17;
 pub const ICMP: u8 = 1;
 /// Its CRC32c covers its ports and chunks, not the IP addresses (no pseudo header).
 pub const SCTP: u8 = 132;
+pub const ICMP_ECHO_REPLY: u8 = 0;
+pub const ICMP_ECHO_REQUEST: u8 = 8;
+pub const ICMP_DEST_UNREACHABLE: u8 = 3;
+pub const ICMP_TIME_EXCEEDED: u8 = 11;
+pub const ICMP_PARAMETER_PROBLEM: u8 = 12;
+
+/// Whether an ICMP message of `icmp_type` is an error quoting the packet that caused it
+/// (one that NAT translates along with its flow).
+#[inline(always)]
+pub fn is_icmp_error(icmp_type: u8) -> bool {
+    matches!(
+        icmp_type,
+        ICMP_DEST_UNREACHABLE | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
+    )
+}
+
 /// Both have a checksum over a pseudo header with the addresses, as TCP and UDP do,
 /// which the datapath does not fix: never translated.
 pub const DCCP: u8 = 33;
@@ -199,6 +215,72 @@ pub fn set_addr(
 pub fn set_port(ctx: &TcContext, at: usize, old: u16, new: u16, l4: L4Csum) -> Result<(), i64> {
     ctx.l4_csum_replace(l4.at, word16(old), word16(new), l4.flags | 2)?;
     ctx.store(at, &new.to_be_bytes(), 0)?;
+    Ok(())
+}
+
+/// One side of a flow, as an ICMP error shows it: the outer header's address field
+/// (`IP_SRC` or `IP_DST`) and the quoted packet's field for the same side, with their
+/// values, and the quoted port of that side.
+#[derive(Clone, Copy)]
+pub struct IcmpErrorSide {
+    /// Offset of the ICMP header.
+    pub icmp: usize,
+    /// Offset of the quoted IPv4 header.
+    pub inner: usize,
+    pub outer_at: usize,
+    pub outer_addr: [u8; 4],
+    /// Offset in the frame of the quoted address (`inner` + 12 or + 16).
+    pub inner_at: usize,
+    pub inner_addr: [u8; 4],
+    /// Offset of the quoted port (or echo identifier), and its value.
+    pub port_at: usize,
+    pub port: u16,
+}
+
+/// Translates one side of an ICMP error and of the packet it quotes to `addr`:`port`
+/// (NAT of the error along with its flow): outer address, quoted address and port, with
+/// the outer IPv4, quoted IPv4 and ICMP checksums fixed. Everything in the quote is
+/// ICMP payload, so each change there is folded into the ICMP checksum; the quoted L4
+/// checksum is left, as routers' quotes are often too short to hold it whole.
+#[inline(always)]
+pub fn translate_icmp_error(
+    ctx: &TcContext,
+    side: &IcmpErrorSide,
+    addr: [u8; 4],
+    port: u16,
+) -> Result<(), i64> {
+    let icmp_csum = side.icmp + 2;
+    // ICMP's checksum does not cover the outer header.
+    set_addr(
+        ctx,
+        side.outer_at,
+        IP_CSUM,
+        side.outer_addr,
+        addr,
+        L4Csum::NONE,
+    )?;
+    let inner_csum_at = side.inner + 10;
+    let old_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
+    ctx.l3_csum_replace(inner_csum_at, word32(side.inner_addr), word32(addr), 4)?;
+    let new_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
+    set_icmp_payload2(
+        ctx,
+        inner_csum_at,
+        icmp_csum,
+        old_inner_csum,
+        new_inner_csum,
+    )?;
+    set_icmp_payload4(ctx, side.inner_at, icmp_csum, side.inner_addr, addr)?;
+    // Kept ports (SCTP, and 0 for protocols without) need no rewrite.
+    if side.port != port {
+        set_icmp_payload2(
+            ctx,
+            side.port_at,
+            icmp_csum,
+            side.port.to_be_bytes(),
+            port.to_be_bytes(),
+        )?;
+    }
     Ok(())
 }
 

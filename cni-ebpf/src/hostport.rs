@@ -175,6 +175,14 @@ pub fn quoted(
         .then_some((target.pod_addr, target.pod_port))
 }
 
+/// The host address and port of the hostPort connection `flow` (keyed from the pod's
+/// side), if there is one.
+#[inline(always)]
+pub fn host_of(flow: &NatKey) -> Option<HostPortFlow> {
+    // SAFETY: the value is copied at once.
+    unsafe { HOSTPORT_FLOWS.get(flow) }.copied()
+}
+
 /// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, L4 header at `l4`) leaving
 /// by the uplink on a hostPort connection: source set back to the host address and
 /// port. Returns the host address when it was one.
@@ -199,8 +207,7 @@ pub fn outbound(
         proto: ip.proto as u8,
         pad: [0, 0, 0],
     };
-    // SAFETY: the value is copied at once.
-    let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
+    let Some(host) = host_of(&flow) else {
         return Ok(None);
     };
     csum::set_source(ctx, ip, host.host_addr, l4_csum)?;

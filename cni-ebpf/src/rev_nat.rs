@@ -11,18 +11,15 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, DCCP, EthIpv4, ICMP, IP_CSUM, IP_DST, L4Csum, SCTP, TCP, UDP, UDPLITE},
+    csum::{
+        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST,
+        IcmpErrorSide, L4Csum, SCTP, TCP, UDP, UDPLITE,
+    },
     endpoints, forward, fragments, hostport,
     nat_maps::{self, NAT_IN},
     services,
     snat::{self, Way},
 };
-
-const ICMP_ECHO_REPLY: u8 = 0;
-const ICMP_ECHO_REQUEST: u8 = 8;
-const ICMP_DEST_UNREACHABLE: u8 = 3;
-const ICMP_TIME_EXCEEDED: u8 = 11;
-const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
 /// Translates back a packet arriving on the uplink `ifindex`.
 pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
@@ -92,7 +89,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 nat_maps::count(NatCounter::TranslatedIn);
                 entry.pod_addr
             }
-            ICMP_DEST_UNREACHABLE | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
+            icmp_type if csum::is_icmp_error(icmp_type) => {
                 let Some(pod_addr) = icmp_error(ctx, &ip, l4, &config, node_addr)? else {
                     return Ok(TC_ACT_OK);
                 };
@@ -218,7 +215,6 @@ fn icmp_error(
     config: &NatConfig,
     node_addr: [u8; 4],
 ) -> Result<Option<[u8; 4]>, i64> {
-    let icmp_csum = l4 + 2;
     let inner = l4 + 8;
     let inner_ip: Ipv4Hdr = ctx.load(inner)?;
     if inner_ip.frag_offset() != 0 {
@@ -269,41 +265,16 @@ fn icmp_error(
         }
         None => return Ok(None),
     };
-    let no_l4 = L4Csum {
-        at: icmp_csum,
-        pseudo: false,
-        flags: 0,
+    let node_side = IcmpErrorSide {
+        icmp: l4,
+        inner,
+        outer_at: IP_DST,
+        outer_addr: ip.dst_addr,
+        inner_at: inner + 12,
+        inner_addr: inner_ip.src_addr,
+        port_at,
+        port: key.node_port,
     };
-    // Outer destination: node -> pod (ICMP's checksum does not cover it).
-    csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, pod_addr, no_l4)?;
-    // Inner source: node -> pod, with the inner header checksum, all inside the ICMP
-    // payload, so every change is folded into the ICMP checksum too.
-    let inner_csum_at = inner + 10;
-    let old_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
-    ctx.l3_csum_replace(
-        inner_csum_at,
-        u64::from(u32::from_ne_bytes(inner_ip.src_addr)),
-        u64::from(u32::from_ne_bytes(pod_addr)),
-        4,
-    )?;
-    let new_inner_csum: [u8; 2] = ctx.load(inner_csum_at)?;
-    csum::set_icmp_payload2(
-        ctx,
-        inner_csum_at,
-        icmp_csum,
-        old_inner_csum,
-        new_inner_csum,
-    )?;
-    csum::set_icmp_payload4(ctx, inner + 12, icmp_csum, inner_ip.src_addr, pod_addr)?;
-    // Kept ports (SCTP, and 0 for protocols without) need no rewrite.
-    if key.node_port != pod_port {
-        csum::set_icmp_payload2(
-            ctx,
-            port_at,
-            icmp_csum,
-            key.node_port.to_be_bytes(),
-            pod_port.to_be_bytes(),
-        )?;
-    }
+    csum::translate_icmp_error(ctx, &node_side, pod_addr, pod_port)?;
     Ok(Some(pod_addr))
 }

@@ -18,12 +18,14 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, DCCP, EthIpv4, ICMP, L4Csum, SCTP, TCP, UDP, UDPLITE},
+    csum::{
+        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REQUEST, IP_SRC, IcmpErrorSide, L4Csum, SCTP, TCP,
+        UDP, UDPLITE,
+    },
     endpoints, fragments, hostport, metrics,
     nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
 };
 
-const ICMP_ECHO_REQUEST: u8 = 8;
 /// Ports probed for a new flow before giving up (see `allocate`).
 const MAX_PROBES: u32 = 128;
 /// Consecutive ports tried before the search jumps ahead.
@@ -80,14 +82,19 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             (pod_port, remote_port, l4, flags)
         }
-        ICMP => {
-            // Only echo requests open flows; other ICMP from a pod stays as it is.
-            if ctx.load::<u8>(l4)? != ICMP_ECHO_REQUEST {
-                return Ok(TC_ACT_OK);
+        ICMP => match ctx.load::<u8>(l4)? {
+            // Only echo requests open flows.
+            ICMP_ECHO_REQUEST => {
+                let id: [u8; 2] = ctx.load(l4 + 4)?;
+                (u16::from_be_bytes(id), 0, l4 + 4, 0)
             }
-            let id: [u8; 2] = ctx.load(l4 + 4)?;
-            (u16::from_be_bytes(id), 0, l4 + 4, 0)
-        }
+            icmp_type if csum::is_icmp_error(icmp_type) => {
+                return icmp_error(ctx, &ip, l4, &config, has_address);
+            }
+            // Other ICMP from a pod (an echo reply to a host that reached it) stays as it
+            // is.
+            _ => return Ok(TC_ACT_OK),
+        },
         // Their checksums cover the addresses, which is not fixed here: never sent with
         // the pod's address.
         DCCP | UDPLITE => {
@@ -184,6 +191,78 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         csum::set_port(ctx, port_at, pod_port, node_port, l4_csum)?;
     }
     fragments::left(&ip, node_addr);
+    nat_maps::count(NatCounter::TranslatedOut);
+    Ok(TC_ACT_OK)
+}
+
+/// An ICMP error a pod sends about a packet it got on a translated flow (a datagram to a
+/// socket it closed, say) or on a hostPort connection: it leaves as the node's, quoting
+/// the packet as the remote sent it (node address and port), as conntrack translates
+/// such errors along with their flow; sent as it was, it would carry the pod's address
+/// and a quote the remote cannot match. Errors about anything else stay as they are.
+#[inline(always)]
+fn icmp_error(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    l4: usize,
+    config: &NatConfig,
+    has_address: bool,
+) -> Result<i32, i64> {
+    let inner = l4 + 8;
+    let inner_ip: Ipv4Hdr = ctx.load(inner)?;
+    // The quote is of a packet the pod received: from the remote, to the pod.
+    if inner_ip.frag_offset() != 0 || inner_ip.dst_addr != ip.src_addr {
+        return Ok(TC_ACT_OK);
+    }
+    let inner_l4 = inner + inner_ip.ihl() as usize;
+    let proto = inner_ip.proto as u8;
+    let (remote_port, pod_port) = match proto {
+        TCP | UDP | SCTP => {
+            let ports: [u8; 4] = ctx.load(inner_l4)?;
+            (
+                u16::from_be_bytes([ports[0], ports[1]]),
+                u16::from_be_bytes([ports[2], ports[3]]),
+            )
+        }
+        ICMP | DCCP | UDPLITE => return Ok(TC_ACT_OK),
+        _ => (0, 0),
+    };
+    let flow = NatKey {
+        pod_addr: inner_ip.dst_addr,
+        remote_addr: inner_ip.src_addr,
+        pod_port,
+        remote_port,
+        proto,
+        pad: [0, 0, 0],
+    };
+    let now = nat_maps::now_ns();
+    // SAFETY: the value is copied at once.
+    let translated = unsafe { NAT_OUT.get(&flow) }
+        .copied()
+        .filter(|entry| !nat_maps::expired(entry, proto, config, now));
+    let (addr, port) = match translated {
+        Some(entry) if entry.node_addr != [0; 4] => (entry.node_addr, entry.node_port),
+        // Written by an earlier datapath, without the address it left with.
+        Some(entry) => (config.node_addr, entry.node_port),
+        None => match hostport::host_of(&flow) {
+            Some(host) => (host.host_addr, host.host_port),
+            None => return Ok(TC_ACT_OK),
+        },
+    };
+    if !has_address || !NatConfig::is_address(addr) {
+        return Ok(metrics::drop_packet(DropReason::NatNoAddress));
+    }
+    let pod_side = IcmpErrorSide {
+        icmp: l4,
+        inner,
+        outer_at: IP_SRC,
+        outer_addr: ip.src_addr,
+        inner_at: inner + 16,
+        inner_addr: inner_ip.dst_addr,
+        port_at: inner_l4 + 2,
+        port: pod_port,
+    };
+    csum::translate_icmp_error(ctx, &pod_side, addr, port)?;
     nat_maps::count(NatCounter::TranslatedOut);
     Ok(TC_ACT_OK)
 }

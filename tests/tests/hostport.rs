@@ -56,6 +56,17 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     let back = udp_round_trip(&node.external, 0, socket(NODE_ADDR, 30053), &big)
         .expect("a 4,000-byte datagram via hostPort");
     assert_eq!(back, big, "reassembled whole both ways");
+    // With nothing listening in the pod, its "port unreachable" leaves as the host's,
+    // quoting what the client sent, so that the client's socket takes it.
+    let udp_peers = udp.peers();
+    drop(udp);
+    let refused = udp_round_trip(&node.external, 0, socket(NODE_ADDR, 30053), b"anyone?")
+        .expect_err("nothing listens");
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "the pod's ICMP error reached the client: {refused}"
+    );
     // Like portmap's default, the pod sees the client's own address.
     assert!(
         tcp.peers()
@@ -63,7 +74,7 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
             .all(|peer| peer.ip().to_string() == EXTERNAL_ADDR)
     );
     assert!(
-        udp.peers()
+        udp_peers
             .iter()
             .all(|peer| peer.ip().to_string() == EXTERNAL_ADDR)
     );

@@ -16,7 +16,7 @@ use ebpf_cni_tests::{
         POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK, TCP_SYN, UDP,
         UDP_CHECK, addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo,
         in_key, inbound, ingress, monotonic_coarse_ns, nat_config, out_key, outbound, port,
-        pseudo_header_checksum, tcp, udp, uplink, uplink_with, without_udp_checksum,
+        pseudo_header_checksum, quote, tcp, udp, uplink, uplink_with, without_udp_checksum,
     },
     require_root,
 };
@@ -382,4 +382,46 @@ fn a_device_that_is_no_uplink_translates_nothing() {
     assert_unchanged(&egress(&object, &syn), &syn, "not an uplink");
     assert!(object.nat_out_entries().is_empty(), "no flow");
     assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+/// ICMP destination unreachable, port unreachable (type 3 code 3), quoting `quoted`.
+fn port_unreachable(quoted: &[u8]) -> Vec<u8> {
+    [&[3, 3, 0, 0, 0, 0, 0, 0][..], quoted].concat()
+}
+
+#[test]
+fn a_pods_icmp_error_about_a_translated_flow_leaves_as_the_nodes() {
+    require_root();
+    let object = uplink();
+    let open = outbound(MASQ.ip, REMOTE, UDP, &udp(POD_PORT, REMOTE_PORT, b"open"));
+    let node_port = port(&egress(&object, &open).frame, SPORT);
+    // What the remote sent on the flow, and what the pod got of it (checksum "none":
+    // the quoted UDP checksum is not fixed, as routers' quotes are often too short).
+    let sent = without_udp_checksum(inbound(
+        REMOTE,
+        NODE_ADDR,
+        UDP,
+        &udp(REMOTE_PORT, node_port, b"late"),
+    ));
+    let got = without_udp_checksum(inbound(
+        REMOTE,
+        MASQ.ip,
+        UDP,
+        &udp(REMOTE_PORT, POD_PORT, b"late"),
+    ));
+    let error = outbound(MASQ.ip, REMOTE, ICMP, &port_unreachable(&quote(&got)));
+    let run = egress(&object, &error);
+    assert_eq!(run.verdict, TC_ACT_OK, "on to the remote");
+    assert_checksums_valid(&run.frame, "the translated error");
+    assert_eq!(
+        run.frame,
+        outbound(NODE_ADDR, REMOTE, ICMP, &port_unreachable(&quote(&sent))),
+        "from the node, quoting the packet as the remote sent it"
+    );
+    assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 2);
+
+    // An error about a packet of no translated flow stays as it is.
+    let stray = inbound(REMOTE, MASQ.ip, UDP, &udp(REMOTE_PORT, POD_PORT + 1, b"x"));
+    let other = outbound(MASQ.ip, REMOTE, ICMP, &port_unreachable(&quote(&stray)));
+    assert_unchanged(&egress(&object, &other), &other, "no flow");
 }

@@ -5,7 +5,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddr},
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
     thread,
     time::Duration,
 };
@@ -19,7 +19,7 @@ use ebpf_cni_tests::{
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
     traffic::{
-        EchoServer, RawSocket, UdpEcho, many_connections, round_trip, round_trip_from,
+        EchoServer, RawSocket, UdpEcho, many_connections, round_trip, round_trip_from, run_in,
         udp_round_trip,
     },
 };
@@ -293,6 +293,33 @@ fn a_protocol_without_ports_leaves_with_the_node_address_one_pod_per_remote() {
         node.netns.iptables_rules(),
         rules_before,
         "no iptables rule"
+    );
+}
+
+#[test]
+fn a_pods_icmp_error_about_a_translated_flow_reaches_the_remote_as_the_nodes() {
+    require_root();
+    let node = Node::start("10.244.77.0/24");
+    let pod = node.add_pod("snat-icmp-out");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"open").expect("UDP through NAT");
+    let node_side = *udp.peers().first().expect("the external host saw the flow");
+    drop(udp);
+    // The pod's socket is closed; the remote sends on, from the flow's own port. The
+    // pod's "port unreachable" must come back as the node's, quoting what the remote
+    // sent, for the remote's socket to take it.
+    let late = run_in(&node.external, move || {
+        let socket = UdpSocket::bind(("0.0.0.0", UDP_PORT))?;
+        socket.connect(node_side)?;
+        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+        socket.send(b"late")?;
+        socket.recv(&mut [0u8; 64])
+    });
+    let error = late.expect_err("nobody answers");
+    assert_eq!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "the pod's ICMP error reached the remote's socket: {error}"
     );
 }
 
