@@ -62,6 +62,9 @@ pub mod map_names {
     /// LRU hash: [`crate::FragmentKey`] -> [`crate::FragmentTarget`], what the first
     /// fragment of a translated datagram was given, for the fragments after it.
     pub const NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
+    /// LRU hash: [`crate::NatKey`] (pod side) -> `u64` (CLOCK_MONOTONIC ns): flows a host
+    /// outside opened to a pod's own address, whose answers keep it.
+    pub const NAT_INBOUND: &str = "NAT_INBOUND";
     /// Hash: [`crate::PortKey`] -> [`crate::PortTarget`], the hostPort mappings.
     pub const HOSTPORTS: &str = "HOSTPORTS";
     /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::HostPortFlow`].

@@ -7,6 +7,8 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, tcp_state};
 
+use crate::snat;
+
 /// Flows tracked at once, unless the daemon asks for another size (`--nat-max-flows`,
 /// set at load); the LRU evicts the oldest when full.
 const MAX_FLOWS: u32 = 262_144;
@@ -34,6 +36,14 @@ static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
 
 #[map(name = "CLUSTER_CIDRS")]
 static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+/// Flows opened from outside to a pod's own address (see [`opened_from_outside`]).
+const MAX_INBOUND: u32 = 65536;
+
+/// Flows a host outside opened to a pod's own address (a routed pod network), keyed
+/// from the pod's side as `NAT_OUT` is, with when a packet of theirs last passed.
+#[map(name = "NAT_INBOUND")]
+static NAT_INBOUND: LruHashMap<NatKey, u64> = LruHashMap::pinned(MAX_INBOUND, 0);
 
 #[map(name = "NAT_STATS")]
 static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
@@ -122,6 +132,52 @@ pub fn refresh<K>(
             let _ = other_table.insert(other, &entry, 0);
         }
     }
+}
+
+/// Notes a packet of `flow` (keyed from the pod's side) arriving from a host outside for
+/// the pod's own address: the stack routes it to the pod, and the pod's answers keep
+/// its address (see [`opened_from_outside`]). Written at most once a second per flow.
+#[inline(always)]
+pub fn saw_inbound(flow: &NatKey, now: u64) {
+    match NAT_INBOUND.get_ptr_mut(flow) {
+        // SAFETY: a pointer into the map value, valid for the program run.
+        Some(seen) => unsafe {
+            if now.saturating_sub(*seen) > snat::REFRESH_NS {
+                *seen = now;
+            }
+        },
+        None => {
+            let _ = NAT_INBOUND.insert(flow, &now, 0);
+        }
+    }
+}
+
+/// Whether `flow`, a pod's packet with no translated flow, answers a flow a host outside
+/// opened to the pod's own address, seen within the timeout of its protocol (TCP's
+/// established one; its state is not followed): such answers keep the pod's address,
+/// as under MASQUERADE, which translates only connections that began leaving. The
+/// flow is refreshed.
+#[inline(always)]
+pub fn opened_from_outside(flow: &NatKey, config: &NatConfig, now: u64) -> bool {
+    let Some(seen) = NAT_INBOUND.get_ptr_mut(flow) else {
+        return false;
+    };
+    let secs = if flow.proto == 6 {
+        config.tcp_established_secs
+    } else {
+        config.udp_secs
+    };
+    // SAFETY: a pointer into the map value, valid for the program run.
+    let last = unsafe { *seen };
+    let idle = now.saturating_sub(last);
+    if idle > u64::from(secs) * 1_000_000_000 {
+        return false;
+    }
+    if idle > snat::REFRESH_NS {
+        // SAFETY: as above.
+        unsafe { *seen = now };
+    }
+    true
 }
 
 /// Whether `entry` of protocol `proto` has been idle longer than its timeout.

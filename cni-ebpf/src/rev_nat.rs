@@ -4,7 +4,7 @@
 //! and go straight into the pod, without crossing the node's stack.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use cni_ebpf_common::{FragmentKey, NatConfig, NatCounter, NatEntry, NatReverseKey};
+use cni_ebpf_common::{FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -47,6 +47,12 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // Without a node address (`NatConfig::NO_ADDRESS`, the broadcast address) nothing
     // arrives for translated flows.
     if ip.dst_addr != node_addr || !NatConfig::is_address(node_addr) {
+        // A pod's own address (a routed pod network): the stack routes it to the pod,
+        // whose answers must keep that address.
+        if endpoints::lookup(ip.dst_addr).is_some() {
+            remember_inbound(ctx, &ip, l4)?;
+            return Ok(TC_ACT_OK);
+        }
         // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
             return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
@@ -163,6 +169,32 @@ fn host_port_or_stack(
     }
     services::from_outside(ctx, ip)?;
     Ok(TC_ACT_OK)
+}
+
+/// Notes the flow of `ip`, arriving from outside for a pod's own address (see
+/// `nat_maps::opened_from_outside`). ICMP needs nothing: a pod's echo replies and errors
+/// open no translated flow.
+#[inline(always)]
+fn remember_inbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize) -> Result<(), i64> {
+    let proto = ip.proto as u8;
+    let (remote_port, pod_port) = match proto {
+        TCP | UDP | SCTP => {
+            let (remote_port, pod_port, _) = csum::ports_and_flags(ctx, UDP, l4)?;
+            (remote_port, pod_port)
+        }
+        ICMP => return Ok(()),
+        _ => (0, 0),
+    };
+    let flow = NatKey {
+        pod_addr: ip.dst_addr,
+        remote_addr: ip.src_addr,
+        pod_port,
+        remote_port,
+        proto,
+        pad: [0, 0, 0],
+    };
+    nat_maps::saw_inbound(&flow, nat_maps::now_ns());
+    Ok(())
 }
 
 fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) -> NatReverseKey {

@@ -324,6 +324,49 @@ fn a_pods_icmp_error_about_a_translated_flow_reaches_the_remote_as_the_nodes() {
 }
 
 #[test]
+fn a_host_outside_reaching_a_pods_own_address_gets_answers_from_that_address() {
+    require_root();
+    let node = Node::start("10.244.78.0/24");
+    let pod = node.add_pod("snat-routed");
+    let in_pod = EchoServer::start(&pod.netns, TCP_PORT);
+    let in_pod_udp = UdpEcho::start(&pod.netns, UDP_PORT);
+    let outside = EchoServer::start(&node.external, TCP_PORT);
+    // A routed pod network: the external host reaches the pods through the node.
+    node.external
+        .ip(&["route", "add", "10.244.78.0/24", "via", NODE_ADDR]);
+    let at_pod =
+        |port: u16| -> SocketAddr { format!("{}:{port}", pod.ip).parse().expect("address") };
+
+    let back = round_trip(&node.external, at_pod(TCP_PORT), b"routed tcp")
+        .expect("TCP to the pod's own address");
+    assert_eq!(back, b"routed tcp");
+    let back = udp_round_trip(&node.external, 0, at_pod(UDP_PORT), b"routed udp")
+        .expect("UDP to the pod's own address: the answer comes from it (connected socket)");
+    assert_eq!(back, b"routed udp");
+    let peers = [in_pod.peers(), in_pod_udp.peers()].concat();
+    assert!(
+        peers
+            .iter()
+            .all(|peer| peer.ip().to_string() == EXTERNAL_ADDR),
+        "{peers:?}"
+    );
+    let table = nat_table(&node);
+    assert_eq!(
+        table["entries"].as_array().map(Vec::len),
+        Some(0),
+        "answers are not translated: {table}"
+    );
+
+    // What the pod opens itself still leaves with the node's address.
+    let back = round_trip(&pod.netns, external(TCP_PORT), b"out").expect("TCP through NAT");
+    assert_eq!(back, b"out");
+    assert_eq!(
+        node_ips(&outside.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+}
+
+#[test]
 fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
     require_root();
     // One node port and a 2 s UDP timeout, swept every second.
