@@ -68,6 +68,13 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
         round_trip(&pod.netns, to, b"hello outside").map_err(anyhow::Error::msg)?;
         ping(&pod.netns, &format!("pod {name}"), EXTERNAL_ADDR)?;
     }
+    // Larger than the MTU: only the first fragment carries the echo identifier.
+    ping_with(
+        &a.netns,
+        "pod a, 3,000-byte pings in fragments,",
+        EXTERNAL_ADDR,
+        &["-s", "3000", "-M", "dont"],
+    )?;
     let seen: Vec<String> = outside.peers().iter().map(ToString::to_string).collect();
     say(&format!(
         "   the external host saw TCP from: {}",
@@ -132,7 +139,21 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 }
 
 fn ping(from: &ebpf_cni_tests::netns::Netns, who: &str, to: &str) -> anyhow::Result<()> {
-    let out = from.run("ping", &["-c", "3", "-i", "0.2", "-W", "2", to]);
+    ping_with(from, who, to, &[])
+}
+
+fn ping_with(
+    from: &ebpf_cni_tests::netns::Netns,
+    who: &str,
+    to: &str,
+    options: &[&str],
+) -> anyhow::Result<()> {
+    let args: Vec<&str> = ["-c", "3", "-i", "0.2", "-W", "2"]
+        .into_iter()
+        .chain(options.iter().copied())
+        .chain([to])
+        .collect();
+    let out = from.run("ping", &args);
     let text = String::from_utf8_lossy(&out.stdout);
     let summary = text
         .lines()
