@@ -48,9 +48,12 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // arrives for translated flows.
     if ip.dst_addr != node_addr || !NatConfig::is_address(node_addr) {
         // A pod's own address (a routed pod network): the stack routes it to the pod,
-        // whose answers must keep that address.
+        // whose answers must keep that address. From inside the cluster ranges (another
+        // node's pod) nothing is noted: answers there are never translated.
         if endpoints::lookup(ip.dst_addr).is_some() {
-            remember_inbound(ctx, &ip, l4)?;
+            if !nat_maps::in_cluster(ip.src_addr) {
+                remember_inbound(ctx, &ip, l4)?;
+            }
             return Ok(TC_ACT_OK);
         }
         // Another address of the node (or not ours at all): only hostPorts apply.

@@ -301,6 +301,12 @@ impl BpfObject {
         self.hash_entries(map_names::NAT_FRAGMENTS)
     }
 
+    /// Every flow of `NAT_INBOUND` (opened from outside to a pod's own address), with
+    /// when it was last seen.
+    pub fn nat_inbound(&self) -> Vec<(NatKey, u64)> {
+        self.hash_entries(map_names::NAT_INBOUND)
+    }
+
     pub fn insert_nat_fragment(&mut self, key: FragmentKey, target: FragmentTarget) {
         self.hash_insert(map_names::NAT_FRAGMENTS, key, target);
     }

@@ -1,7 +1,8 @@
 //! Reverse NAT on the uplink's ingress, run by the kernel through BPF_PROG_TEST_RUN:
 //! replies to flows that `uplink_egress` translated (TCP, ICMP echo) and ICMP errors
 //! quoting them get the pod's address and port back, every checksum valid, and go
-//! straight into the pod; anything else reaches the stack untouched.
+//! straight into the pod; anything else reaches the stack untouched, and a pod's answers
+//! on a connection a host outside opened to its own address leave untranslated.
 
 use cni_ebpf_common::{NatCounter, tcp_state};
 use ebpf_cni_tests::{
@@ -9,10 +10,11 @@ use ebpf_cni_tests::{
     frames::{TC_ACT_OK, TC_ACT_REDIRECT, all_drops, assert_reference_checksum_is_right, no_drops},
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMP_ID, INNER_ICMP_ID, INNER_SPORT,
-        INNER_SRC, MASQ, NODE_ADDR, POD_PORT, PORT_MIN, REMOTE, REMOTE_PORT, ROUTER, SPORT, TCP,
-        TCP_ACK, TCP_FIN, TCP_SYN, UDP, assert_checksums_valid, assert_delivered, assert_unchanged,
-        delivered, egress, frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound,
-        port, quote, tcp, time_exceeded, udp, uplink, with_ip_options, without_ip_options,
+        INNER_SRC, IP_SRC, MASQ, MASQ_2, NODE_ADDR, OTHER_NODE_POD, POD_PORT, PORT_MIN, REMOTE,
+        REMOTE_PORT, ROUTER, SPORT, TCP, TCP_ACK, TCP_FIN, TCP_SYN, UDP, addr,
+        assert_checksums_valid, assert_delivered, assert_unchanged, delivered, egress, frag_needed,
+        icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote, tcp, time_exceeded,
+        udp, uplink, with_ip_options, without_ip_options,
     },
     require_root,
 };
@@ -414,4 +416,39 @@ fn tcp_and_udp_whose_packets_carry_ip_options_are_translated_both_ways() {
         );
     }
     assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+}
+
+#[test]
+fn a_connection_from_outside_to_a_pods_own_address_is_answered_untranslated() {
+    require_root();
+    let object = uplink();
+    // A routed pod network: a host outside reaches the pod's own address; the stack
+    // routes it on. From another node's pod (inside the cluster ranges) nothing is noted.
+    let syn = inbound(REMOTE, MASQ.ip, TCP, &tcp(REMOTE_PORT, POD_PORT, TCP_SYN));
+    assert_unchanged(&ingress(&object, &syn), &syn, "the stack routes it");
+    let from_cluster = inbound(
+        OTHER_NODE_POD,
+        MASQ.ip,
+        TCP,
+        &tcp(REMOTE_PORT, POD_PORT, TCP_SYN),
+    );
+    assert_unchanged(
+        &ingress(&object, &from_cluster),
+        &from_cluster,
+        "from another node's pod",
+    );
+    let noted = object.nat_inbound();
+    assert_eq!(
+        noted.iter().map(|(flow, _)| *flow).collect::<Vec<_>>(),
+        vec![out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP)],
+        "the outside host's flow alone, keyed from the pod's side"
+    );
+
+    let answer = outbound(MASQ.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, SYN_ACK));
+    assert_unchanged(&egress(&object, &answer), &answer, "the pod's SYN-ACK");
+    assert!(object.nat_out_entries().is_empty(), "no translated flow");
+    // Another pod's packet on no such flow is translated as before.
+    let other = outbound(MASQ_2.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, SYN_ACK));
+    let run = egress(&object, &other);
+    assert_eq!(addr(&run.frame, IP_SRC), NODE_ADDR, "translated");
 }
