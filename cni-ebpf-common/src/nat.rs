@@ -56,6 +56,21 @@ pub struct NatEntry {
 }
 
 impl NatKey {
+    /// The flow between `pod` and `remote` (address and port each; 0 for protocols
+    /// without ports) over `proto`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn new(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> Self {
+        Self {
+            pod_addr: pod.0,
+            remote_addr: remote.0,
+            pod_port: pod.1,
+            remote_port: remote.1,
+            proto,
+            pad: [0, 0, 0],
+        }
+    }
+
     /// The `NAT_IN` key of this flow once translated to `node_port`.
     #[inline(always)]
     #[must_use]

@@ -66,6 +66,25 @@ pub fn ports_and_flags(ctx: &TcContext, proto: u8, l4: usize) -> Result<(u16, u1
     ))
 }
 
+/// The (source, destination) ports of a packet of `proto` whose L4 header is at `l4`, as
+/// a NAT flow is keyed: TCP, UDP and SCTP have them where UDP does, protocols without
+/// ports give (0, 0). `None` for ICMP (keyed by its echo identifier), DCCP and UDP-Lite
+/// (never translated).
+#[inline(always)]
+pub fn flow_ports(ctx: &TcContext, proto: u8, l4: usize) -> Result<Option<(u16, u16)>, i64> {
+    Ok(match proto {
+        TCP | UDP | SCTP => {
+            let ports: [u8; 4] = ctx.load(l4)?;
+            Some((
+                u16::from_be_bytes([ports[0], ports[1]]),
+                u16::from_be_bytes([ports[2], ports[3]]),
+            ))
+        }
+        ICMP | DCCP | UDPLITE => None,
+        _ => Some((0, 0)),
+    })
+}
+
 /// Where a packet's L4 checksum is, and how it reacts to address changes.
 #[derive(Clone, Copy)]
 pub struct L4Csum {

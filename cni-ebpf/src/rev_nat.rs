@@ -12,8 +12,8 @@ use network_types::{
 
 use crate::{
     csum::{
-        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST,
-        IcmpErrorSide, L4Csum, SCTP, TCP, UDP, UDPLITE,
+        self, EthIpv4, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST, IcmpErrorSide,
+        L4Csum, TCP, UDP,
     },
     endpoints, forward, fragments, hostport,
     nat_maps::{self, NAT_IN},
@@ -107,15 +107,11 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             _ => return Ok(TC_ACT_OK),
         },
-        // Never translated on the way out (`snat::keep_port`).
-        DCCP | UDPLITE => return Ok(TC_ACT_OK),
-        // SCTP, its ports kept, and protocols without ports: the address alone.
+        // SCTP, its ports kept, and protocols without ports: the address alone (DCCP and
+        // UDP-Lite are never translated, see `snat::keep_port`).
         _ => {
-            let (remote_port, node_port) = if proto == SCTP {
-                let (remote_port, node_port, _) = csum::ports_and_flags(ctx, UDP, l4)?;
-                (remote_port, node_port)
-            } else {
-                (0, 0)
+            let Some((remote_port, node_port)) = csum::flow_ports(ctx, proto, l4)? else {
+                return Ok(TC_ACT_OK);
             };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, node_addr, 0) else {
@@ -180,22 +176,10 @@ fn host_port_or_stack(
 #[inline(always)]
 fn remember_inbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize) -> Result<(), i64> {
     let proto = ip.proto as u8;
-    let (remote_port, pod_port) = match proto {
-        TCP | UDP | SCTP => {
-            let (remote_port, pod_port, _) = csum::ports_and_flags(ctx, UDP, l4)?;
-            (remote_port, pod_port)
-        }
-        ICMP => return Ok(()),
-        _ => (0, 0),
+    let Some((remote_port, pod_port)) = csum::flow_ports(ctx, proto, l4)? else {
+        return Ok(());
     };
-    let flow = NatKey {
-        pod_addr: ip.dst_addr,
-        remote_addr: ip.src_addr,
-        pod_port,
-        remote_port,
-        proto,
-        pad: [0, 0, 0],
-    };
+    let flow = NatKey::new((ip.dst_addr, pod_port), (ip.src_addr, remote_port), proto);
     nat_maps::saw_inbound(&flow, nat_maps::now_ns());
     Ok(())
 }
@@ -257,24 +241,21 @@ fn icmp_error(
     }
     let inner_l4 = inner + inner_ip.ihl() as usize;
     let inner_proto = inner_ip.proto as u8;
-    // Where the node port sits in the quoted header, and the flow's key.
-    let (port_at, key) = match inner_proto {
-        TCP | UDP | SCTP => {
-            let ports: [u8; 4] = ctx.load(inner_l4)?;
-            let node_port = u16::from_be_bytes([ports[0], ports[1]]);
-            let remote_port = u16::from_be_bytes([ports[2], ports[3]]);
-            (
-                inner_l4,
-                reverse(inner_ip.dst_addr, node_port, remote_port, inner_proto),
-            )
+    // Where the node port (or echo identifier) sits in the quoted header, and the
+    // flow's key. Protocols without ports have none to rewrite (a pod's GRE or ESP
+    // tunnel told the path's MTU).
+    let (port_at, key) = if inner_proto == ICMP {
+        if ctx.load::<u8>(inner_l4)? != ICMP_ECHO_REQUEST {
+            return Ok(None);
         }
-        ICMP if ctx.load::<u8>(inner_l4)? == ICMP_ECHO_REQUEST => {
-            let id = u16::from_be_bytes(ctx.load(inner_l4 + 4)?);
-            (inner_l4 + 4, reverse(inner_ip.dst_addr, id, 0, ICMP))
-        }
-        ICMP | DCCP | UDPLITE => return Ok(None),
-        // Translated by address alone (a pod's GRE or ESP tunnel told the path's MTU).
-        _ => (inner_l4, reverse(inner_ip.dst_addr, 0, 0, inner_proto)),
+        let id = u16::from_be_bytes(ctx.load(inner_l4 + 4)?);
+        (inner_l4 + 4, reverse(inner_ip.dst_addr, id, 0, ICMP))
+    } else {
+        let Some((node_port, remote_port)) = csum::flow_ports(ctx, inner_proto, inner_l4)? else {
+            return Ok(None);
+        };
+        let key = reverse(inner_ip.dst_addr, node_port, remote_port, inner_proto);
+        (inner_l4, key)
     };
     // A translated flow of a pod's, else a pod's reply on a hostPort connection (PMTU
     // discovery must reach the pod serving it).

@@ -19,8 +19,8 @@ use network_types::{
 
 use crate::{
     csum::{
-        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REQUEST, IP_SRC, IcmpErrorSide, L4Csum, SCTP, TCP,
-        UDP, UDPLITE,
+        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REQUEST, IP_SRC, IcmpErrorSide, L4Csum, TCP, UDP,
+        UDPLITE,
     },
     endpoints, fragments, hostport, metrics,
     nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
@@ -103,13 +103,12 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             return Ok(TC_ACT_OK);
         }
-        // Ports where UDP has them, kept (see `keep_port`).
-        SCTP => {
-            let (pod_port, remote_port, _) = csum::ports_and_flags(ctx, UDP, l4)?;
-            (pod_port, remote_port, l4, 0)
-        }
-        // No ports (GRE, ESP, IP in IP...): the address alone (see `keep_port`).
-        _ => (0, 0, l4, 0),
+        // SCTP keeps its ports; protocols without ports (GRE, ESP, IP in IP...) change
+        // address alone (see `keep_port`).
+        _ => match csum::flow_ports(ctx, ip.proto, l4)? {
+            Some((pod_port, remote_port)) => (pod_port, remote_port, l4, 0),
+            None => return Ok(TC_ACT_OK),
+        },
     };
     let key = NatKey {
         pod_addr: ip.src_addr,
@@ -223,25 +222,14 @@ fn icmp_error(
     }
     let inner_l4 = inner + inner_ip.ihl() as usize;
     let proto = inner_ip.proto as u8;
-    let (remote_port, pod_port) = match proto {
-        TCP | UDP | SCTP => {
-            let ports: [u8; 4] = ctx.load(inner_l4)?;
-            (
-                u16::from_be_bytes([ports[0], ports[1]]),
-                u16::from_be_bytes([ports[2], ports[3]]),
-            )
-        }
-        ICMP | DCCP | UDPLITE => return Ok(TC_ACT_OK),
-        _ => (0, 0),
+    let Some((remote_port, pod_port)) = csum::flow_ports(ctx, proto, inner_l4)? else {
+        return Ok(TC_ACT_OK);
     };
-    let flow = NatKey {
-        pod_addr: inner_ip.dst_addr,
-        remote_addr: inner_ip.src_addr,
-        pod_port,
-        remote_port,
+    let flow = NatKey::new(
+        (inner_ip.dst_addr, pod_port),
+        (inner_ip.src_addr, remote_port),
         proto,
-        pad: [0, 0, 0],
-    };
+    );
     let now = nat_maps::now_ns();
     // SAFETY: the value is copied at once.
     let translated = unsafe { NAT_OUT.get(&flow) }

@@ -58,6 +58,12 @@ fn dnat(node: &Netns, proto: &str, to: &str, port: u16, endpoint: SocketAddr) {
     assert!(output.status.success(), "iptables: {output:?}");
 }
 
+/// A NodePort ([`NODE_PORT`] on the node's address) over `proto`, its endpoint
+/// `backend`:`port`.
+fn node_port(node: &Netns, proto: &str, backend: &str, port: u16) {
+    dnat(node, proto, NODE_ADDR, NODE_PORT, socket(backend, port));
+}
+
 /// The TCP Service [`ON_NODE`]:80, its endpoint `backend`:[`TCP_PORT`].
 fn on_node_service(node: &Netns, backend: &str) {
     dnat(node, "tcp", ON_NODE, 80, socket(backend, TCP_PORT));
@@ -88,13 +94,7 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
         53,
         socket(&backend_ip, UDP_PORT),
     );
-    dnat(
-        &node.netns,
-        "tcp",
-        NODE_ADDR,
-        NODE_PORT,
-        socket(&backend_ip, TCP_PORT),
-    );
+    node_port(&node.netns, "tcp", &backend_ip, TCP_PORT);
 
     assert_eq!(
         node.instance.cli_json(&["status"])["service_cidrs"],
@@ -223,20 +223,8 @@ fn external_clients_reach_a_node_port_and_a_load_balancer_ip_keeping_their_addre
     let udp = UdpEcho::start(&backend.netns, UDP_PORT);
     // externalTrafficPolicy: Local, as kube-proxy writes it: DNAT without masquerade,
     // so that the backend sees the client's address and answers it directly.
-    dnat(
-        &node.netns,
-        "tcp",
-        NODE_ADDR,
-        NODE_PORT,
-        socket(&backend_ip, TCP_PORT),
-    );
-    dnat(
-        &node.netns,
-        "udp",
-        NODE_ADDR,
-        NODE_PORT,
-        socket(&backend_ip, UDP_PORT),
-    );
+    node_port(&node.netns, "tcp", &backend_ip, TCP_PORT);
+    node_port(&node.netns, "udp", &backend_ip, UDP_PORT);
     dnat(&node.netns, "tcp", LB_IP, 80, socket(&backend_ip, TCP_PORT));
     // The load balancer's address is routed to the node, as a cloud's or MetalLB's.
     node.external
