@@ -42,22 +42,17 @@ pub enum DropReason {
     NatFragment = 4,
     /// Masqueraded traffic while the uplink has no IPv4 address (`NatConfig::NO_ADDRESS`).
     NatNoAddress = 5,
-    /// Masqueraded traffic of a protocol whose checksum covers the addresses and which
-    /// the datapath does not translate (DCCP, UDP-Lite): dropped rather than sent with
-    /// the pod's address.
-    NatProtocol = 6,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
         DropReason::NatPortsExhausted,
         DropReason::NatFragment,
         DropReason::NatNoAddress,
-        DropReason::NatProtocol,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -72,7 +67,6 @@ impl DropReason {
             DropReason::NatPortsExhausted => "nat_ports_exhausted",
             DropReason::NatFragment => "nat_fragment",
             DropReason::NatNoAddress => "nat_no_address",
-            DropReason::NatProtocol => "nat_protocol",
         }
     }
 }

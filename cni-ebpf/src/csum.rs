@@ -35,8 +35,9 @@ pub fn is_icmp_error(icmp_type: u8) -> bool {
     )
 }
 
-/// Both have a checksum over a pseudo header with the addresses, as TCP and UDP do,
-/// which the datapath does not fix: never translated.
+/// Both have their ports where UDP has them, and a checksum over a pseudo header with
+/// the addresses where UDP has its checksum (always set, unlike UDP's): translated as
+/// UDP is.
 pub const DCCP: u8 = 33;
 pub const UDPLITE: u8 = 136;
 
@@ -67,20 +68,19 @@ pub fn ports_and_flags(ctx: &TcContext, proto: u8, l4: usize) -> Result<(u16, u1
 }
 
 /// The (source, destination) ports of a packet of `proto` whose L4 header is at `l4`, as
-/// a NAT flow is keyed: TCP, UDP and SCTP have them where UDP does, protocols without
-/// ports give (0, 0). `None` for ICMP (keyed by its echo identifier), DCCP and UDP-Lite
-/// (never translated).
+/// a NAT flow is keyed: TCP, UDP, SCTP, DCCP and UDP-Lite have them where UDP does,
+/// protocols without ports give (0, 0). `None` for ICMP (keyed by its echo identifier).
 #[inline(always)]
 pub fn flow_ports(ctx: &TcContext, proto: u8, l4: usize) -> Result<Option<(u16, u16)>, i64> {
     Ok(match proto {
-        TCP | UDP | SCTP => {
+        TCP | UDP | SCTP | DCCP | UDPLITE => {
             let ports: [u8; 4] = ctx.load(l4)?;
             Some((
                 u16::from_be_bytes([ports[0], ports[1]]),
                 u16::from_be_bytes([ports[2], ports[3]]),
             ))
         }
-        ICMP | DCCP | UDPLITE => None,
+        ICMP => None,
         _ => Some((0, 0)),
     })
 }
@@ -117,6 +117,11 @@ impl L4Csum {
                 at: l4 + 6,
                 pseudo: true,
                 flags: BPF_F_MARK_MANGLED_0 as u64,
+            }),
+            DCCP | UDPLITE => Some(Self {
+                at: l4 + 6,
+                pseudo: true,
+                flags: 0,
             }),
             ICMP => Some(Self {
                 at: l4 + 2,

@@ -12,8 +12,8 @@ use network_types::{
 
 use crate::{
     csum::{
-        self, EthIpv4, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST, IcmpErrorSide,
-        L4Csum, TCP, UDP,
+        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST,
+        IcmpErrorSide, L4Csum, TCP, UDP, UDPLITE,
     },
     endpoints, forward, fragments, hostport,
     nat_maps::{self, NAT_IN},
@@ -63,7 +63,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         return Ok(TC_ACT_OK);
     }
     let pod_addr = match proto {
-        TCP | UDP => {
+        TCP | UDP | DCCP | UDPLITE => {
             let (remote_port, node_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, node_addr, flags) else {
@@ -107,8 +107,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             _ => return Ok(TC_ACT_OK),
         },
-        // SCTP, its ports kept, and protocols without ports: the address alone (DCCP and
-        // UDP-Lite are never translated, see `snat::keep_port`).
+        // SCTP, its ports kept, and protocols without ports: the address alone.
         _ => {
             let Some((remote_port, node_port)) = csum::flow_ports(ctx, proto, l4)? else {
                 return Ok(TC_ACT_OK);

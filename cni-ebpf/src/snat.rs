@@ -95,16 +95,8 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // is.
             _ => return Ok(TC_ACT_OK),
         },
-        // Their checksums cover the addresses, which is not fixed here: never sent with
-        // the pod's address.
-        DCCP | UDPLITE => {
-            if to_translate(&ip) {
-                return Ok(metrics::drop_packet(DropReason::NatProtocol));
-            }
-            return Ok(TC_ACT_OK);
-        }
-        // SCTP keeps its ports; protocols without ports (GRE, ESP, IP in IP...) change
-        // address alone (see `keep_port`).
+        // DCCP and UDP-Lite, translated as UDP is; SCTP keeps its ports; protocols
+        // without ports (GRE, ESP, IP in IP...) change address alone (see `keep_port`).
         _ => match csum::flow_ports(ctx, ip.proto, l4)? {
             Some((pod_port, remote_port)) => (pod_port, remote_port, l4, 0),
             None => return Ok(TC_ACT_OK),
@@ -168,7 +160,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             } else {
                 tcp_state::ESTABLISHED
             };
-            let port = if key.proto == TCP || key.proto == UDP || key.proto == ICMP {
+            let port = if rewrites_port(key.proto) {
                 allocate(&key, &config, node_addr, now, state)
             } else {
                 keep_port(&key, &config, node_addr, now)
@@ -352,6 +344,13 @@ fn allocate(
     Some(search.port)
 }
 
+/// Whether flows of `proto` get a node port (or identifier) of their own: those whose
+/// port (and checksum over it, if any) is rewritten in place.
+#[inline(always)]
+fn rewrites_port(proto: u8) -> bool {
+    matches!(proto, TCP | UDP | ICMP | DCCP | UDPLITE)
+}
+
 /// Claims the pod's own port for `key`, a flow of a protocol whose port is not rewritten
 /// (see below): `None` when another pod's live flow holds it.
 ///
@@ -360,8 +359,7 @@ fn allocate(
 /// are translated by address alone (port 0), as MASQUERADE's generic protocol handling
 /// does: one pod at a time per (remote address, protocol), or per (remote address and
 /// port, pod port) for SCTP; another pod's flow meanwhile is dropped and counted as
-/// `nat_ports_exhausted`. DCCP and UDP-Lite, whose checksums cover the addresses, are
-/// dropped (`nat_protocol`), never sent with the pod's address.
+/// `nat_ports_exhausted`.
 #[inline(always)]
 fn keep_port(key: &NatKey, config: &NatConfig, node_addr: [u8; 4], now: u64) -> Option<u16> {
     let search = Search {

@@ -22,6 +22,9 @@ use crate::{
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
 pub const ICMP: u8 = 1;
+/// Ports and a checksum over a pseudo header where UDP has them.
+pub const DCCP: u8 = 33;
+pub const UDPLITE: u8 = 136;
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_ACK: u8 = 0x10;
@@ -203,7 +206,7 @@ pub fn pseudo_header_checksum(src: [u8; 4], dst: [u8; 4], proto: u8, segment: &[
 fn checksum_at(proto: u8) -> Option<usize> {
     match proto {
         TCP => Some(IP_END + 16),
-        UDP => Some(UDP_CHECK),
+        UDP | DCCP | UDPLITE => Some(UDP_CHECK),
         ICMP => Some(IP_END + 2),
         _ => None,
     }
@@ -218,7 +221,8 @@ fn set_ip_checksum(frame: &mut [u8]) {
 }
 
 /// Computes every checksum of `frame` (IPv4 header without options): the header's, and
-/// the TCP, UDP (0 sent as 0xffff) or ICMP one; another protocol's bytes stay as given.
+/// the TCP, UDP (0 sent as 0xffff), DCCP, UDP-Lite (both over the whole packet) or ICMP
+/// one; another protocol's bytes stay as given.
 fn set_checksums(frame: &mut [u8]) {
     set_ip_checksum(frame);
     let proto = frame[IP + 9];
@@ -248,8 +252,8 @@ pub fn assert_checksums_valid(frame: &[u8], what: &str) {
     );
     let (proto, segment) = (frame[IP + 9], &frame[IP_END..]);
     let sum = match proto {
-        TCP | UDP => {
-            let at = checksum_at(proto).expect("TCP and UDP have one");
+        TCP | UDP | DCCP | UDPLITE => {
+            let at = checksum_at(proto).expect("they have one");
             assert_ne!(port(frame, at), 0, "{what}: no L4 checksum");
             pseudo_header_checksum(addr(frame, IP_SRC), addr(frame, IP_DST), proto, segment)
         }

@@ -3,24 +3,22 @@
 //! addresses); protocols without ports (GRE here) are translated by address alone, as
 //! MASQUERADE's generic handling does; either way nothing after the IPv4 header changes,
 //! and another pod that would need the same mapping meanwhile is dropped and counted.
-//! DCCP and UDP-Lite, whose checksums cover the addresses, are dropped rather than sent
-//! with the pod's address.
+//! DCCP and UDP-Lite, whose checksums cover the addresses as UDP's does, get a node
+//! port as UDP does.
 
 use cni_ebpf_common::{DropReason, NatCounter};
 use ebpf_cni_tests::{
     frames::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, all_drops, ipv4_header_is_valid, no_drops},
     nat_frames::{
-        ICMP, INNER_SRC, MASQ, MASQ_2, NODE_ADDR, PLAIN, POD_PORT, REMOTE, REMOTE_PORT, ROUTER,
-        assert_unchanged, delivered, egress, frag_needed, inbound, ingress, out_key, outbound,
-        quote, uplink, with_addrs,
+        DCCP, ICMP, INNER_SRC, MASQ, MASQ_2, NODE_ADDR, POD_PORT, PORT_MAX, PORT_MIN, REMOTE,
+        REMOTE_PORT, ROUTER, SPORT, UDPLITE, assert_checksums_valid, assert_delivered, delivered,
+        egress, frag_needed, inbound, ingress, out_key, outbound, port, quote, uplink, with_addrs,
     },
     require_root,
 };
 
 const SCTP: u8 = 132;
 const GRE: u8 = 47;
-const DCCP: u8 = 33;
-const UDPLITE: u8 = 136;
 /// Another server outside the cluster.
 const REMOTE_2: [u8; 4] = [198, 18, 7, 81];
 
@@ -155,26 +153,65 @@ fn protocols_without_ports_are_translated_by_address_one_pod_per_remote() {
     );
 }
 
+/// A DCCP or UDP-Lite header from `sport` to `dport` (checksum left for `outbound` or
+/// `inbound` to compute; DCCP's CsCov and UDP-Lite's coverage 0: the whole packet) and
+/// a few bytes.
+fn dccp_or_udplite(sport: u16, dport: u16) -> Vec<u8> {
+    let mut packet = [sport.to_be_bytes(), dport.to_be_bytes()].concat();
+    packet.extend([3, 0, 0, 0, 0x0a, 0, 0, 1]);
+    packet.extend([0x5a; 12]);
+    packet
+}
+
 #[test]
-fn dccp_and_udp_lite_from_a_masqueraded_pod_are_dropped_not_leaked() {
+fn dccp_and_udp_lite_get_a_node_port_with_their_checksums_right_both_ways() {
     require_root();
-    let object = uplink();
-    // Ports and a checksum over the addresses, as TCP and UDP have.
-    let datagram = [
-        POD_PORT.to_be_bytes(),
-        REMOTE_PORT.to_be_bytes(),
-        [0, 16],
-        [0x12, 0x34],
-    ]
-    .concat();
     for proto in [DCCP, UDPLITE] {
-        let frame = outbound(MASQ.ip, REMOTE, proto, &datagram);
-        let run = egress(&object, &frame);
-        assert_eq!(run.verdict, TC_ACT_SHOT, "protocol {proto}");
-        assert_eq!(run.frame, frame, "not rewritten");
-        let plain = outbound(PLAIN.ip, REMOTE, proto, &datagram);
-        assert_unchanged(&egress(&object, &plain), &plain, "a pod without masquerade");
+        let object = uplink();
+        let out = outbound(
+            MASQ.ip,
+            REMOTE,
+            proto,
+            &dccp_or_udplite(POD_PORT, REMOTE_PORT),
+        );
+        assert_checksums_valid(&out, "test bug: the crafted packet");
+        let run = egress(&object, &out);
+        assert_eq!(run.verdict, TC_ACT_OK, "protocol {proto}: translated");
+        let node_port = port(&run.frame, SPORT);
+        assert!(
+            (PORT_MIN..=PORT_MAX).contains(&node_port),
+            "protocol {proto}: a node port from the range, not {node_port}"
+        );
+        assert_checksums_valid(&run.frame, "the translated packet");
+        assert_eq!(
+            run.frame,
+            outbound(
+                NODE_ADDR,
+                REMOTE,
+                proto,
+                &dccp_or_udplite(node_port, REMOTE_PORT)
+            ),
+            "protocol {proto}: source address and port, and the checksum over them"
+        );
+
+        let reply = inbound(
+            REMOTE,
+            NODE_ADDR,
+            proto,
+            &dccp_or_udplite(REMOTE_PORT, node_port),
+        );
+        let for_pod = inbound(
+            REMOTE,
+            MASQ.ip,
+            proto,
+            &dccp_or_udplite(REMOTE_PORT, POD_PORT),
+        );
+        assert_delivered(
+            &ingress(&object, &reply),
+            &for_pod,
+            &MASQ,
+            "the reply, into the pod",
+        );
+        assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
     }
-    assert_eq!(all_drops(&object), drops_of(DropReason::NatProtocol, 2));
-    assert!(object.nat_out_entries().is_empty(), "no flow");
 }
