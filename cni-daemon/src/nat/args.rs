@@ -26,11 +26,16 @@ pub struct NatArgs {
     /// tuple, which a client of such a server never reuses.
     #[arg(long, env = "EBPF_CNID_NAT_PORT_RANGE", default_value = "1024-32767")]
     pub nat_port_range: PortRange,
-    /// Seconds an idle established TCP flow keeps its translation.
+    /// Seconds an idle established TCP flow keeps its translation. Default 24 hours:
+    /// what kube-proxy sets for the kernel's conntrack on a Kubernetes node (its
+    /// `--conntrack-tcp-timeout-established`), which MASQUERADE follows, and more than
+    /// Linux's default TCP keepalive interval (2 hours), so that an idle connection
+    /// with keepalives (a database pool's) keeps its translation. At 1 hour, as before,
+    /// such connections died after an hour of quiet.
     #[arg(
         long,
         env = "EBPF_CNID_NAT_TCP_ESTABLISHED_TIMEOUT",
-        default_value_t = 3600,
+        default_value_t = 86_400,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nat_tcp_established_timeout: u32,
@@ -283,7 +288,7 @@ mod tests {
         assert_eq!(
             cli.nat.timeouts(),
             Timeouts {
-                tcp_established: 3600,
+                tcp_established: 86_400,
                 tcp_transitory: 120,
                 tcp_closed: 10,
                 udp: 30,
