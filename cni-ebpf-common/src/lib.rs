@@ -20,7 +20,7 @@ pub use hostport::{
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{
     CidrKey, FragmentKey, FragmentTarget, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey,
-    NatReverseKey, SweepItem, Uplinks, sweep, tcp_state,
+    NatReverseKey, SweepItem, Uplinks, sweep, tcp_state, udp_state,
 };
 pub use services::{MAX_SERVICE_CIDRS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};

@@ -44,7 +44,7 @@ pub struct NatEntry {
     pub pod_addr: [u8; 4],
     pub pod_port: u16,
     pub node_port: u16,
-    /// [`tcp_state`] for TCP; 0 otherwise.
+    /// [`tcp_state`] for TCP; [`udp_state`] for UDP; 0 otherwise.
     pub state: u8,
     pub pad: [u8; 3],
     /// The address the flow leaves with (its uplink's when the flow began or last left
@@ -125,6 +125,13 @@ pub mod tcp_state {
     pub const POD_CLOSED_SECS: u32 = 2;
 }
 
+/// [`NatEntry::state`] of a UDP flow.
+pub mod udp_state {
+    /// A reply came: the flow is a stream both ways, which keeps its translation the
+    /// longer "stream" timeout (as conntrack's assured UDP flows do).
+    pub const REPLIED: u8 = 1;
+}
+
 /// Uplinks source NAT translates on at most.
 pub const MAX_UPLINKS: usize = 16;
 
@@ -202,6 +209,11 @@ pub struct NatConfig {
     pub uplink_ifindex: u32,
     /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
     pub tcp_closed_secs: u32,
+    /// A UDP flow that has seen a reply ([`udp_state::REPLIED`]); `udp_secs` is for one
+    /// that has not. Added after the first release: a pinned `NAT_CONFIG` of the
+    /// earlier size is replaced at start (the daemon writes the map whole at every
+    /// start, so nothing is lost).
+    pub udp_stream_secs: u32,
 }
 
 impl NatConfig {
@@ -369,7 +381,7 @@ const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
-const _: () = assert!(core::mem::size_of::<NatConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 36);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
 const _: () = assert!(core::mem::size_of::<FragmentKey>() == 12);
 const _: () = assert!(core::mem::size_of::<FragmentTarget>() == 16);

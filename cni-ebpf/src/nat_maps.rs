@@ -5,7 +5,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
-use cni_ebpf_common::{NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, tcp_state};
+use cni_ebpf_common::{
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, tcp_state, udp_state,
+};
 
 use crate::snat;
 
@@ -188,6 +190,7 @@ pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> boo
         (6, tcp_state::CLOSED) => config.tcp_closed_secs,
         (6, tcp_state::POD_CLOSED) => config.tcp_closed_secs.min(tcp_state::POD_CLOSED_SECS),
         (6, _) => config.tcp_transitory_secs,
+        (17, udp_state::REPLIED) => config.udp_stream_secs,
         (1, _) => config.icmp_secs,
         // UDP, and the protocols translated by address or with their ports kept.
         _ => config.udp_secs,

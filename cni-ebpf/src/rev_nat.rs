@@ -4,7 +4,9 @@
 //! and go straight into the pod, without crossing the node's stack.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use cni_ebpf_common::{FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey};
+use cni_ebpf_common::{
+    FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, udp_state,
+};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -66,7 +68,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         TCP | UDP | DCCP | UDPLITE => {
             let (remote_port, node_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, &config, node_addr, flags) else {
+            let Some(entry) = live_entry(&key, &config, node_addr, Some(flags)) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
                 return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
             };
@@ -90,7 +92,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             ICMP_ECHO_REPLY => {
                 let id = u16::from_be_bytes(ctx.load(l4 + 4)?);
                 let key = reverse(ip.src_addr, id, 0, ICMP);
-                let Some(entry) = live_entry(&key, &config, node_addr, 0) else {
+                let Some(entry) = live_entry(&key, &config, node_addr, Some(0)) else {
                     return Ok(TC_ACT_OK);
                 };
                 csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -113,7 +115,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 return Ok(TC_ACT_OK);
             };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, &config, node_addr, 0) else {
+            let Some(entry) = live_entry(&key, &config, node_addr, Some(0)) else {
                 return Ok(TC_ACT_OK);
             };
             csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -193,15 +195,18 @@ fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) ->
     }
 }
 
-/// The live entry of a reply's flow to `node_addr`, its timestamp and TCP state
-/// refreshed. A flow that left with another address (by another uplink) is not this
-/// reply's; an entry without one (written by an earlier datapath) matches any.
+/// The live entry of the flow to `node_addr` a packet belongs to, its timestamp and
+/// state refreshed: `reply` holds the TCP flags (0 for other protocols) of a reply of
+/// the flow, and is `None` for an ICMP error about it, which changes no state (as
+/// conntrack's related packets do not). A flow that left with another address (by
+/// another uplink) is not this packet's; an entry without one (written by an earlier
+/// datapath) matches any.
 #[inline(always)]
 fn live_entry(
     key: &NatReverseKey,
     config: &NatConfig,
     node_addr: [u8; 4],
-    tcp_flags: u8,
+    reply: Option<u8>,
 ) -> Option<NatEntry> {
     let now = nat_maps::now_ns();
     let slot = NAT_IN.get_ptr_mut(key)?;
@@ -213,7 +218,12 @@ fn live_entry(
     if nat_maps::expired(&entry, key.proto, config, now) {
         return None;
     }
-    let state = snat::next_state(entry.state, tcp_flags, Way::In);
+    let state = match (key.proto, reply) {
+        (_, None) => entry.state,
+        // A reply makes a UDP flow a stream (the longer timeout).
+        (UDP, Some(_)) => udp_state::REPLIED,
+        (_, Some(tcp_flags)) => snat::next_state(entry.state, tcp_flags, Way::In),
+    };
     if state != entry.state || now.saturating_sub(entry.last_seen_ns) > snat::REFRESH_NS {
         let forward = key.forward(&entry);
         nat_maps::refresh(slot, &nat_maps::NAT_OUT, &forward, now, state, node_addr);
@@ -259,7 +269,7 @@ fn icmp_error(
     // A translated flow of a pod's, else a pod's reply on a hostPort connection (PMTU
     // discovery must reach the pod serving it).
     let nat = if inner_ip.src_addr == node_addr {
-        live_entry(&key, config, node_addr, 0)
+        live_entry(&key, config, node_addr, None)
     } else {
         None
     };

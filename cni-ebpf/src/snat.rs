@@ -125,7 +125,11 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         Some(slot) => {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
-            let state = next_state(entry.state, tcp_flags, Way::Out);
+            let state = if key.proto == TCP {
+                next_state(entry.state, tcp_flags, Way::Out)
+            } else {
+                entry.state
+            };
             // A flow goes on from its uplink's address as it is now (see
             // `Nat::follow_uplink` in the daemon).
             if state != entry.state

@@ -96,6 +96,7 @@ pub const fn nat_config() -> NatConfig {
         icmp_secs: 30,
         uplink_ifindex: LOOPBACK,
         tcp_closed_secs: 10,
+        udp_stream_secs: 120,
     }
 }
 

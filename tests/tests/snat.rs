@@ -369,7 +369,8 @@ fn a_host_outside_reaching_a_pods_own_address_gets_answers_from_that_address() {
 #[test]
 fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
     require_root();
-    // One node port and a 2 s UDP timeout, swept every second.
+    // One node port, a 2 s timeout for UDP without a reply and 6 s with one, swept
+    // every second.
     let node = Node::start_with(
         "10.244.55.0/24",
         &[],
@@ -378,6 +379,8 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
             "61000-61000",
             "--nat-udp-timeout",
             "2",
+            "--nat-udp-stream-timeout",
+            "6",
             "--nat-gc-interval",
             "1",
         ],
@@ -397,13 +400,21 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
             .is_some_and(|n| n >= 1),
         "{status}"
     );
-    assert!(
-        !nat_table(&node)["entries"]
-            .as_array()
-            .expect("entries")
-            .is_empty()
+    let table = nat_table(&node);
+    let entries = table["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 1, "{table}");
+    assert_eq!(
+        entries[0]["state"], "replied",
+        "a's flow had a reply: {table}"
     );
 
+    // Past the timeout of UDP without a reply, a's flow (a stream) keeps its port.
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        nat_table(&node)["entries"].as_array().map(Vec::len),
+        Some(1),
+        "a stream outlives the unreplied timeout"
+    );
     assert!(
         eventually(Duration::from_secs(10), || nat_table(&node)["entries"]
             .as_array()
@@ -777,6 +788,71 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
         node_ips(&udp.peers()),
         BTreeSet::from([NODE_ADDR.to_owned()])
     );
+}
+
+#[test]
+fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() {
+    require_root();
+    let mut node = Node::start("10.244.79.0/24");
+    let pod = node.add_pod("old-config");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"before").expect("UDP through NAT");
+    let pin = node.instance.bpf_dir.join(map_names::NAT_CONFIG);
+    let value_size = |pin: &std::path::Path| {
+        aya::maps::MapInfo::from_pin(pin)
+            .expect("a pinned NAT_CONFIG")
+            .value_size()
+    };
+    assert_eq!(
+        value_size(&pin) as usize,
+        std::mem::size_of::<cni_ebpf_common::NatConfig>()
+    );
+
+    // An earlier release's NAT_CONFIG: 32 bytes, before `udp_stream_secs`.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    std::fs::remove_file(&pin).expect("unpin");
+    let path = pin.to_str().expect("a UTF-8 path");
+    let created = node.netns.run(
+        "bpftool",
+        &[
+            "map",
+            "create",
+            path,
+            "type",
+            "array",
+            "key",
+            "4",
+            "value",
+            "32",
+            "entries",
+            "1",
+            "name",
+            "NAT_CONFIG",
+        ],
+    );
+    assert!(created.status.success(), "bpftool: {created:?}");
+    assert_eq!(value_size(&pin), 32, "test bug: the old size");
+
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(
+        value_size(&pin) as usize,
+        std::mem::size_of::<cni_ebpf_common::NatConfig>(),
+        "created anew at this release's size"
+    );
+    assert!(
+        node.instance
+            .log()
+            .contains("NAT_CONFIG pinned by an earlier release"),
+        "said in the log"
+    );
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"old flow").expect("the old flow");
+    udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"new flow").expect("a new flow");
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+    let ports: BTreeSet<u16> = udp.peers().iter().map(SocketAddr::port).collect();
+    assert_eq!(ports.len(), 2, "the old flow kept its node port: {ports:?}");
 }
 
 #[test]

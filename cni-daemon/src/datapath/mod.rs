@@ -86,6 +86,7 @@ impl Datapath {
     /// and starts forwarding aya-log records into `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Self, DatapathError> {
         uplink::resize_nat_tables(bpf_dir, nat_max_flows)?;
+        uplink::replace_resized_config(bpf_dir)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_dir)
             .map_max_entries(map_names::NAT_OUT, nat_max_flows)

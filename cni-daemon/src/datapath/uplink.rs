@@ -8,7 +8,7 @@ use std::{fs, io, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
 use aya::programs::{TcAttachType, tc};
-use cni_ebpf_common::{map_names, program_names};
+use cni_ebpf_common::{NatConfig, map_names, program_names};
 
 use super::{
     Datapath, DatapathError, classifier, ensure_clsact, has_tcx,
@@ -47,6 +47,28 @@ pub(super) fn resize_nat_tables(bpf_dir: &Path, max_flows: u32) -> Result<(), Da
         fs::remove_file(pin).map_err(|source| pin_error(pin, source))?;
     }
     Ok(())
+}
+
+/// Makes room for a `NAT_CONFIG` of this datapath's value size: a pin an earlier release
+/// left with another (its `NatConfig` was shorter: `udp_stream_secs` came later) is
+/// unpinned, so that the load creates the map anew, as aya would otherwise reuse it and
+/// the programs would not load against it. Nothing is lost: the daemon writes the map
+/// whole at every start. The programs still attached keep the old map until the new
+/// ones replace them, a moment later in the same start.
+pub(super) fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError> {
+    let pin = bpf_dir.join(map_names::NAT_CONFIG);
+    if !pin.exists() {
+        return Ok(());
+    }
+    let size = MapInfo::from_pin(&pin)?.value_size();
+    if usize::try_from(size).is_ok_and(|size| size == size_of::<NatConfig>()) {
+        return Ok(());
+    }
+    tracing::info!(
+        size,
+        "NAT_CONFIG pinned by an earlier release is created anew at this release's size"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
 }
 
 /// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).

@@ -57,7 +57,7 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nat_tcp_closed_timeout: u32,
-    /// Seconds an idle UDP flow keeps its translation.
+    /// Seconds an idle UDP flow that has had no reply keeps its translation.
     #[arg(
         long,
         env = "EBPF_CNID_NAT_UDP_TIMEOUT",
@@ -65,6 +65,16 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nat_udp_timeout: u32,
+    /// Seconds an idle UDP flow that has had a reply (a stream both ways: a VPN, QUIC,
+    /// a media session) keeps its translation. Default 120 s, the kernel's conntrack
+    /// `nf_conntrack_udp_timeout_stream`, which MASQUERADE follows.
+    #[arg(
+        long,
+        env = "EBPF_CNID_NAT_UDP_STREAM_TIMEOUT",
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub nat_udp_stream_timeout: u32,
     /// Seconds an idle ICMP echo flow keeps its translation.
     #[arg(
         long,
@@ -107,6 +117,7 @@ impl NatArgs {
             tcp_transitory: self.nat_tcp_transitory_timeout,
             tcp_closed: self.nat_tcp_closed_timeout,
             udp: self.nat_udp_timeout,
+            udp_stream: self.nat_udp_stream_timeout,
             icmp: self.nat_icmp_timeout,
         }
     }
@@ -124,7 +135,10 @@ pub struct Timeouts {
     pub tcp_transitory: u32,
     /// FIN each way, or RST.
     pub tcp_closed: u32,
+    /// UDP without a reply yet.
     pub udp: u32,
+    /// UDP that has had a reply.
+    pub udp_stream: u32,
     pub icmp: u32,
 }
 
@@ -136,6 +150,7 @@ impl Timeouts {
             tcp_transitory: config.tcp_transitory_secs,
             tcp_closed: config.tcp_closed_secs,
             udp: config.udp_secs,
+            udp_stream: config.udp_stream_secs,
             icmp: config.icmp_secs,
         }
     }
@@ -292,6 +307,7 @@ mod tests {
                 tcp_transitory: 120,
                 tcp_closed: 10,
                 udp: 30,
+                udp_stream: 120,
                 icmp: 30
             }
         );

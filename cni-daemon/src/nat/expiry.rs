@@ -3,7 +3,7 @@
 //! Times are `CLOCK_MONOTONIC` nanoseconds, the clock `bpf_ktime_get_coarse_ns` reads (as
 //! of the last tick, a few milliseconds behind at most).
 
-use cni_ebpf_common::{NatEntry, tcp_state};
+use cni_ebpf_common::{NatEntry, tcp_state, udp_state};
 
 use super::args::Timeouts;
 
@@ -24,6 +24,7 @@ pub fn timeout_secs(proto: u8, state: u8, timeouts: &Timeouts) -> u32 {
         (IPPROTO_TCP, tcp_state::POD_CLOSED) => timeouts.tcp_closed.min(tcp_state::POD_CLOSED_SECS),
         (IPPROTO_TCP, _) => timeouts.tcp_transitory,
         (IPPROTO_ICMP, _) => timeouts.icmp,
+        (IPPROTO_UDP, udp_state::REPLIED) => timeouts.udp_stream,
         _ => timeouts.udp,
     }
 }
@@ -63,6 +64,7 @@ mod tests {
         tcp_transitory: 120,
         tcp_closed: 10,
         udp: 30,
+        udp_stream: 120,
         icmp: 20,
     };
     const SEC: u64 = NANOS_PER_SEC;
@@ -97,8 +99,13 @@ mod tests {
         );
         assert_eq!(timeout_secs(IPPROTO_TCP, 0, &TIMEOUTS), 120);
         assert_eq!(timeout_secs(IPPROTO_UDP, 0, &TIMEOUTS), 30);
+        assert_eq!(
+            timeout_secs(IPPROTO_UDP, udp_state::REPLIED, &TIMEOUTS),
+            120,
+            "a UDP flow that had a reply is a stream"
+        );
         assert_eq!(timeout_secs(IPPROTO_ICMP, 0, &TIMEOUTS), 20);
-        // The state byte means nothing outside TCP.
+        // The state byte means nothing else outside TCP.
         assert_eq!(
             timeout_secs(IPPROTO_UDP, tcp_state::ESTABLISHED, &TIMEOUTS),
             30

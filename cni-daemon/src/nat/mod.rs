@@ -128,6 +128,7 @@ impl NatSettings {
             icmp_secs: self.timeouts.icmp,
             uplink_ifindex: first.ifindex,
             tcp_closed_secs: self.timeouts.tcp_closed,
+            udp_stream_secs: self.timeouts.udp_stream,
         }
     }
 
@@ -278,6 +279,7 @@ mod tests {
                 tcp_transitory: 120,
                 tcp_closed: 10,
                 udp: 30,
+                udp_stream: 120,
                 icmp: 20,
             },
         };
@@ -293,6 +295,7 @@ mod tests {
                 icmp_secs: 20,
                 uplink_ifindex: 4,
                 tcp_closed_secs: 10,
+                udp_stream_secs: 120,
             }
         );
         let uplinks = settings.uplinks();

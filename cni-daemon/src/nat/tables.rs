@@ -441,6 +441,7 @@ mod tests {
         tcp_transitory: 120,
         tcp_closed: 10,
         udp: 30,
+        udp_stream: 120,
         icmp: 30,
     };
 

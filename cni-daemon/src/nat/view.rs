@@ -10,6 +10,7 @@ use std::{
 use aya::maps::{Array, HashMap, IterableMap, Map, MapError, PerCpuArray};
 use cni_ebpf_common::{
     NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, map_names, tcp_state,
+    udp_state,
 };
 use serde::Serialize;
 
@@ -189,6 +190,9 @@ pub fn proto_name(proto: u8) -> String {
 }
 
 pub fn state_name(proto: u8, state: u8) -> &'static str {
+    if proto == expiry::IPPROTO_UDP && state == udp_state::REPLIED {
+        return "replied";
+    }
     if proto != expiry::IPPROTO_TCP {
         return "-";
     }
@@ -282,6 +286,7 @@ mod tests {
             tcp_transitory: 120,
             tcp_closed: 10,
             udp: 30,
+            udp_stream: 120,
             icmp: 30,
         };
         let node = Ipv4Addr::new(198, 18, 0, 1);
@@ -334,6 +339,7 @@ mod tests {
             tcp_transitory: 120,
             tcp_closed: 10,
             udp: 30,
+            udp_stream: 120,
             icmp: 30,
         };
         let node = Ipv4Addr::new(198, 18, 0, 1);
@@ -353,5 +359,7 @@ mod tests {
         assert_eq!(state_name(6, tcp_state::SYN_SENT), "syn_sent");
         assert_eq!(state_name(6, tcp_state::CLOSING), "closing");
         assert_eq!(state_name(17, tcp_state::ESTABLISHED), "-");
+        assert_eq!(state_name(17, udp_state::REPLIED), "replied");
+        assert_eq!(state_name(17, 0), "-");
     }
 }
