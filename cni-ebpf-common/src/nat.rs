@@ -44,7 +44,7 @@ pub struct NatEntry {
     pub pod_addr: [u8; 4],
     pub pod_port: u16,
     pub node_port: u16,
-    /// [`tcp_state`] for TCP; [`udp_state`] for UDP; 0 otherwise.
+    /// [`tcp_state`] for TCP; 0 for ICMP; [`udp_state`] otherwise.
     pub state: u8,
     pub pad: [u8; 3],
     /// The address the flow leaves with (its uplink's when the flow began or last left
@@ -125,7 +125,7 @@ pub mod tcp_state {
     pub const POD_CLOSED_SECS: u32 = 2;
 }
 
-/// [`NatEntry::state`] of a UDP flow.
+/// [`NatEntry::state`] of a UDP flow, and of SCTP and protocols without ports.
 pub mod udp_state {
     /// A reply came: the flow is a stream both ways, which keeps its translation the
     /// longer "stream" timeout (as conntrack's assured UDP flows do).

@@ -190,8 +190,10 @@ pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> boo
         (6, tcp_state::CLOSED) => config.tcp_closed_secs,
         (6, tcp_state::POD_CLOSED) => config.tcp_closed_secs.min(tcp_state::POD_CLOSED_SECS),
         (6, _) => config.tcp_transitory_secs,
-        (17, udp_state::REPLIED) => config.udp_stream_secs,
         (1, _) => config.icmp_secs,
+        // UDP, and the protocols translated by address or with their ports kept, once
+        // they had a reply.
+        (_, udp_state::REPLIED) => config.udp_stream_secs,
         // UDP, and the protocols translated by address or with their ports kept.
         _ => config.udp_secs,
     };

@@ -220,9 +220,10 @@ fn live_entry(
     }
     let state = match (key.proto, reply) {
         (_, None) => entry.state,
-        // A reply makes a UDP flow a stream (the longer timeout).
-        (UDP, Some(_)) => udp_state::REPLIED,
-        (_, Some(tcp_flags)) => snat::next_state(entry.state, tcp_flags, Way::In),
+        (TCP, Some(tcp_flags)) => snat::next_state(entry.state, tcp_flags, Way::In),
+        (ICMP, Some(_)) => entry.state,
+        // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
+        (_, Some(_)) => udp_state::REPLIED,
     };
     if state != entry.state || now.saturating_sub(entry.last_seen_ns) > snat::REFRESH_NS {
         let forward = key.forward(&entry);

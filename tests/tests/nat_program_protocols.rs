@@ -6,7 +6,7 @@
 //! DCCP and UDP-Lite, whose checksums cover the addresses as UDP's does, get a node
 //! port as UDP does.
 
-use cni_ebpf_common::{DropReason, NatCounter};
+use cni_ebpf_common::{DropReason, NatCounter, udp_state};
 use ebpf_cni_tests::{
     frames::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, all_drops, ipv4_header_is_valid, no_drops},
     nat_frames::{
@@ -76,6 +76,14 @@ fn sctp_keeps_its_ports_and_only_the_address_changes_both_ways() {
         "the pod's address back, nothing else but TTL and MACs"
     );
     assert_eq!(object.nat_counter(NatCounter::TranslatedIn), 1);
+    let replied = object
+        .nat_out(&out_key(MASQ.ip, POD_PORT, REMOTE_PORT, SCTP))
+        .expect("the association");
+    assert_eq!(
+        replied.state,
+        udp_state::REPLIED,
+        "a reply makes it a stream (the longer timeout)"
+    );
 
     // Another pod from the same port to the same remote port would share the mapping.
     let same = outbound(MASQ_2.ip, REMOTE, SCTP, &sctp(POD_PORT, REMOTE_PORT));

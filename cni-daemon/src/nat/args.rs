@@ -66,8 +66,10 @@ pub struct NatArgs {
     )]
     pub nat_udp_timeout: u32,
     /// Seconds an idle UDP flow that has had a reply (a stream both ways: a VPN, QUIC,
-    /// a media session) keeps its translation. Default 120 s, the kernel's conntrack
-    /// `nf_conntrack_udp_timeout_stream`, which MASQUERADE follows.
+    /// a media session) keeps its translation; so do SCTP and protocols without ports
+    /// (GRE, ESP) once they had one (before, they take `--nat-udp-timeout`). Default
+    /// 120 s, the kernel's conntrack `nf_conntrack_udp_timeout_stream`, which MASQUERADE
+    /// follows for UDP (an SCTP heartbeat, every 30 s, then never races the timeout).
     #[arg(
         long,
         env = "EBPF_CNID_NAT_UDP_STREAM_TIMEOUT",

@@ -15,8 +15,8 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// The idle timeout of a flow of `proto` in TCP `state` (ignored for other protocols).
 /// A TCP flow in no known state counts as transitory; other protocols than TCP, UDP and
-/// ICMP (SCTP, and those translated by address alone: GRE, ESP...) get the UDP timeout,
-/// as in the datapath's `nat_maps::expired`.
+/// ICMP (SCTP, and those translated by address alone: GRE, ESP...) get the UDP ones, as
+/// in the datapath's `nat_maps::expired`: the stream timeout once they had a reply.
 pub fn timeout_secs(proto: u8, state: u8, timeouts: &Timeouts) -> u32 {
     match (proto, state) {
         (IPPROTO_TCP, tcp_state::ESTABLISHED) => timeouts.tcp_established,
@@ -24,7 +24,7 @@ pub fn timeout_secs(proto: u8, state: u8, timeouts: &Timeouts) -> u32 {
         (IPPROTO_TCP, tcp_state::POD_CLOSED) => timeouts.tcp_closed.min(tcp_state::POD_CLOSED_SECS),
         (IPPROTO_TCP, _) => timeouts.tcp_transitory,
         (IPPROTO_ICMP, _) => timeouts.icmp,
-        (IPPROTO_UDP, udp_state::REPLIED) => timeouts.udp_stream,
+        (_, udp_state::REPLIED) => timeouts.udp_stream,
         _ => timeouts.udp,
     }
 }
@@ -104,6 +104,12 @@ mod tests {
             120,
             "a UDP flow that had a reply is a stream"
         );
+        assert_eq!(
+            timeout_secs(132, udp_state::REPLIED, &TIMEOUTS),
+            120,
+            "so is an SCTP association"
+        );
+        assert_eq!(timeout_secs(132, 0, &TIMEOUTS), 30);
         assert_eq!(timeout_secs(IPPROTO_ICMP, 0, &TIMEOUTS), 20);
         // The state byte means nothing else outside TCP.
         assert_eq!(

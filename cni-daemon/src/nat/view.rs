@@ -190,11 +190,11 @@ pub fn proto_name(proto: u8) -> String {
 }
 
 pub fn state_name(proto: u8, state: u8) -> &'static str {
-    if proto == expiry::IPPROTO_UDP && state == udp_state::REPLIED {
-        return "replied";
-    }
-    if proto != expiry::IPPROTO_TCP {
-        return "-";
+    match proto {
+        expiry::IPPROTO_TCP => {}
+        expiry::IPPROTO_ICMP => return "-",
+        _ if state == udp_state::REPLIED => return "replied",
+        _ => return "-",
     }
     match state {
         tcp_state::SYN_SENT => "syn_sent",
@@ -361,5 +361,7 @@ mod tests {
         assert_eq!(state_name(17, tcp_state::ESTABLISHED), "-");
         assert_eq!(state_name(17, udp_state::REPLIED), "replied");
         assert_eq!(state_name(17, 0), "-");
+        assert_eq!(state_name(132, udp_state::REPLIED), "replied");
+        assert_eq!(state_name(1, udp_state::REPLIED), "-");
     }
 }
