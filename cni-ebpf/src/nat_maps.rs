@@ -155,8 +155,9 @@ pub fn saw_inbound(flow: &NatKey, now: u64) {
 }
 
 /// Whether `flow`, a pod's packet with no translated flow, answers a flow a host outside
-/// opened to the pod's own address, seen within the timeout of its protocol (TCP's
-/// established one; its state is not followed): such answers keep the pod's address,
+/// opened to the pod's own address, seen within the timeout of an answered flow of its
+/// protocol (TCP's established one, its state not followed; the stream one otherwise):
+/// such answers keep the pod's address,
 /// as under MASQUERADE, which translates only connections that began leaving. The
 /// flow is refreshed.
 #[inline(always)]
@@ -164,15 +165,16 @@ pub fn opened_from_outside(flow: &NatKey, config: &NatConfig, now: u64) -> bool 
     let Some(seen) = NAT_INBOUND.get_ptr_mut(flow) else {
         return false;
     };
-    let secs = if flow.proto == 6 {
-        config.tcp_established_secs
+    // An answered flow: established TCP, or a stream.
+    let state = if flow.proto == 6 {
+        tcp_state::ESTABLISHED
     } else {
-        config.udp_secs
+        udp_state::REPLIED
     };
     // SAFETY: a pointer into the map value, valid for the program run.
     let last = unsafe { *seen };
     let idle = now.saturating_sub(last);
-    if idle > u64::from(secs) * 1_000_000_000 {
+    if idle > u64::from(timeout_secs(flow.proto, state, config)) * 1_000_000_000 {
         return false;
     }
     if idle > snat::REFRESH_NS {
@@ -185,7 +187,15 @@ pub fn opened_from_outside(flow: &NatKey, config: &NatConfig, now: u64) -> bool 
 /// Whether `entry` of protocol `proto` has been idle longer than its timeout.
 #[inline(always)]
 pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
-    let secs = match (proto, entry.state) {
+    let secs = timeout_secs(proto, entry.state, config);
+    now.saturating_sub(entry.last_seen_ns) > u64::from(secs) * 1_000_000_000
+}
+
+/// The idle timeout of a flow of `proto` in `state` (as the daemon's
+/// `nat::expiry::timeout_secs` decides it).
+#[inline(always)]
+fn timeout_secs(proto: u8, state: u8, config: &NatConfig) -> u32 {
+    match (proto, state) {
         (6, tcp_state::ESTABLISHED) => config.tcp_established_secs,
         (6, tcp_state::CLOSED) => config.tcp_closed_secs,
         (6, tcp_state::POD_CLOSED) => config.tcp_closed_secs.min(tcp_state::POD_CLOSED_SECS),
@@ -196,6 +206,5 @@ pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> boo
         (_, udp_state::REPLIED) => config.udp_stream_secs,
         // UDP, and the protocols translated by address or with their ports kept.
         _ => config.udp_secs,
-    };
-    now.saturating_sub(entry.last_seen_ns) > u64::from(secs) * 1_000_000_000
+    }
 }

@@ -93,36 +93,12 @@ pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
         return Ok(false);
     }
     if !is_service_addr(ip.dst_addr) {
-        return answers_outside_client(ctx, ip);
+        // An answer to a client outside the node on a Service connection the stack
+        // DNATed (see [`from_outside`]).
+        return for_socket_in(ctx, ip, &SERVICE_PEERS);
     }
-    if let Some((port, _)) = ports(ctx, ip)? {
-        let key = client(ip.src_addr, port, ip.proto as u8);
-        // SAFETY: only the presence is read.
-        if unsafe { SERVICE_CLIENTS.get(&key) }.is_none() {
-            // A full table evicts the least recently used socket.
-            let _ = SERVICE_CLIENTS.insert(&key, &1, 0);
-        }
-    }
+    remember_source(ctx, ip, &SERVICE_CLIENTS)?;
     Ok(true)
-}
-
-/// Whether `ip` answers a client outside the node on a Service connection the stack
-/// DNATed (see [`from_outside`]). A fragment after the first goes where its first went.
-#[inline(always)]
-fn answers_outside_client(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
-    if fragments::is_later(ip) {
-        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
-    }
-    let Some((_, port)) = ports(ctx, ip)? else {
-        return Ok(false);
-    };
-    let key = client(ip.dst_addr, port, ip.proto as u8);
-    // SAFETY: only the presence is read.
-    let answers = unsafe { SERVICE_PEERS.get(&key) }.is_some();
-    if answers {
-        fragments::went_to_stack(ip);
-    }
-    Ok(answers)
 }
 
 /// Remembers the client of `ip`, a TCP or UDP packet arriving on an uplink that no
@@ -134,16 +110,7 @@ pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
     if !enabled() || !is_service_addr(ip.dst_addr) {
         return Ok(());
     }
-    let Some((port, _)) = ports(ctx, ip)? else {
-        return Ok(());
-    };
-    let key = client(ip.src_addr, port, ip.proto as u8);
-    // SAFETY: only the presence is read.
-    if unsafe { SERVICE_PEERS.get(&key) }.is_none() {
-        // A full table evicts the least recently used client.
-        let _ = SERVICE_PEERS.insert(&key, &1, 0);
-    }
-    Ok(())
+    remember_source(ctx, ip, &SERVICE_PEERS)
 }
 
 /// Whether `ip`, for the local pod at its destination, is for a socket of that pod with a
@@ -153,18 +120,48 @@ pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !enabled() {
         return Ok(false);
     }
-    // A fragment after the first (no ports) goes where its first fragment went.
+    for_socket_in(ctx, ip, &SERVICE_CLIENTS)
+}
+
+/// Adds the source socket of `ip` (TCP or UDP, a first fragment or whole) to `sockets`,
+/// writing only when it is not there yet (a full table evicts the least recently used).
+#[inline(always)]
+fn remember_source(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    sockets: &LruHashMap<ServiceClient, u8>,
+) -> Result<(), i64> {
+    if let Some((port, _)) = ports(ctx, ip)? {
+        let key = client(ip.src_addr, port, ip.proto as u8);
+        // SAFETY: only the presence is read.
+        if unsafe { sockets.get(&key) }.is_none() {
+            let _ = sockets.insert(&key, &1, 0);
+        }
+    }
+    Ok(())
+}
+
+/// Whether `ip` is for a socket (its destination address and port) in `sockets`: the
+/// caller hands it to the stack. A fragment after the first (no ports) goes where its
+/// first fragment went.
+#[inline(always)]
+fn for_socket_in(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    sockets: &LruHashMap<ServiceClient, u8>,
+) -> Result<bool, i64> {
     if fragments::is_later(ip) {
         return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
     }
-    let reply = match ports(ctx, ip)? {
-        Some((_, port)) => is_remembered(ip.dst_addr, port, ip.proto as u8),
-        None => false,
+    let Some((_, port)) = ports(ctx, ip)? else {
+        return Ok(false);
     };
-    if reply {
+    // SAFETY: only the presence is read.
+    let found = unsafe { sockets.get(&client(ip.dst_addr, port, ip.proto as u8)) }.is_some();
+    if found {
         fragments::went_to_stack(ip);
     }
-    Ok(reply)
+    Ok(found)
 }
 
 /// Whether the pod socket `addr`:`port` (`proto`) has a Service connection.

@@ -321,13 +321,15 @@ fn allocate(
         next => next - 1,
     } % size;
     let mut search = Search {
-        key: *key,
-        config: *config,
-        node_addr,
-        now,
+        flow: NewFlow {
+            key: *key,
+            config: *config,
+            node_addr,
+            now,
+            state,
+        },
         start,
         size,
-        state,
         port: 0,
     };
     // SAFETY: `probe` has the callback signature bpf_loop expects and reads `search`,
@@ -366,17 +368,14 @@ fn rewrites_port(proto: u8) -> bool {
 /// `nat_ports_exhausted`.
 #[inline(always)]
 fn keep_port(key: &NatKey, config: &NatConfig, node_addr: [u8; 4], now: u64) -> Option<u16> {
-    let search = Search {
+    let flow = NewFlow {
         key: *key,
         config: *config,
         node_addr,
         now,
-        start: 0,
-        size: 1,
         state: 0,
-        port: 0,
     };
-    claim(&search, key.pod_port).then_some(key.pod_port)
+    claim(&flow, key.pod_port).then_some(key.pod_port)
 }
 
 /// A port search of [`allocate`], shared with its [`probe`] callback.
@@ -387,16 +386,23 @@ fn keep_port(key: &NatKey, config: &NatConfig, node_addr: [u8; 4], now: u64) -> 
 /// what leads to it changed.
 #[repr(C)]
 struct Search {
+    flow: NewFlow,
+    start: u32,
+    size: u32,
+    /// The port claimed; 0 while none (node ports are 1024 and above).
+    port: u16,
+}
+
+/// A new flow claiming a node port (see [`claim`]).
+#[repr(C)]
+struct NewFlow {
     key: NatKey,
     config: NatConfig,
     /// The uplink's address, which the flow leaves with.
     node_addr: [u8; 4],
     now: u64,
-    start: u32,
-    size: u32,
+    /// Its state in the tables.
     state: u8,
-    /// The port claimed; 0 while none (node ports are 1024 and above).
-    port: u16,
 }
 
 /// Probe `index` of a [`Search`]: claims its port and stops the loop (1), or counts a
@@ -411,8 +417,8 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     }
     let index = index as u32;
     let offset = (search.start + index + index / LINEAR_PROBES * PROBE_STRIDE) % search.size;
-    let port = search.config.port_min + offset as u16;
-    if claim(search, port) {
+    let port = search.flow.config.port_min + offset as u16;
+    if claim(&search.flow, port) {
         search.port = port;
         return 1;
     }
@@ -444,7 +450,7 @@ fn flow_entry(key: &NatKey, port: u16, node_addr: [u8; 4], now: u64, state: u8) 
     }
 }
 
-/// Claims node `port` for the flow of `search` in `NAT_IN` if it is free, held by this
+/// Claims node `port` for `flow` in `NAT_IN` if it is free, held by this
 /// very flow, or held by an expired one (the caller writes `NAT_OUT`). Node ports are
 /// one space for all uplinks (`NAT_IN` is keyed without the node address): a remote
 /// reached by two uplinks never sees the same node port from both.
@@ -458,14 +464,14 @@ fn flow_entry(key: &NatKey, port: u16, node_addr: [u8; 4], now: u64, state: u8) 
 /// 4-tuple opens a new flow (rewriting the entry in place) and never takes the port it
 /// lost.
 #[inline(always)]
-fn claim(search: &Search, port: u16) -> bool {
-    let (key, config, now) = (&search.key, &search.config, search.now);
+fn claim(flow: &NewFlow, port: u16) -> bool {
+    let (key, config, now) = (&flow.key, &flow.config, flow.now);
     // Host ports belong to their mappings.
-    if hostport::is_host_port(key.proto, port, search.node_addr) {
+    if hostport::is_host_port(key.proto, port, flow.node_addr) {
         return false;
     }
     let reverse = key.reverse(port);
-    let entry = flow_entry(key, port, search.node_addr, now, search.state);
+    let entry = flow_entry(key, port, flow.node_addr, now, flow.state);
     match NAT_IN.get_ptr_mut(&reverse) {
         None => {
             if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
