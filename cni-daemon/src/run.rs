@@ -147,10 +147,11 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             Ok((owned, outcome)) => {
                 flows = Some(owned);
                 match outcome {
-                    Ok(sweep) if sweep.flows + sweep.orphans > 0 => {
+                    Ok(sweep) if sweep.removed_any() => {
                         tracing::debug!(
                             flows = sweep.flows,
                             orphans = sweep.orphans,
+                            from_outside = sweep.from_outside,
                             "NAT flows expired"
                         );
                     }

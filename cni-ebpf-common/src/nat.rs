@@ -373,14 +373,23 @@ pub mod sweep {
     pub const PAIR: u8 = 2;
     /// A `NAT_IN` entry whose `NAT_OUT` pair is gone: it goes unless refreshed.
     pub const ORPHAN: u8 = 4;
-    /// The return value: flows gone in the low 16 bits, orphans above this shift.
-    pub const ORPHAN_SHIFT: u32 = 16;
+    /// A note of `NAT_INBOUND` (a flow opened from outside to a pod's own address,
+    /// keyed as `out` is): it goes unless refreshed.
+    pub const FROM_OUTSIDE: u8 = 8;
+    /// The return value: flows gone in the low bits, orphans above this shift, notes
+    /// above [`FROM_OUTSIDE_SHIFT`] (at most [`MAX_ITEMS`] each).
+    pub const ORPHAN_SHIFT: u32 = 10;
+    /// See [`ORPHAN_SHIFT`].
+    pub const FROM_OUTSIDE_SHIFT: u32 = 20;
+    /// The mask of one count of the return value, once shifted down.
+    pub const COUNT_MASK: u32 = (1 << ORPHAN_SHIFT) - 1;
 }
 
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
+const _: () = assert!(sweep::MAX_ITEMS as u32 <= sweep::COUNT_MASK);
 const _: () = assert!(core::mem::size_of::<NatConfig>() == 36);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
 const _: () = assert!(core::mem::size_of::<FragmentKey>() == 12);

@@ -39,13 +39,13 @@ static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
 #[map(name = "CLUSTER_CIDRS")]
 static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
 
-/// Flows opened from outside to a pod's own address (see [`opened_from_outside`]).
-const MAX_INBOUND: u32 = 65536;
-
 /// Flows a host outside opened to a pod's own address (a routed pod network), keyed
-/// from the pod's side as `NAT_OUT` is, with when a packet of theirs last passed.
+/// from the pod's side as `NAT_OUT` is: their TCP state (or whether the pod answered)
+/// and when a packet of theirs last passed, in a [`NatEntry`] that "translates" the pod
+/// to itself (see [`opened_from_outside`]). As many as the NAT tables hold (resized
+/// with them at load, `--nat-max-flows`), swept with them by the daemon.
 #[map(name = "NAT_INBOUND")]
-static NAT_INBOUND: LruHashMap<NatKey, u64> = LruHashMap::pinned(MAX_INBOUND, 0);
+pub static NAT_INBOUND: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
 
 #[map(name = "NAT_STATS")]
 static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
@@ -136,52 +136,111 @@ pub fn refresh<K>(
     }
 }
 
-/// Notes a packet of `flow` (keyed from the pod's side) arriving from a host outside for
-/// the pod's own address: the stack routes it to the pod, and the pod's answers keep
-/// its address (see [`opened_from_outside`]). Written at most once a second per flow.
+/// Notes a packet of `flow` (keyed from the pod's side, `flags` its TCP flags, 0 for
+/// other protocols) arriving from a host outside for the pod's own address: the stack
+/// routes it to the pod, and the pod's answers keep its address (see
+/// [`opened_from_outside`]). A flow whose note expired (or that has none) opens anew.
+/// Written when the state changes, else at most once a second per flow.
 #[inline(always)]
-pub fn saw_inbound(flow: &NatKey, now: u64) {
-    match NAT_INBOUND.get_ptr_mut(flow) {
-        // SAFETY: a pointer into the map value, valid for the program run.
-        Some(seen) => unsafe {
-            if now.saturating_sub(*seen) > snat::REFRESH_NS {
-                *seen = now;
-            }
-        },
-        None => {
-            let _ = NAT_INBOUND.insert(flow, &now, 0);
-        }
+pub fn saw_inbound(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) {
+    let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
+        let note = inbound_note(flow, inbound_opening(flow.proto, flags), now);
+        let _ = NAT_INBOUND.insert(flow, &note, 0);
+        return;
+    };
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let note = unsafe { *slot };
+    let state = if expired(&note, flow.proto, config, now) {
+        inbound_opening(flow.proto, flags)
+    } else {
+        inbound_state(flow.proto, note.state, flags, false)
+    };
+    touch(slot, &note, state, now);
+}
+
+/// Whether `flow`, a pod's packet with no translated flow (`flags` its TCP flags),
+/// answers a flow a host outside opened to the pod's own address whose note has not
+/// expired: such answers keep the pod's address, as under MASQUERADE, which translates
+/// only connections that began leaving. The note follows the packet: TCP's state, a
+/// reply for the others (which then keep it the stream timeout, as conntrack's assured
+/// flows do).
+#[inline(always)]
+pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) -> bool {
+    let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
+        return false;
+    };
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let note = unsafe { *slot };
+    if expired(&note, flow.proto, config, now) {
+        return false;
+    }
+    touch(
+        slot,
+        &note,
+        inbound_state(flow.proto, note.state, flags, true),
+        now,
+    );
+    true
+}
+
+/// The state of a flow opened from outside at its first packet (TCP `flags`).
+#[inline(always)]
+fn inbound_opening(proto: u8, flags: u8) -> u8 {
+    match proto {
+        6 if flags & snat::TCP_RST != 0 => tcp_state::CLOSED,
+        6 if flags & snat::TCP_SYN != 0 && flags & snat::TCP_ACK == 0 => tcp_state::SYN_SENT,
+        // Picked up mid-stream (a note evicted, or taken before the daemon restarted).
+        6 => tcp_state::ESTABLISHED,
+        _ => 0,
     }
 }
 
-/// Whether `flow`, a pod's packet with no translated flow, answers a flow a host outside
-/// opened to the pod's own address, seen within the timeout of an answered flow of its
-/// protocol (TCP's established one, its state not followed; the stream one otherwise):
-/// such answers keep the pod's address,
-/// as under MASQUERADE, which translates only connections that began leaving. The
-/// flow is refreshed.
+/// The state of a flow opened from outside after a packet with TCP `flags`, from the
+/// pod or from the host outside. TCP follows `snat::next_state` with the ways mirrored
+/// (the host outside opened the flow), except that a flow closed by its opener first
+/// takes the whole closed timeout: `POD_CLOSED`'s short hold is for a pod in TIME_WAIT,
+/// and here the pod is the side that may still retransmit its FIN.
 #[inline(always)]
-pub fn opened_from_outside(flow: &NatKey, config: &NatConfig, now: u64) -> bool {
-    let Some(seen) = NAT_INBOUND.get_ptr_mut(flow) else {
-        return false;
-    };
-    // An answered flow: established TCP, or a stream.
-    let state = if flow.proto == 6 {
-        tcp_state::ESTABLISHED
+fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
+    if proto != 6 {
+        return if from_pod { udp_state::REPLIED } else { state };
+    }
+    let way = if from_pod {
+        snat::Way::In
     } else {
-        udp_state::REPLIED
+        snat::Way::Out
     };
-    // SAFETY: a pointer into the map value, valid for the program run.
-    let last = unsafe { *seen };
-    let idle = now.saturating_sub(last);
-    if idle > u64::from(timeout_secs(flow.proto, state, config)) * 1_000_000_000 {
-        return false;
+    match snat::next_state(state, flags, way) {
+        tcp_state::POD_CLOSED => tcp_state::CLOSED,
+        next => next,
     }
-    if idle > snat::REFRESH_NS {
-        // SAFETY: as above.
-        unsafe { *seen = now };
+}
+
+/// The note of `flow`, opened from outside, in `state` at `now`.
+#[inline(always)]
+fn inbound_note(flow: &NatKey, state: u8, now: u64) -> NatEntry {
+    NatEntry {
+        last_seen_ns: now,
+        pod_addr: flow.pod_addr,
+        pod_port: flow.pod_port,
+        node_port: flow.pod_port,
+        state,
+        pad: [0, 0, 0],
+        node_addr: flow.pod_addr,
     }
-    true
+}
+
+/// Writes `state` and `now` into the note at `slot` (read as `note`) when the state
+/// changes or a second has passed since it was stamped.
+#[inline(always)]
+fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
+    if state != note.state || now.saturating_sub(note.last_seen_ns) > snat::REFRESH_NS {
+        // SAFETY: a pointer into the map value, valid for the program run.
+        unsafe {
+            (*slot).last_seen_ns = now;
+            (*slot).state = state;
+        }
+    }
 }
 
 /// Whether `entry` of protocol `proto` has been idle longer than its timeout.

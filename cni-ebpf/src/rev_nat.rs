@@ -54,7 +54,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         // node's pod) nothing is noted: answers there are never translated.
         if endpoints::lookup(ip.dst_addr).is_some() {
             if !nat_maps::in_cluster(ip.src_addr) {
-                remember_inbound(ctx, &ip, l4)?;
+                remember_inbound(ctx, &ip, l4, &config)?;
             }
             return Ok(TC_ACT_OK);
         }
@@ -175,13 +175,23 @@ fn host_port_or_stack(
 /// `nat_maps::opened_from_outside`). ICMP needs nothing: a pod's echo replies and errors
 /// open no translated flow.
 #[inline(always)]
-fn remember_inbound(ctx: &TcContext, ip: &Ipv4Hdr, l4: usize) -> Result<(), i64> {
+fn remember_inbound(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    l4: usize,
+    config: &NatConfig,
+) -> Result<(), i64> {
     let proto = ip.proto as u8;
     let Some((remote_port, pod_port)) = csum::flow_ports(ctx, proto, l4)? else {
         return Ok(());
     };
+    let flags = if proto == TCP {
+        csum::ports_and_flags(ctx, proto, l4)?.2
+    } else {
+        0
+    };
     let flow = NatKey::new((ip.dst_addr, pod_port), (ip.src_addr, remote_port), proto);
-    nat_maps::saw_inbound(&flow, nat_maps::now_ns());
+    nat_maps::saw_inbound(&flow, flags, config, nat_maps::now_ns());
     Ok(())
 }
 

@@ -148,7 +148,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // An answer on a flow a host outside opened to the pod's own address (a
             // pod's SYN opens a connection of its own: no lookup on that hot path).
             let syn = key.proto == TCP && tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0;
-            if !syn && nat_maps::opened_from_outside(&key, &config, now) {
+            if !syn && nat_maps::opened_from_outside(&key, tcp_flags, &config, now) {
                 fragments::left(&ip, ip.src_addr);
                 return Ok(TC_ACT_OK);
             }

@@ -301,10 +301,14 @@ impl BpfObject {
         self.hash_entries(map_names::NAT_FRAGMENTS)
     }
 
-    /// Every flow of `NAT_INBOUND` (opened from outside to a pod's own address), with
-    /// when it was last seen.
-    pub fn nat_inbound(&self) -> Vec<(NatKey, u64)> {
+    /// Every note of `NAT_INBOUND` (flows opened from outside to a pod's own address),
+    /// with its state and when it was last seen.
+    pub fn nat_inbound(&self) -> Vec<(NatKey, NatEntry)> {
         self.hash_entries(map_names::NAT_INBOUND)
+    }
+
+    pub fn insert_nat_inbound(&mut self, key: NatKey, note: NatEntry) {
+        self.hash_insert(map_names::NAT_INBOUND, key, note);
     }
 
     pub fn insert_nat_fragment(&mut self, key: FragmentKey, target: FragmentTarget) {

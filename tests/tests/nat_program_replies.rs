@@ -4,7 +4,7 @@
 //! straight into the pod; anything else reaches the stack untouched, and a pod's answers
 //! on a connection a host outside opened to its own address leave untranslated.
 
-use cni_ebpf_common::{NatCounter, tcp_state};
+use cni_ebpf_common::{NatCounter, NatEntry, tcp_state, udp_state};
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
     frames::{TC_ACT_OK, TC_ACT_REDIRECT, all_drops, assert_reference_checksum_is_right, no_drops},
@@ -13,8 +13,8 @@ use ebpf_cni_tests::{
         INNER_SRC, IP_SRC, MASQ, MASQ_2, NODE_ADDR, OTHER_NODE_POD, POD_PORT, PORT_MIN, REMOTE,
         REMOTE_PORT, ROUTER, SPORT, TCP, TCP_ACK, TCP_FIN, TCP_SYN, UDP, addr,
         assert_checksums_valid, assert_delivered, assert_unchanged, delivered, egress, frag_needed,
-        icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote, tcp, time_exceeded,
-        udp, uplink, with_ip_options, without_ip_options,
+        icmp_echo, in_key, inbound, ingress, monotonic_coarse_ns, out_key, outbound, port, quote,
+        tcp, time_exceeded, udp, uplink, with_ip_options, without_ip_options,
     },
     require_root,
 };
@@ -451,4 +451,81 @@ fn a_connection_from_outside_to_a_pods_own_address_is_answered_untranslated() {
     let other = outbound(MASQ_2.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, SYN_ACK));
     let run = egress(&object, &other);
     assert_eq!(addr(&run.frame, IP_SRC), NODE_ADDR, "translated");
+}
+
+/// The state of the note of the flow a host outside opened to [`MASQ`]'s port
+/// [`POD_PORT`] from [`REMOTE_PORT`] over `proto`.
+fn note_of(object: &BpfObject, proto: u8) -> NatEntry {
+    let key = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, proto);
+    let notes = object.nat_inbound();
+    let Some((_, note)) = notes.iter().find(|(noted, _)| *noted == key) else {
+        panic!("no note of {key:?} in {notes:?}");
+    };
+    *note
+}
+
+#[test]
+fn a_connection_from_outside_is_noted_with_its_tcp_state_and_forgotten_once_closed() {
+    require_root();
+    let mut object = uplink();
+    let from_remote = |flags| inbound(REMOTE, MASQ.ip, TCP, &tcp(REMOTE_PORT, POD_PORT, flags));
+    let from_pod = |flags| outbound(MASQ.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, flags));
+    let fin_ack = TCP_FIN | TCP_ACK;
+    let steps = [
+        (from_remote(TCP_SYN), tcp_state::SYN_SENT),
+        (from_pod(SYN_ACK), tcp_state::ESTABLISHED),
+        (from_remote(TCP_ACK), tcp_state::ESTABLISHED),
+        (from_remote(fin_ack), tcp_state::CLOSING),
+        // Closed by the host outside first: the whole closed timeout (the pod may still
+        // retransmit its FIN), not the pod's short TIME_WAIT hold.
+        (from_pod(fin_ack), tcp_state::CLOSED),
+    ];
+    for (frame, state) in steps {
+        let run = if addr(&frame, IP_SRC) == REMOTE {
+            ingress(&object, &frame)
+        } else {
+            egress(&object, &frame)
+        };
+        assert_unchanged(&run, &frame, "a packet of the connection from outside");
+        assert_eq!(note_of(&object, TCP).state, state, "after {frame:?}");
+    }
+
+    // Aged past the closed timeout (10 s): the pod's late packet is no answer any more.
+    let key = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
+    let closed = note_of(&object, TCP);
+    let aged = |state| NatEntry {
+        last_seen_ns: monotonic_coarse_ns() - 11 * 1_000_000_000,
+        state,
+        ..closed
+    };
+    object.insert_nat_inbound(key, aged(tcp_state::ESTABLISHED));
+    let late = from_pod(TCP_ACK);
+    assert_unchanged(
+        &egress(&object, &late),
+        &late,
+        "an established connection 11 s idle is still answered untranslated",
+    );
+    object.insert_nat_inbound(key, aged(tcp_state::CLOSED));
+    let run = egress(&object, &late);
+    assert_eq!(
+        addr(&run.frame, IP_SRC),
+        NODE_ADDR,
+        "a connection closed 11 s ago: the pod's packet opens a translated flow"
+    );
+}
+
+#[test]
+fn a_datagram_flow_from_outside_becomes_a_stream_once_the_pod_answers() {
+    require_root();
+    let object = uplink();
+    let request = inbound(REMOTE, MASQ.ip, UDP, &udp(REMOTE_PORT, POD_PORT, b"query"));
+    assert_unchanged(&ingress(&object, &request), &request, "to the stack");
+    assert_eq!(note_of(&object, UDP).state, 0, "no answer yet");
+    let answer = outbound(MASQ.ip, REMOTE, UDP, &udp(POD_PORT, REMOTE_PORT, b"answer"));
+    assert_unchanged(&egress(&object, &answer), &answer, "the pod's answer");
+    assert_eq!(
+        note_of(&object, UDP).state,
+        udp_state::REPLIED,
+        "answered: the stream timeout"
+    );
 }

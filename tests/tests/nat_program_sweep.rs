@@ -1,8 +1,8 @@
 //! The NAT sweep's removals, done by the `nat_sweep` program, run by the kernel through
 //! BPF_PROG_TEST_RUN as the daemon runs it: an item removes a flow's `NAT_OUT` entry and
 //! its `NAT_IN` pair, or a `NAT_IN` orphan, unless the entry was stamped after the
-//! sweep's decision; the return value counts flows and orphans; a run takes at most 64
-//! items. The frames are built here field by field, after the layout `SweepItem`
+//! sweep's decision (so too a note of a flow opened from outside, in `NAT_INBOUND`);
+//! the return value counts flows, orphans and notes; a run takes at most 64 items. The frames are built here field by field, after the layout `SweepItem`
 //! promises, not with the daemon's code.
 
 use cni_ebpf_common::{
@@ -49,10 +49,19 @@ fn frame(items: &[Item]) -> Vec<u8> {
     frame
 }
 
-/// Runs `nat_sweep` on `items`: (flows removed, orphans removed).
+/// Runs `nat_sweep` on `items`: (flows removed, orphans removed), no note removed.
 fn sweep_run(object: &BpfObject, items: &[Item]) -> (u32, u32) {
+    let (flows, orphans, notes) = counts(object, items);
+    assert_eq!(notes, 0, "no note of a flow opened from outside");
+    (flows, orphans)
+}
+
+/// Runs `nat_sweep` on `items`: flows, orphans and notes removed (10 bits each, from the
+/// lowest).
+fn counts(object: &BpfObject, items: &[Item]) -> (u32, u32, u32) {
     let run = object.run(program_names::NAT_SWEEP, &frame(items));
-    (run.verdict & 0xffff, run.verdict >> sweep::ORPHAN_SHIFT)
+    let field = |shift: u32| (run.verdict >> shift) & 0x3ff;
+    (field(0), field(10), field(20))
 }
 
 /// A UDP flow of `pod` from `pod_port`, on node port `node_port`, stamped `last_seen`,
@@ -197,4 +206,35 @@ fn a_run_takes_64_items_and_no_more() {
         "the 65th item is not run"
     );
     assert_eq!(object.nat_in_entries(), [(last_reverse, last)]);
+}
+
+#[test]
+fn a_note_of_a_flow_opened_from_outside_goes_unless_seen_since_and_nat_out_stays() {
+    require_root();
+    let mut object = object();
+    let idle_key = out_key(MASQ.ip, 8080, 50000, TCP);
+    let live_key = out_key(MASQ_2.ip, 8080, 50001, TCP);
+    let note = |key: &NatKey, state, seen| NatEntry {
+        node_addr: key.pod_addr,
+        ..entry(key, key.pod_port, state, seen)
+    };
+    object.insert_nat_inbound(idle_key, note(&idle_key, tcp_state::CLOSED, DECIDED));
+    let live = note(&live_key, tcp_state::ESTABLISHED, DECIDED + 1);
+    object.insert_nat_inbound(live_key, live);
+    // A translated flow on the same 4-tuple: a note's item must not touch it.
+    let translated = entry(&idle_key, 40000, tcp_state::ESTABLISHED, DECIDED);
+    object.insert_nat_out(idle_key, translated);
+    let item = |out: NatKey| Item {
+        out,
+        inbound: in_key(REMOTE, 0, 0, TCP),
+        kind: sweep::FROM_OUTSIDE,
+        decided_ns: DECIDED,
+    };
+    assert_eq!(
+        counts(&object, &[item(idle_key), item(live_key)]),
+        (0, 0, 1),
+        "the idle note went, the one seen since stays"
+    );
+    assert_eq!(object.nat_inbound(), [(live_key, live)]);
+    assert_eq!(object.nat_out_entries(), [(idle_key, translated)]);
 }

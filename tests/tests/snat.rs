@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::maps::{Map, MapData};
-use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names};
+use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
     nat_frames::{UDP, entry, monotonic_ns, out_key},
@@ -566,6 +566,160 @@ fn flow_table<K: aya::Pod>(node: &Node, name: &str) -> aya::maps::HashMap<MapDat
         .unwrap_or_else(|error| panic!("{name} is not an LRU hash: {error}"))
 }
 
+/// The notes of `NAT_INBOUND` (flows a host outside opened to a pod's own address).
+fn notes(node: &Node) -> Vec<(NatKey, NatEntry)> {
+    flow_table::<NatKey>(node, map_names::NAT_INBOUND)
+        .iter()
+        .map(|note| note.expect("a readable note"))
+        .collect()
+}
+
+#[test]
+fn notes_of_connections_from_outside_follow_tcp_and_go_once_closed_or_with_their_pod() {
+    require_root();
+    let node = Node::start_with(
+        "10.244.80.0/24",
+        &[],
+        &["--nat-tcp-closed-timeout", "2", "--nat-gc-interval", "1"],
+    );
+    let pod = node.add_pod("notes");
+    let _in_pod = EchoServer::start(&pod.netns, TCP_PORT);
+    // A routed pod network: the external host reaches the pods through the node.
+    node.external
+        .ip(&["route", "add", "10.244.80.0/24", "via", NODE_ADDR]);
+    let at_pod: SocketAddr = format!("{}:{TCP_PORT}", pod.ip).parse().expect("address");
+    let held = many_connections(&node.external, at_pod, 1).expect("a connection held open");
+    round_trip(&node.external, at_pod, b"closed").expect("a connection opened and closed");
+    let states = |node: &Node| -> Vec<u8> {
+        let mut states: Vec<u8> = notes(node).iter().map(|(_, note)| note.state).collect();
+        states.sort_unstable();
+        states
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || states(&node)
+            == [tcp_state::ESTABLISHED, tcp_state::CLOSED]),
+        "one note open, one closed: {:?}",
+        notes(&node)
+    );
+    let table = nat_table(&node);
+    let listed = table["from_outside"].as_array().expect("from_outside");
+    let own = format!("{}:{TCP_PORT}", pod.ip);
+    assert!(
+        listed.len() == 2 && listed.iter().all(|flow| flow["node"] == own.as_str()),
+        "listed by `nat`, untranslated: {table}"
+    );
+    let readable = node.instance.cli(&["nat"]);
+    let readable = String::from_utf8_lossy(&readable.stdout);
+    assert!(
+        readable.contains("opened from outside to a pod's own address, answered untranslated: 2"),
+        "{readable}"
+    );
+    // Past the closed timeout (2 s) and a sweep (every second): the closed one went.
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        states(&node),
+        [tcp_state::ESTABLISHED],
+        "the open connection's note stays: {:?}",
+        notes(&node)
+    );
+    node.del_pod(&pod);
+    assert!(
+        eventually(Duration::from_secs(5), || notes(&node).is_empty()),
+        "a deleted pod's notes go at once: {:?}",
+        notes(&node)
+    );
+    drop(held);
+}
+
+#[test]
+fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
+    require_root();
+    let mut node = Node::start("10.244.81.0/24");
+    // Notes of a pod of the node: a sweep removes those of pods gone.
+    let pod = node.add_pod("old-notes");
+    let pod_addr = pod.ip.octets();
+    let pin = node.instance.bpf_dir.join(map_names::NAT_INBOUND);
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    // An earlier release's NAT_INBOUND: a bare timestamp per flow, 65,536 of them.
+    std::fs::remove_file(&pin).expect("unpin");
+    let path = pin.to_str().expect("a UTF-8 path");
+    let created = node.netns.run(
+        "bpftool",
+        &[
+            "map",
+            "create",
+            path,
+            "type",
+            "lru_hash",
+            "key",
+            "16",
+            "value",
+            "8",
+            "entries",
+            "65536",
+            "name",
+            "NAT_INBOUND",
+        ],
+    );
+    assert!(created.status.success(), "bpftool: {created:?}");
+    let tcp_flow = out_key(pod_addr, 8080, 50000, 6);
+    let udp_flow = out_key(pod_addr, 53, 50001, UDP);
+    let seen = monotonic_ns();
+    {
+        let data = MapData::from_pin(&pin).expect("the old map");
+        let mut old: aya::maps::HashMap<_, NatKey, u64> =
+            aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
+        old.insert(tcp_flow, seen, 0).expect("an old note");
+        old.insert(udp_flow, seen, 0).expect("an old note");
+    }
+
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    let info = aya::maps::MapInfo::from_pin(&pin).expect("a pinned NAT_INBOUND");
+    assert_eq!(
+        (info.value_size() as usize, info.max_entries()),
+        (size_of::<NatEntry>(), 262_144),
+        "created anew at this release's layout and the NAT tables' size"
+    );
+    let mut carried = notes(&node);
+    carried.sort_by_key(|(key, _)| key.proto);
+    let summary: Vec<(NatKey, u8, u64, [u8; 4], u16)> = carried
+        .iter()
+        .map(|(key, note)| {
+            (
+                *key,
+                note.state,
+                note.last_seen_ns,
+                note.pod_addr,
+                note.pod_port,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                tcp_flow,
+                tcp_state::ESTABLISHED,
+                seen,
+                [10, 244, 81, 2],
+                8080
+            ),
+            (
+                udp_flow,
+                cni_ebpf_common::udp_state::REPLIED,
+                seen,
+                [10, 244, 81, 2],
+                53
+            ),
+        ],
+        "carried as answered flows, their timestamps kept"
+    );
+    assert!(
+        node.instance.log().contains("its notes are carried over"),
+        "said in the log"
+    );
+}
+
 #[test]
 fn a_sweep_removes_thousands_of_expired_flows_and_keeps_the_live_one() {
     require_root();
@@ -764,14 +918,19 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
     let pod = node.add_pod("size");
     let udp = UdpEcho::start(&node.external, UDP_PORT);
     let sizes = |node: &Node| {
-        [map_names::NAT_OUT, map_names::NAT_IN].map(|name| {
+        [
+            map_names::NAT_OUT,
+            map_names::NAT_IN,
+            map_names::NAT_INBOUND,
+        ]
+        .map(|name| {
             aya::maps::MapInfo::from_pin(node.instance.bpf_dir.join(name))
                 .expect("a pinned NAT table")
                 .max_entries()
         })
     };
     let flows = |node: &Node| nat_table(node)["entries"].as_array().map_or(0, Vec::len);
-    assert_eq!(sizes(&node), [4096, 4096]);
+    assert_eq!(sizes(&node), [4096, 4096, 4096]);
     assert_eq!(nat_table(&node)["max_flows"], 4096);
     udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"small").expect("UDP through NAT");
     assert_eq!(flows(&node), 1);
@@ -786,7 +945,11 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
 
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
-    assert_eq!(sizes(&node), [262_144, 262_144], "the default size");
+    assert_eq!(
+        sizes(&node),
+        [262_144, 262_144, 262_144],
+        "the default size"
+    );
     assert_eq!(flows(&node), 0, "new tables, the old flows gone");
     assert!(
         node.instance.log().contains("the NAT tables change size"),

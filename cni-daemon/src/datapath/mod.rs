@@ -82,16 +82,20 @@ pub struct Datapath {
 
 impl Datapath {
     /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, with
-    /// NAT tables of `nat_max_flows` entries each (see [`uplink::resize_nat_tables`]),
+    /// NAT tables of `nat_max_flows` entries each (see [`uplink::resize_nat_tables`]
+    /// and [`uplink::take_resized_notes`]),
     /// and starts forwarding aya-log records into `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Self, DatapathError> {
         uplink::resize_nat_tables(bpf_dir, nat_max_flows)?;
         uplink::replace_resized_config(bpf_dir)?;
+        let notes = uplink::take_resized_notes(bpf_dir, nat_max_flows)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_dir)
             .map_max_entries(map_names::NAT_OUT, nat_max_flows)
             .map_max_entries(map_names::NAT_IN, nat_max_flows)
+            .map_max_entries(map_names::NAT_INBOUND, nat_max_flows)
             .load(OBJECT)?;
+        uplink::write_carried_notes(&mut ebpf, &notes)?;
         spawn_log_forwarder(&mut ebpf);
         for name in [
             program_names::COUNT_BY_SOURCE,

@@ -8,13 +8,18 @@ use std::{fs, io, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
 use aya::programs::{TcAttachType, tc};
-use cni_ebpf_common::{NatConfig, map_names, program_names};
+use cni_ebpf_common::{
+    NatConfig, NatEntry, NatKey, map_names, program_names, tcp_state, udp_state,
+};
 
 use super::{
     Datapath, DatapathError, classifier, ensure_clsact, has_tcx,
     pod::{attach_netlink, attach_pinned, pin_error},
 };
-use crate::{api::Attachment, nat::NatMaps};
+use crate::{
+    api::Attachment,
+    nat::{NatMaps, expiry::IPPROTO_TCP},
+};
 
 /// The two uplink programs: where they attach; their pins are named after them.
 const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
@@ -69,6 +74,82 @@ pub(super) fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError
         "NAT_CONFIG pinned by an earlier release is created anew at this release's size"
     );
     fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
+}
+
+/// Makes room for a `NAT_INBOUND` of this release (a [`NatEntry`] per note, as many as
+/// the NAT tables hold): a pin of another value size (an earlier release noted a bare
+/// timestamp in a table of 65,536) or of another size (`--nat-max-flows` changed) is
+/// read and unpinned, and its notes handed back for [`write_carried_notes`] into the
+/// map the load creates. Dropped, they would have left pods' answers on connections
+/// opened from outside to be translated after the upgrade, until the host outside sent
+/// again. An earlier release's notes carry no state: they come over as answered flows
+/// (established TCP, a stream otherwise), what that release assumed of them.
+pub(super) fn take_resized_notes(
+    bpf_dir: &Path,
+    max_flows: u32,
+) -> Result<Vec<(NatKey, NatEntry)>, DatapathError> {
+    let pin = bpf_dir.join(map_names::NAT_INBOUND);
+    if !pin.exists() {
+        return Ok(Vec::new());
+    }
+    let info = MapInfo::from_pin(&pin)?;
+    let value_size = usize::try_from(info.value_size()).unwrap_or(usize::MAX);
+    if value_size == size_of::<NatEntry>() && info.max_entries() == max_flows {
+        return Ok(Vec::new());
+    }
+    let map = Map::LruHashMap(MapData::from_pin(&pin)?);
+    let notes: Vec<(NatKey, NatEntry)> = if value_size == size_of::<u64>() {
+        let old: HashMap<_, NatKey, u64> = HashMap::try_from(map)?;
+        old.iter()
+            .filter_map(Result::ok)
+            .map(|(key, seen)| (key, answered_note(&key, seen)))
+            .collect()
+    } else {
+        let old: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
+        old.iter().filter_map(Result::ok).collect()
+    };
+    tracing::info!(
+        notes = notes.len(),
+        max_flows,
+        "NAT_INBOUND is created anew at this release's size; its notes are carried over"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
+    Ok(notes)
+}
+
+/// The note of `key`, from an earlier release's bare timestamp `seen`.
+fn answered_note(key: &NatKey, seen: u64) -> NatEntry {
+    NatEntry {
+        last_seen_ns: seen,
+        pod_addr: key.pod_addr,
+        pod_port: key.pod_port,
+        node_port: key.pod_port,
+        state: if key.proto == IPPROTO_TCP {
+            tcp_state::ESTABLISHED
+        } else {
+            udp_state::REPLIED
+        },
+        pad: [0; 3],
+        node_addr: key.pod_addr,
+    }
+}
+
+/// Writes `notes` (see [`take_resized_notes`]) into the loaded `NAT_INBOUND`; more than
+/// it holds and the LRU keeps the last written.
+pub(super) fn write_carried_notes(
+    ebpf: &mut aya::Ebpf,
+    notes: &[(NatKey, NatEntry)],
+) -> Result<(), DatapathError> {
+    if notes.is_empty() {
+        return Ok(());
+    }
+    let name = map_names::NAT_INBOUND;
+    let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
+    let mut table: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
+    for (key, note) in notes {
+        table.insert(key, note, 0)?;
+    }
+    Ok(())
 }
 
 /// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).
@@ -196,6 +277,7 @@ impl Datapath {
         };
         let flows_out = take(map_names::NAT_OUT)?;
         let flows_in = take(map_names::NAT_IN)?;
+        let from_outside = take(map_names::NAT_INBOUND)?;
         let config = take(map_names::NAT_CONFIG)?;
         let uplinks = take(map_names::UPLINKS)?;
         let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
@@ -216,6 +298,7 @@ impl Datapath {
             endpoints: HashMap::try_from(Map::HashMap(endpoints))?,
             flows_out: HashMap::try_from(flows_out)?,
             flows_in: HashMap::try_from(flows_in)?,
+            from_outside: HashMap::try_from(from_outside)?,
             config: Array::try_from(config)?,
             uplinks: Array::try_from(uplinks)?,
             cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,

@@ -1,5 +1,5 @@
 //! The NAT maps the daemon owns: the configuration it writes, the cluster ranges it keeps
-//! in step with the endpoints, and the two flow tables it sweeps.
+//! in step with the endpoints, and the flow tables it sweeps.
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 
@@ -25,6 +25,9 @@ use crate::{api::Endpoint, datapath::Datapath};
 pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;
 /// `NAT_IN`: the node side of each flow.
 pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
+/// `NAT_INBOUND`: flows a host outside opened to a pod's own address (untranslated),
+/// keyed from the pod's side as `NAT_OUT` is.
+pub type FromOutside = HashMap<MapData, NatKey, NatEntry>;
 
 /// Most entries one sweep reads from a table: as many as the largest tables hold.
 const MAX_SCAN: usize = MAX_NAT_FLOWS as usize;
@@ -33,6 +36,7 @@ const MAX_SCAN: usize = MAX_NAT_FLOWS as usize;
 pub struct NatMaps {
     pub flows_out: FlowsOut,
     pub flows_in: FlowsIn,
+    pub from_outside: FromOutside,
     pub config: Array<MapData, NatConfig>,
     pub uplinks: Array<MapData, Uplinks>,
     pub cluster_cidrs: ClusterCidrs,
@@ -52,6 +56,15 @@ pub struct Sweep {
     pub flows: usize,
     /// Expired `NAT_IN` entries whose `NAT_OUT` pair was gone (evicted by the LRU).
     pub orphans: usize,
+    /// Expired notes of flows opened from outside to a pod's own address.
+    pub from_outside: usize,
+}
+
+impl Sweep {
+    /// Whether the sweep removed anything.
+    pub fn removed_any(&self) -> bool {
+        self.flows + self.orphans + self.from_outside > 0
+    }
 }
 
 /// Source NAT as this daemon runs it: its settings (none: NAT is off) and its maps.
@@ -73,6 +86,7 @@ impl Nat {
         let NatMaps {
             flows_out,
             flows_in,
+            from_outside,
             config,
             uplinks,
             cluster_cidrs,
@@ -88,6 +102,7 @@ impl Nat {
             flows: Some(Flows {
                 out: flows_out,
                 inbound: flows_in,
+                from_outside,
                 sweeper,
                 endpoints,
             }),
@@ -214,18 +229,23 @@ impl Nat {
     }
 }
 
-/// The two flow tables, as the sweeper owns them. A sweep needs nothing else of the
+/// The flow tables, as the sweeper owns them. A sweep needs nothing else of the
 /// node, so it runs without the node's lock (ADD and DEL used to wait for it).
 pub struct Flows {
     out: FlowsOut,
     inbound: FlowsIn,
+    from_outside: FromOutside,
     sweeper: ProgramFd,
     endpoints: Endpoints,
 }
 
 impl Flows {
     /// Removes every flow idle for longer than its timeout at `now_ns` (CLOCK_MONOTONIC),
-    /// and every flow of a pod no longer in `ENDPOINTS`, both entries of a pair together.
+    /// and every flow of a pod no longer in `ENDPOINTS`, both entries of a pair together;
+    /// so too the notes of flows opened from outside to a pod's own address
+    /// (`NAT_INBOUND`), which follow TCP's state as the translated flows do: a closed
+    /// connection's note goes after the closed timeout, and live ones are not crowded out
+    /// of the LRU by the closed ones of a busy pod.
     ///
     /// A deleted pod's flows go at the next sweep (the daemon sweeps at once after a
     /// DEL, see `run::sweep_nat`) rather than when they expire, an hour later for an
@@ -250,13 +270,15 @@ impl Flows {
     /// made 150-170 ms of CPU a sweep (every 10 s), 50-70 ms with `nat_sweep`.
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
         let (out, inbound) = (snapshot(&self.out)?, snapshot(&self.inbound)?);
+        let from_outside = snapshot(&self.from_outside)?;
         // Read after the flows: a flow exists only once its pod is an endpoint, so a
         // pod added meanwhile is never taken for one gone (its first flow removed).
         let pods: HashSet<[u8; 4]> = snapshot(&self.endpoints)?
             .into_keys()
             .map(|key| key.addr)
             .collect();
-        let removals = expired(&out, &inbound, &pods, now_ns, timeouts);
+        let mut removals = expired(&out, &inbound, &pods, now_ns, timeouts);
+        removals.extend(expired_notes(&from_outside, &pods, now_ns, timeouts));
         let mut sweep = Sweep::default();
         let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
         for chunk in removals.chunks(sweep::MAX_ITEMS) {
@@ -268,18 +290,22 @@ impl Flows {
                 room.copy_from_slice(item_bytes(&removal.item()));
             }
             let gone = batch::run(&self.sweeper, &frame[..len])?;
-            sweep.flows += (gone & 0xffff) as usize;
-            sweep.orphans += (gone >> sweep::ORPHAN_SHIFT) as usize;
+            let count = |shift: u32| ((gone >> shift) & sweep::COUNT_MASK) as usize;
+            sweep.flows += count(0);
+            sweep.orphans += count(sweep::ORPHAN_SHIFT);
+            sweep.from_outside += count(sweep::FROM_OUTSIDE_SHIFT);
         }
         Ok(sweep)
     }
 
-    /// Empties both flow tables (NAT is off: no program uses them).
+    /// Empties the flow tables (NAT is off: no program uses them).
     fn flush(&mut self) -> Result<(), MapError> {
         let out: Vec<NatKey> = snapshot(&self.out)?.into_keys().collect();
         batch::delete(self.out.map(), &out)?;
         let inbound: Vec<NatReverseKey> = snapshot(&self.inbound)?.into_keys().collect();
         batch::delete(self.inbound.map(), &inbound)?;
+        let notes: Vec<NatKey> = snapshot(&self.from_outside)?.into_keys().collect();
+        batch::delete(self.from_outside.map(), &notes)?;
         Ok(())
     }
 }
@@ -299,6 +325,8 @@ enum Removal {
         reverse: NatReverseKey,
         entry: NatEntry,
     },
+    /// An expired note of `NAT_INBOUND`, or one of a pod gone.
+    FromOutside { key: NatKey, note: NatEntry },
 }
 
 impl Removal {
@@ -317,6 +345,10 @@ impl Removal {
             } => (key, key.reverse(decided.node_port), sweep::FLOW, decided),
             Self::Orphan { reverse, entry } => {
                 (reverse.forward(&entry), reverse, sweep::ORPHAN, entry)
+            }
+            // `inbound` unused: the note is keyed as `NAT_OUT` is.
+            Self::FromOutside { key, note } => {
+                (key, key.reverse(note.node_port), sweep::FROM_OUTSIDE, note)
             }
         };
         SweepItem {
@@ -419,6 +451,25 @@ fn expired(
         }
     }
     removals
+}
+
+/// The notes of a snapshot of `NAT_INBOUND` idle past their timeout at `now_ns` (TCP's
+/// by state, as for translated flows), or whose pod is not among `pods` any more.
+fn expired_notes(
+    notes: &StdHashMap<NatKey, NatEntry>,
+    pods: &HashSet<[u8; 4]>,
+    now_ns: u64,
+    timeouts: &Timeouts,
+) -> impl Iterator<Item = Removal> {
+    notes
+        .iter()
+        .filter(move |(key, note)| {
+            !pods.contains(&note.pod_addr) || expiry::is_expired(note, key.proto, now_ns, timeouts)
+        })
+        .map(|(key, note)| Removal::FromOutside {
+            key: *key,
+            note: *note,
+        })
 }
 
 /// Every entry of `map`, each key once, at most [`MAX_SCAN`].

@@ -40,6 +40,9 @@ pub struct NatView {
     pub max_flows: u32,
     pub counters: BTreeMap<&'static str, u64>,
     pub entries: Vec<FlowView>,
+    /// Flows a host outside opened to a pod's own address (a routed pod network), whose
+    /// answers leave untranslated: `node` is the pod's own address and port.
+    pub from_outside: Vec<FlowView>,
 }
 
 /// A device source NAT translates on.
@@ -123,7 +126,16 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
             &timeouts,
         ));
     }
-    entries.sort_by(|a, b| (a.pod, a.remote, &a.proto).cmp(&(b.pod, b.remote, &b.proto)));
+    entries.sort_by(by_pod);
+    let notes: HashMap<_, NatKey, NatEntry> =
+        HashMap::try_from(pinned(bpf_dir, map_names::NAT_INBOUND)?)?;
+    let mut from_outside = Vec::new();
+    for note in notes.iter() {
+        let (key, note) = note?;
+        let own = Ipv4Addr::from(key.pod_addr);
+        from_outside.push(flow_view(&key, &note, None, own, now_ns, &timeouts));
+    }
+    from_outside.sort_by(by_pod);
     Ok(NatView {
         enabled: config.node_addr != [0; 4],
         node_addr,
@@ -137,7 +149,13 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         max_flows,
         counters: nat_counters(bpf_dir)?,
         entries,
+        from_outside,
     })
+}
+
+/// The order flows are listed in: by pod, then remote, then protocol.
+fn by_pod(a: &FlowView, b: &FlowView) -> std::cmp::Ordering {
+    (a.pod, a.remote, &a.proto).cmp(&(b.pod, b.remote, &b.proto))
 }
 
 /// The map pinned as `name`, typed by what the kernel says it is.
@@ -237,11 +255,24 @@ pub fn nat_table(view: &NatView) -> String {
         "nat disabled\n".to_owned()
     };
     out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
+    push_flows(&mut out, &view.entries);
+    if !view.from_outside.is_empty() {
+        out.push_str(&format!(
+            "opened from outside to a pod's own address, answered untranslated: {}\n",
+            view.from_outside.len()
+        ));
+        push_flows(&mut out, &view.from_outside);
+    }
+    out
+}
+
+/// A header line and a line per flow of `flows`.
+fn push_flows(out: &mut String, flows: &[FlowView]) {
     out.push_str(&format!(
         "{:<5} {:<21} {:<21} {:<21} {:<11} {:>8} {:>8}\n",
         "PROTO", "POD", "NODE", "REMOTE", "STATE", "IDLE", "EXPIRES"
     ));
-    for flow in &view.entries {
+    for flow in flows {
         out.push_str(&format!(
             "{:<5} {:<21} {:<21} {:<21} {:<11} {:>7}s {:>7}s\n",
             flow.proto,
@@ -253,7 +284,6 @@ pub fn nat_table(view: &NatView) -> String {
             flow.expires_in_secs,
         ));
     }
-    out
 }
 
 #[cfg(test)]
