@@ -566,6 +566,33 @@ fn flow_table<K: aya::Pod>(node: &Node, name: &str) -> aya::maps::HashMap<MapDat
         .unwrap_or_else(|error| panic!("{name} is not an LRU hash: {error}"))
 }
 
+/// Replaces the map pinned at `pin` (its daemon stopped) with an empty one of an earlier
+/// release's layout, made by bpftool, named after the pin.
+fn pin_earlier_map(
+    node: &Node,
+    pin: &std::path::Path,
+    kind: &str,
+    key: u32,
+    value: u32,
+    entries: u32,
+) {
+    std::fs::remove_file(pin).expect("unpin");
+    let path = pin.to_str().expect("a UTF-8 path");
+    let name = pin
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("a map name");
+    let (key, value, entries) = (key.to_string(), value.to_string(), entries.to_string());
+    let created = node.netns.run(
+        "bpftool",
+        &[
+            "map", "create", path, "type", kind, "key", &key, "value", &value, "entries", &entries,
+            "name", name,
+        ],
+    );
+    assert!(created.status.success(), "bpftool: {created:?}");
+}
+
 /// The notes of `NAT_INBOUND` (flows a host outside opened to a pod's own address).
 fn notes(node: &Node) -> Vec<(NatKey, NatEntry)> {
     flow_table::<NatKey>(node, map_names::NAT_INBOUND)
@@ -641,27 +668,7 @@ fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
     let pin = node.instance.bpf_dir.join(map_names::NAT_INBOUND);
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     // An earlier release's NAT_INBOUND: a bare timestamp per flow, 65,536 of them.
-    std::fs::remove_file(&pin).expect("unpin");
-    let path = pin.to_str().expect("a UTF-8 path");
-    let created = node.netns.run(
-        "bpftool",
-        &[
-            "map",
-            "create",
-            path,
-            "type",
-            "lru_hash",
-            "key",
-            "16",
-            "value",
-            "8",
-            "entries",
-            "65536",
-            "name",
-            "NAT_INBOUND",
-        ],
-    );
-    assert!(created.status.success(), "bpftool: {created:?}");
+    pin_earlier_map(&node, &pin, "lru_hash", 16, 8, 65536);
     let tcp_flow = out_key(pod_addr, 8080, 50000, 6);
     let udp_flow = out_key(pod_addr, 53, 50001, UDP);
     let seen = monotonic_ns();
@@ -983,27 +990,7 @@ fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() 
 
     // An earlier release's NAT_CONFIG: 32 bytes, before `udp_stream_secs`.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
-    std::fs::remove_file(&pin).expect("unpin");
-    let path = pin.to_str().expect("a UTF-8 path");
-    let created = node.netns.run(
-        "bpftool",
-        &[
-            "map",
-            "create",
-            path,
-            "type",
-            "array",
-            "key",
-            "4",
-            "value",
-            "32",
-            "entries",
-            "1",
-            "name",
-            "NAT_CONFIG",
-        ],
-    );
-    assert!(created.status.success(), "bpftool: {created:?}");
+    pin_earlier_map(&node, &pin, "array", 4, 32, 1);
     assert_eq!(value_size(&pin), 32, "test bug: the old size");
 
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
