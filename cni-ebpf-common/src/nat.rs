@@ -55,6 +55,25 @@ pub struct NatEntry {
     pub node_addr: [u8; 4],
 }
 
+impl NatEntry {
+    /// The note of `flow`, a flow a host outside opened to the pod's own address
+    /// (`NAT_INBOUND`), in `state` at `now_ns`: the pod "translated" to itself, its own
+    /// address and port on the node side.
+    #[inline(always)]
+    #[must_use]
+    pub const fn from_outside(flow: &NatKey, state: u8, now_ns: u64) -> Self {
+        Self {
+            last_seen_ns: now_ns,
+            pod_addr: flow.pod_addr,
+            pod_port: flow.pod_port,
+            node_port: flow.pod_port,
+            state,
+            pad: [0; 3],
+            node_addr: flow.pod_addr,
+        }
+    }
+}
+
 impl NatKey {
     /// The flow between `pod` and `remote` (address and port each; 0 for protocols
     /// without ports) over `proto`.

@@ -144,14 +144,14 @@ pub fn refresh<K>(
 #[inline(always)]
 pub fn saw_inbound(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) {
     let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
-        let note = inbound_note(flow, inbound_opening(flow.proto, flags), now);
+        let note = NatEntry::from_outside(flow, snat::opening_state(flow.proto, flags), now);
         let _ = NAT_INBOUND.insert(flow, &note, 0);
         return;
     };
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let note = unsafe { *slot };
     let state = if expired(&note, flow.proto, config, now) {
-        inbound_opening(flow.proto, flags)
+        snat::opening_state(flow.proto, flags)
     } else {
         inbound_state(flow.proto, note.state, flags, false)
     };
@@ -183,18 +183,6 @@ pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u6
     true
 }
 
-/// The state of a flow opened from outside at its first packet (TCP `flags`).
-#[inline(always)]
-fn inbound_opening(proto: u8, flags: u8) -> u8 {
-    match proto {
-        6 if flags & snat::TCP_RST != 0 => tcp_state::CLOSED,
-        6 if flags & snat::TCP_SYN != 0 && flags & snat::TCP_ACK == 0 => tcp_state::SYN_SENT,
-        // Picked up mid-stream (a note evicted, or taken before the daemon restarted).
-        6 => tcp_state::ESTABLISHED,
-        _ => 0,
-    }
-}
-
 /// The state of a flow opened from outside after a packet with TCP `flags`, from the
 /// pod or from the host outside. TCP follows `snat::next_state` with the ways mirrored
 /// (the host outside opened the flow), except that a flow closed by its opener first
@@ -213,20 +201,6 @@ fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
     match snat::next_state(state, flags, way) {
         tcp_state::POD_CLOSED => tcp_state::CLOSED,
         next => next,
-    }
-}
-
-/// The note of `flow`, opened from outside, in `state` at `now`.
-#[inline(always)]
-fn inbound_note(flow: &NatKey, state: u8, now: u64) -> NatEntry {
-    NatEntry {
-        last_seen_ns: now,
-        pod_addr: flow.pod_addr,
-        pod_port: flow.pod_port,
-        node_port: flow.pod_port,
-        state,
-        pad: [0, 0, 0],
-        node_addr: flow.pod_addr,
     }
 }
 

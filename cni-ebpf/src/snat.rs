@@ -157,13 +157,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             if !has_address {
                 return Ok(metrics::drop_packet(DropReason::NatNoAddress));
             }
-            let state = if key.proto != TCP {
-                0
-            } else if tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0 {
-                tcp_state::SYN_SENT
-            } else {
-                tcp_state::ESTABLISHED
-            };
+            let state = opening_state(key.proto, tcp_flags);
             let port = if rewrites_port(key.proto) {
                 allocate(&key, &config, node_addr, now, state)
             } else {
@@ -499,6 +493,20 @@ fn claim(flow: &NewFlow, port: u16) -> bool {
 pub enum Way {
     Out,
     In,
+}
+
+/// The state of a flow of `proto` at its first packet, with TCP `flags` (0 for other
+/// protocols): a SYN opens it, a RST finds it closed (a stray RST takes a node port for
+/// the closed timeout only, not the established one), anything else picks it up
+/// mid-stream (an entry evicted, a connection older than the daemon).
+#[inline(always)]
+pub fn opening_state(proto: u8, flags: u8) -> u8 {
+    match proto {
+        TCP if flags & TCP_RST != 0 => tcp_state::CLOSED,
+        TCP if flags & TCP_SYN != 0 && flags & TCP_ACK == 0 => tcp_state::SYN_SENT,
+        TCP => tcp_state::ESTABLISHED,
+        _ => 0,
+    }
 }
 
 /// TCP state after a packet with `flags` going `way` (non-TCP flows stay 0).

@@ -27,6 +27,7 @@ pub const DCCP: u8 = 33;
 pub const UDPLITE: u8 = 136;
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 pub const ICMP_ECHO_REPLY: u8 = 0;
 pub const ICMP_ECHO_REQUEST: u8 = 8;

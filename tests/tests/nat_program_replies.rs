@@ -11,7 +11,7 @@ use ebpf_cni_tests::{
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMP_ID, INNER_ICMP_ID, INNER_SPORT,
         INNER_SRC, IP_SRC, MASQ, MASQ_2, NODE_ADDR, OTHER_NODE_POD, POD_PORT, PORT_MIN, REMOTE,
-        REMOTE_PORT, ROUTER, SPORT, TCP, TCP_ACK, TCP_FIN, TCP_SYN, UDP, addr,
+        REMOTE_PORT, ROUTER, SPORT, TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, UDP, addr,
         assert_checksums_valid, assert_delivered, assert_unchanged, delivered, egress, frag_needed,
         icmp_echo, in_key, inbound, ingress, monotonic_coarse_ns, out_key, outbound, port, quote,
         tcp, time_exceeded, udp, uplink, with_ip_options, without_ip_options,
@@ -528,4 +528,33 @@ fn a_datagram_flow_from_outside_becomes_a_stream_once_the_pod_answers() {
         udp_state::REPLIED,
         "answered: the stream timeout"
     );
+}
+
+#[test]
+fn a_pods_stray_rst_takes_a_node_port_for_the_closed_timeout_only() {
+    require_root();
+    let object = uplink();
+    // A RST on a connection the tables no longer hold (a pod resetting a flow whose
+    // entry the LRU evicted): it leaves translated, as every packet of the pod does...
+    let rst = outbound(MASQ.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_RST));
+    let run = egress(&object, &rst);
+    assert_eq!(addr(&run.frame, IP_SRC), NODE_ADDR, "translated");
+    // ...and its entry is closed: the node port is free again after the closed timeout,
+    // not held the established one (a day).
+    let entry = object
+        .nat_out(&out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP))
+        .expect("NAT_OUT holds the flow");
+    assert_eq!(entry.state, tcp_state::CLOSED);
+    // A packet picked up mid-stream is established, a SYN opens.
+    for (pod_port, flags, state) in [
+        (POD_PORT + 1, TCP_ACK, tcp_state::ESTABLISHED),
+        (POD_PORT + 2, TCP_SYN, tcp_state::SYN_SENT),
+    ] {
+        let packet = outbound(MASQ.ip, REMOTE, TCP, &tcp(pod_port, REMOTE_PORT, flags));
+        egress(&object, &packet);
+        let entry = object
+            .nat_out(&out_key(MASQ.ip, pod_port, REMOTE_PORT, TCP))
+            .expect("NAT_OUT holds the flow");
+        assert_eq!(entry.state, state, "flags {flags:#x}");
+    }
 }

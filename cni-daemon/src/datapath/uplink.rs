@@ -119,19 +119,12 @@ pub(super) fn take_resized_notes(
 
 /// The note of `key`, from an earlier release's bare timestamp `seen`.
 fn answered_note(key: &NatKey, seen: u64) -> NatEntry {
-    NatEntry {
-        last_seen_ns: seen,
-        pod_addr: key.pod_addr,
-        pod_port: key.pod_port,
-        node_port: key.pod_port,
-        state: if key.proto == IPPROTO_TCP {
-            tcp_state::ESTABLISHED
-        } else {
-            udp_state::REPLIED
-        },
-        pad: [0; 3],
-        node_addr: key.pod_addr,
-    }
+    let state = if key.proto == IPPROTO_TCP {
+        tcp_state::ESTABLISHED
+    } else {
+        udp_state::REPLIED
+    };
+    NatEntry::from_outside(key, state, seen)
 }
 
 /// Writes `notes` (see [`take_resized_notes`]) into the loaded `NAT_INBOUND`; more than
