@@ -1,6 +1,7 @@
 //! Traffic figures: pod to pod on one node (ebpf-cni, the reference chain and a raw veth
-//! pair) and pod to the external host through source NAT, with the bounded loads of
-//! `load.rs`.
+//! pair) and pod to the external host through source NAT (ebpf-cni, the reference chain
+//! and two raw veth pairs through a namespace that routes without NAT), with the bounded
+//! loads of `load.rs`.
 
 use ebpf_cni_tests::{
     netns::Netns,
@@ -110,8 +111,51 @@ pub(super) fn pod_to_pod(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     ])
 }
 
+/// The pod-to-external ceiling: a "pod" and an external host joined through a "node"
+/// namespace that only routes, over two raw veth pairs, with no NAT, no netfilter rule
+/// and no program (the external host routes the pod's subnet back through the node).
+/// It is what the same two hops cost when nothing is translated: the most any source
+/// NAT on this topology could reach.
+struct Routed {
+    pod: Netns,
+    _node: Netns,
+    external: Netns,
+}
+
+impl Routed {
+    /// The external host's address on the routed path.
+    const EXTERNAL: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 245, 1, 2);
+
+    fn build() -> Self {
+        let (pod, node, external) = (
+            Netns::new("rtpod"),
+            Netns::new("rtnode"),
+            Netns::new("rtext"),
+        );
+        pod.link_veth("eth0", "10.245.0.2/24", &node, "pod0", "10.245.0.1/24");
+        node.link_veth(
+            "uplink0",
+            "10.245.1.1/24",
+            &external,
+            "eth0",
+            "10.245.1.2/24",
+        );
+        big_tcp_uplink(&node, &external);
+        pod.ip(&["route", "add", "default", "via", "10.245.0.1"]);
+        external.ip(&["route", "add", "10.245.0.0/24", "via", "10.245.1.1"]);
+        node.run("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"]);
+        load::tune_client(&pod);
+        Self {
+            pod,
+            _node: node,
+            external,
+        }
+    }
+}
+
 /// A pod talking to the external host through source NAT: ours in eBPF, the
-/// reference's through iptables MASQUERADE (bridge ipMasq) and the kernel's conntrack.
+/// reference's through iptables MASQUERADE (bridge ipMasq) and the kernel's conntrack,
+/// and the ceiling, the same two hops routed without NAT ([`Routed`]).
 pub(super) fn pod_to_external(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: pod-to-external traffic (source NAT)");
     let node = super::node("10.247.0.0/24");
@@ -123,20 +167,22 @@ pub(super) fn pod_to_external(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     for netns in [&pod.netns, &rpod] {
         load::tune_client(netns);
     }
+    let routed = Routed::build();
     let external: std::net::Ipv4Addr = ebpf_cni_tests::node::EXTERNAL_ADDR.parse()?;
     let pair = |c: Contender| match c {
-        Contender::EbpfCni => (&pod.netns, &node.external),
-        _ => (&rpod, &refnode.external),
+        Contender::EbpfCni => (&pod.netns, &node.external, external),
+        Contender::Reference => (&rpod, &refnode.external, external),
+        Contender::Raw => (&routed.pod, &routed.external, Routed::EXTERNAL),
     };
-    let both = [Contender::EbpfCni, Contender::Reference];
+    let all = [Contender::EbpfCni, Contender::Reference, Contender::Raw];
     let seconds = plan.seconds();
-    let throughput = interleaved(plan.traffic_repeats(), &both, |c| {
-        let (client, server) = pair(c);
-        load::throughput(client, server, external, seconds)
+    let throughput = interleaved(plan.traffic_repeats(), &all, |c| {
+        let (client, server, to) = pair(c);
+        load::throughput(client, server, to, seconds)
     })?;
-    let crr = interleaved(plan.traffic_repeats(), &both, |c| {
-        let (client, server) = pair(c);
-        load::tcp_crr(client, server, external, seconds)
+    let crr = interleaved(plan.traffic_repeats(), &all, |c| {
+        let (client, server, to) = pair(c);
+        load::tcp_crr(client, server, to, seconds)
     })?;
     Ok(vec![
         figure(

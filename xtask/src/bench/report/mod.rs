@@ -30,7 +30,10 @@ impl Contender {
         match self {
             Contender::EbpfCni => "ebpf-cni",
             Contender::Reference => "reference (bridge + host-local + portmap)",
-            Contender::Raw => "raw veth (ceiling)",
+            Contender::Raw => {
+                "raw veth (ceiling: pod to pod, one veth pair; pod to external, two veth \
+                 pairs through a namespace that routes, without NAT)"
+            }
         }
     }
 
