@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use cni_daemon::{
     api::{self, Request, Response},
     bpffs,
-    datapath::{sock, tc_block},
+    datapath::{self, sock, tc_block},
     inspect,
     nat::{self, NatArgs},
     node,
@@ -79,6 +79,18 @@ enum Command {
             value_delimiter = ','
         )]
         service_cidrs: Vec<Ipv4Net>,
+        /// Attach the uplink programs (source NAT, hostPorts from outside) and the
+        /// counter through TCX links where the kernel has them (Linux >= 6.6); `false`
+        /// attaches them as clsact filters, as on older kernels (as Cilium's flag of the
+        /// same name). Either way they stay in the kernel across restarts and a restart
+        /// swaps them in place.
+        #[arg(
+            long,
+            env = "EBPF_CNID_ENABLE_TCX",
+            default_value_t = true,
+            action = clap::ArgAction::Set
+        )]
+        enable_tcx: bool,
         #[command(flatten)]
         nat: NatArgs,
     },
@@ -126,6 +138,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run {
             attach,
             service_cidrs,
+            enable_tcx,
             nat,
         } => {
             let config = RunConfig {
@@ -135,6 +148,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 attach,
                 service_cidrs,
                 nat,
+                enable_tcx,
                 cgroup: cli.cgroup,
             };
             tokio::runtime::Builder::new_multi_thread()
@@ -210,6 +224,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 );
             }
             remove_pod_block(&cli.state_dir)?;
+            datapath::remove_uplink_filters(&cli.bpf_dir)
+                .context("cannot remove the uplink programs' filters")?;
             bpffs::remove(&cli.bpf_dir)?;
             match std::fs::remove_dir_all(&cli.state_dir) {
                 Ok(()) => {}

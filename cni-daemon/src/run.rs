@@ -32,6 +32,8 @@ pub struct RunConfig {
     /// `--service-cidr`: see `Datapath::set_service_cidrs`.
     pub service_cidrs: Vec<ipnet::Ipv4Net>,
     pub nat: NatArgs,
+    /// `--enable-tcx`: see [`crate::datapath::tcx_in_use`].
+    pub enable_tcx: bool,
     /// The cgroup v2 folder of the socket programs (hostPorts for the node's own
     /// processes); `None`: the root of the first cgroup v2 mount.
     pub cgroup: Option<PathBuf>,
@@ -41,7 +43,13 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     bpffs::prepare(&config.bpf_dir)?;
-    let mut datapath = Datapath::load(&config.bpf_dir, config.nat.nat_max_flows)?;
+    let tcx = crate::datapath::tcx_in_use(config.enable_tcx);
+    tracing::info!(
+        mode = if tcx { "tcx" } else { "clsact" },
+        enable_tcx = config.enable_tcx,
+        "uplink programs attach"
+    );
+    let mut datapath = Datapath::load(&config.bpf_dir, config.nat.nat_max_flows, tcx)?;
     datapath.set_service_cidrs(&config.service_cidrs)?;
     if !config.service_cidrs.is_empty() {
         // Service traffic, and its replies between pods, is routed by the stack.

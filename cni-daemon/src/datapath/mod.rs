@@ -1,19 +1,26 @@
 //! Loading the eBPF object and attaching its programs (synchronous core). Pod
 //! programs and their pinned links are in [`pod`], the uplink's (source NAT) in
-//! [`uplink`], the socket programs (hostPorts for the node's processes) in [`sock`].
+//! [`uplink`] (TCX links, or without them filters of [`clsact`]), the socket programs
+//! (hostPorts for the node's processes) in [`sock`].
 
+mod clsact;
 mod pod;
 mod services;
 pub mod sock;
 pub mod tc_block;
 mod uplink;
 
+pub use uplink::remove_uplink_filters;
+
 use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuHashMap},
-    programs::{SchedClassifier, TcAttachType, tc},
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType, tc,
+        tc::{NlOptions, TcAttachOptions},
+    },
     util::KernelVersion,
 };
 use aya_log::EbpfLogger;
@@ -78,14 +85,18 @@ pub struct Datapath {
     attachments: Vec<Attachment>,
     /// The Service ranges (see `set_service_cidrs`).
     service_cidrs: Vec<ipnet::Ipv4Net>,
+    /// Whether the uplink and counting programs attach through TCX links (else as
+    /// clsact filters, see [`clsact`]); see [`tcx_in_use`].
+    tcx: bool,
 }
 
 impl Datapath {
     /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, with
     /// NAT tables of `nat_max_flows` entries each (see [`uplink::resize_nat_tables`]
-    /// and [`uplink::take_resized_notes`]),
+    /// and [`uplink::take_resized_notes`]), attaching through TCX links when `tcx`
+    /// (else clsact filters),
     /// and starts forwarding aya-log records into `tracing` (must run inside tokio).
-    pub fn load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Self, DatapathError> {
+    pub fn load(bpf_dir: &Path, nat_max_flows: u32, tcx: bool) -> Result<Self, DatapathError> {
         uplink::resize_nat_tables(bpf_dir, nat_max_flows)?;
         uplink::replace_resized_config(bpf_dir)?;
         let notes = uplink::take_resized_notes(bpf_dir, nat_max_flows)?;
@@ -124,6 +135,7 @@ impl Datapath {
             bpf_dir: bpf_dir.to_owned(),
             attachments: Vec::new(),
             service_cidrs: Vec::new(),
+            tcx,
         })
     }
 
@@ -133,13 +145,19 @@ impl Datapath {
         let name = program_names::COUNT_BY_SOURCE;
         let ifindex = nix::net::if_::if_nametoindex(interface)
             .map_err(|_| DatapathError::NoInterface(interface.to_owned()))?;
-        let tcx = has_tcx();
+        let tcx = self.tcx;
         if !tcx {
             ensure_clsact(interface)?;
         }
         let program = classifier(&mut self.ebpf, name)?;
+        // Not `attach`, which takes TCX wherever the kernel has it, whatever the flag.
+        let options = if tcx {
+            TcAttachOptions::TcxOrder(LinkOrder::default())
+        } else {
+            TcAttachOptions::Netlink(NlOptions::default())
+        };
         program
-            .attach(interface, TcAttachType::Ingress)
+            .attach_with_options(interface, TcAttachType::Ingress, options)
             .map_err(|source| DatapathError::Program {
                 program: name,
                 source,
@@ -216,10 +234,16 @@ where
         })
 }
 
-/// Adds the clsact qdisc that netlink-attached programs need (kernels < 6.6).
+/// Adds the clsact qdisc that netlink-attached programs need (kernels < 6.6); one that
+/// is there already (a restart: the filters stayed in it) is fine. The kernel says so
+/// with EEXIST, which aya passes on as a netlink error: taken for a failure, it stopped
+/// every restart of a daemon without TCX.
 fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
     match tc::qdisc_add_clsact(interface) {
         Ok(()) | Err(tc::TcError::AlreadyAttached) => Ok(()),
+        Err(tc::TcError::NetlinkError(error)) if error.raw_os_error() == Some(libc::EEXIST) => {
+            Ok(())
+        }
         Err(source) => Err(DatapathError::Clsact {
             interface: interface.to_owned(),
             source,
@@ -227,8 +251,12 @@ fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
     }
 }
 
-fn has_tcx() -> bool {
-    KernelVersion::current().is_ok_and(|version| version >= KernelVersion::new(6, 6, 0))
+/// Whether the uplink and counting programs attach through TCX links: when the kernel
+/// has them (Linux >= 6.6) and the operator did not turn them off (`--enable-tcx
+/// false`, for a node whose other TC users expect filters). The pods' program is in a
+/// shared TC block either way (see [`tc_block`]).
+pub fn tcx_in_use(enabled: bool) -> bool {
+    enabled && KernelVersion::current().is_ok_and(|version| version >= KernelVersion::new(6, 6, 0))
 }
 
 /// Forwards the programs' aya-log records into the daemon's `tracing` output (the

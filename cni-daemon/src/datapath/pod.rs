@@ -17,7 +17,7 @@ use std::{
 use aya::programs::{
     SchedClassifier, TcAttachType,
     links::{FdLink, PinnedLink},
-    tc::{self, SchedClassifierLink},
+    tc::SchedClassifierLink,
 };
 use cni_ebpf_common::program_names;
 
@@ -162,29 +162,6 @@ pub(super) fn attach_pinned(
             .pin(&pin)
             .map_err(|source| pin_error(&pin, io::Error::other(source.to_string())))?;
     }
-    Ok(())
-}
-
-/// Attaches `program` to `interface` as a netlink clsact filter (kernels < 6.6), replacing
-/// the filter of the same name a previous daemon left.
-pub(super) fn attach_netlink(
-    program: &mut SchedClassifier,
-    name: &'static str,
-    interface: &str,
-    attach_type: TcAttachType,
-) -> Result<(), DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: name,
-        source,
-    };
-    // A filter left by the previous daemon is replaced, never doubled.
-    let _ = tc::qdisc_detach_program(interface, attach_type, name);
-    let id = program
-        .attach(interface, attach_type)
-        .map_err(program_error)?;
-    // Netlink filters live in the kernel; dropping the handle would remove the filter,
-    // so it is deliberately leaked (it holds no file descriptor).
-    std::mem::forget(program.take_link(id).map_err(program_error)?);
     Ok(())
 }
 

@@ -53,7 +53,7 @@ pub enum TcBlockError {
     NoInterface(String),
 }
 
-fn netlink(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> TcBlockError {
+pub(super) fn netlink(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> TcBlockError {
     let what = what.into();
     move |source| TcBlockError::Netlink { what, source }
 }
@@ -70,7 +70,7 @@ fn errno(error: &rtnetlink::Error) -> Option<i32> {
 /// small runtime. The callers are synchronous and hold the node's lock, which other
 /// requests wait for on the daemon's worker threads: work that needed those workers
 /// (for its connection task or its I/O) would wait for them forever.
-fn with_netlink<T, F, Fut>(work: F) -> Result<T, TcBlockError>
+pub(super) fn with_netlink<T, F, Fut>(work: F) -> Result<T, TcBlockError>
 where
     T: Send,
     F: FnOnce(Handle) -> Fut + Send,

@@ -1,20 +1,21 @@
 //! The uplink programs (source NAT), attached like the pod programs through links pinned
 //! under `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one
-//! pair per uplink, so translation goes on while the daemon is stopped; and the NAT maps
+//! pair per uplink, so translation goes on while the daemon is stopped (without TCX,
+//! as clsact filters at a fixed preference instead, see [`clsact`]); and the NAT maps
 //! they share with the daemon. (A daemon of one uplink pinned them without the device:
 //! such pins go at the next start, see [`Datapath::detach_uplinks_except`].)
 
 use std::{fs, io, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
-use aya::programs::{TcAttachType, tc};
+use aya::programs::TcAttachType;
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, map_names, program_names, tcp_state, udp_state,
+    NatConfig, NatEntry, NatKey, Uplinks, map_names, program_names, tcp_state, udp_state,
 };
 
 use super::{
-    Datapath, DatapathError, classifier, ensure_clsact, has_tcx,
-    pod::{attach_netlink, attach_pinned, pin_error},
+    Datapath, DatapathError, classifier, clsact, ensure_clsact,
+    pod::{attach_pinned, pin_error},
 };
 use crate::{
     api::Attachment,
@@ -181,7 +182,7 @@ impl Datapath {
             .map_err(|_| DatapathError::NoInterface(uplink.to_owned()))?;
         let links_dir = self.links_dir();
         fs::create_dir_all(&links_dir).map_err(|source| pin_error(&links_dir, source))?;
-        let tcx = has_tcx();
+        let tcx = self.tcx;
         if !tcx {
             ensure_clsact(uplink)?;
         }
@@ -203,8 +204,17 @@ impl Datapath {
                     let program = classifier(&mut self.ebpf, name)?;
                     attach_pinned(program, name, uplink, attach_type, pin)?;
                 }
+                // Attached as a filter by a daemon run with `--enable-tcx false`: the
+                // link runs first and ends the chain, the filter would only linger.
+                clsact::detach(uplink, attach_type, name)?;
             } else {
-                attach_netlink(program, name, uplink, attach_type)?;
+                clsact::attach(program, name, uplink, attach_type)?;
+                // A TCX link of a daemon run with TCX would run before the filter and
+                // end the chain: it goes, now that the filter is in.
+                let pin = links_dir.join(pin_name(name, uplink));
+                if pin.exists() {
+                    remove_pin(&pin)?;
+                }
             }
             tracing::info!(interface = uplink, ifindex, program = name, "attached");
             self.attachments.push(Attachment {
@@ -240,7 +250,7 @@ impl Datapath {
                 }
             }
         }
-        if !has_tcx() {
+        if !self.tcx {
             for &ifindex in previous {
                 let Ok(interface) = nix::net::if_::if_indextoname(ifindex) else {
                     continue;
@@ -250,8 +260,7 @@ impl Datapath {
                     continue;
                 }
                 for (name, attach_type) in UPLINK_PROGRAMS {
-                    // Absent filter: nothing to detach.
-                    let _ = tc::qdisc_detach_program(&interface, attach_type, name);
+                    clsact::detach(&interface, attach_type, name)?;
                 }
             }
         }
@@ -298,6 +307,38 @@ impl Datapath {
             sweeper,
         })
     }
+}
+
+/// Removes the uplink programs' clsact filters from the devices the pinned `UPLINKS` and
+/// `NAT_CONFIG` name (uninstall; run before the pins go). Filters are not pinned as TCX
+/// links are: left, they would go on translating with maps no pin names any more.
+/// A device that is gone took its filters with it; missing pins mean nothing to do.
+pub fn remove_uplink_filters(bpf_dir: &Path) -> Result<(), DatapathError> {
+    let mut ifindexes = Vec::new();
+    let uplinks = bpf_dir.join(map_names::UPLINKS);
+    if uplinks.exists() {
+        let map = Array::<_, Uplinks>::try_from(Map::Array(MapData::from_pin(&uplinks)?))?;
+        ifindexes.extend(map.get(&0, 0)?.iter().map(|(ifindex, _)| ifindex));
+    }
+    let config = bpf_dir.join(map_names::NAT_CONFIG);
+    if config.exists()
+        && MapInfo::from_pin(&config)?.value_size() as usize == size_of::<NatConfig>()
+    {
+        let map = Array::<_, NatConfig>::try_from(Map::Array(MapData::from_pin(&config)?))?;
+        ifindexes.push(map.get(&0, 0)?.uplink_ifindex);
+    }
+    ifindexes.sort_unstable();
+    ifindexes.dedup();
+    for ifindex in ifindexes.into_iter().filter(|ifindex| *ifindex != 0) {
+        let Ok(interface) = nix::net::if_::if_indextoname(ifindex) else {
+            continue;
+        };
+        let interface = interface.to_string_lossy();
+        for (name, attach_type) in UPLINK_PROGRAMS {
+            clsact::detach(&interface, attach_type, name)?;
+        }
+    }
+    Ok(())
 }
 
 fn remove_pin(pin: &std::path::Path) -> Result<(), DatapathError> {
