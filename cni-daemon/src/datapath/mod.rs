@@ -40,6 +40,17 @@ pub enum DatapathError {
     Load(#[from] aya::EbpfError),
     #[error("the eBPF object has no program {0}")]
     MissingProgram(&'static str),
+    /// The kernel refused a program (its verifier, or a helper it lacks).
+    #[error(
+        "the kernel ({kernel}) refuses program {program}: {source}. ebpf-cni needs the BPF \
+         features of Linux 5.17 (bpf_loop and the helpers before it), or a distribution \
+         kernel that backports them"
+    )]
+    ProgramLoad {
+        program: &'static str,
+        kernel: String,
+        source: aya::programs::ProgramError,
+    },
     #[error("program {program}: {source}")]
     Program {
         program: &'static str,
@@ -117,18 +128,12 @@ impl Datapath {
         ] {
             classifier(&mut ebpf, name)?
                 .load()
-                .map_err(|source| DatapathError::Program {
-                    program: name,
-                    source,
-                })?;
+                .map_err(|source| refused(name, source))?;
         }
         for name in program_names::SOCKET_PROGRAMS {
             program::<aya::programs::CgroupSockAddr>(&mut ebpf, name)?
                 .load()
-                .map_err(|source| DatapathError::Program {
-                    program: name,
-                    source,
-                })?;
+                .map_err(|source| refused(name, source))?;
         }
         Ok(Self {
             ebpf,
@@ -210,6 +215,20 @@ impl Datapath {
 
     pub fn bpf_dir(&self) -> &Path {
         &self.bpf_dir
+    }
+}
+
+/// The error of a program the kernel would not load, with the kernel's version (what
+/// the operator needs to tell an old kernel from a bug).
+fn refused(program: &'static str, source: aya::programs::ProgramError) -> DatapathError {
+    let kernel = KernelVersion::current().map_or_else(
+        |_| "version unknown".to_owned(),
+        |version| version.to_string(),
+    );
+    DatapathError::ProgramLoad {
+        program,
+        kernel,
+        source,
     }
 }
 
