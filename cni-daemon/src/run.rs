@@ -160,6 +160,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
                             flows = sweep.flows,
                             orphans = sweep.orphans,
                             from_outside = sweep.from_outside,
+                            hostport = sweep.hostport,
                             "NAT flows expired"
                         );
                     }

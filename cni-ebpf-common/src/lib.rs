@@ -62,12 +62,14 @@ pub mod map_names {
     /// LRU hash: [`crate::FragmentKey`] -> [`crate::FragmentTarget`], what the first
     /// fragment of a translated datagram was given, for the fragments after it.
     pub const NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
-    /// LRU hash: [`crate::NatKey`] (pod side) -> `u64` (CLOCK_MONOTONIC ns): flows a host
-    /// outside opened to a pod's own address, whose answers keep it.
+    /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::NatEntry`] (the pod "translated"
+    /// to itself): flows a host outside opened to a pod's own address, whose answers keep
+    /// it.
     pub const NAT_INBOUND: &str = "NAT_INBOUND";
     /// Hash: [`crate::PortKey`] -> [`crate::PortTarget`], the hostPort mappings.
     pub const HOSTPORTS: &str = "HOSTPORTS";
-    /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::HostPortFlow`].
+    /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::NatEntry`] (its node address
+    /// and port: the host address and port the client reached).
     pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
     /// Hash: node IPv4 address (`[u8; 4]`) -> `u8` (1).
     pub const NODE_ADDRS: &str = "NODE_ADDRS";

@@ -395,11 +395,17 @@ pub mod sweep {
     /// A note of `NAT_INBOUND` (a flow opened from outside to a pod's own address,
     /// keyed as `out` is): it goes unless refreshed.
     pub const FROM_OUTSIDE: u8 = 8;
+    /// A connection of `HOSTPORT_FLOWS` (through a hostPort mapping, keyed as `out` is):
+    /// it goes unless refreshed.
+    pub const HOSTPORT: u8 = 16;
     /// The return value: flows gone in the low bits, orphans above this shift, notes
-    /// above [`FROM_OUTSIDE_SHIFT`] (at most [`MAX_ITEMS`] each).
-    pub const ORPHAN_SHIFT: u32 = 10;
+    /// above [`FROM_OUTSIDE_SHIFT`], hostPort connections above [`HOSTPORT_SHIFT`] (at
+    /// most [`MAX_ITEMS`] each).
+    pub const ORPHAN_SHIFT: u32 = 8;
     /// See [`ORPHAN_SHIFT`].
-    pub const FROM_OUTSIDE_SHIFT: u32 = 20;
+    pub const FROM_OUTSIDE_SHIFT: u32 = 16;
+    /// See [`ORPHAN_SHIFT`].
+    pub const HOSTPORT_SHIFT: u32 = 24;
     /// The mask of one count of the return value, once shifted down.
     pub const COUNT_MASK: u32 = (1 << ORPHAN_SHIFT) - 1;
 }
@@ -409,6 +415,8 @@ const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
 const _: () = assert!(sweep::MAX_ITEMS as u32 <= sweep::COUNT_MASK);
+// The last count fits below the return value's sign bit.
+const _: () = assert!((sweep::MAX_ITEMS as u64) << sweep::HOSTPORT_SHIFT < 1 << 31);
 const _: () = assert!(core::mem::size_of::<NatConfig>() == 36);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
 const _: () = assert!(core::mem::size_of::<FragmentKey>() == 12);

@@ -16,24 +16,34 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    HAIRPIN_ADDR, HostPortFlow, NatKey, PortKey, PortTarget, TARGET_COUNT, TARGET_WORDS,
+    HAIRPIN_ADDR, HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, TARGET_COUNT, TARGET_WORDS,
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum, TCP, UDP},
-    endpoints, forward, fragments,
+    endpoints, forward, fragments, nat_maps, snat,
 };
 
 /// Mappings per node: 5,000 must fit with room to spare.
 const MAX_MAPPINGS: u32 = 16384;
-const MAX_FLOWS: u32 = 65536;
+/// Connections followed at once, unless the daemon asks for another size (it gives this
+/// table the NAT tables' size, `--nat-max-flows`).
+const MAX_FLOWS: u32 = 262_144;
 
 #[map(name = "HOSTPORTS")]
 static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPINGS, 0);
 
+/// The connections through a mapping, keyed from the pod's side: a [`NatEntry`] whose
+/// node address and port are the host address and port the client reached, its state
+/// following TCP (or whether the pod answered) as the notes of connections opened from
+/// outside do (`nat_maps::saw_inbound`), and swept by the daemon as they are (idle past
+/// their timeout, closed, or their pod gone). A bare LRU record before, a busy mapping's
+/// closed connections crowded a live idle one out (at 1,000 connections a second the
+/// 65,536 entries turned over in a minute), and its pod's next packet left translated to
+/// a node port the client never dialled, which reset the connection.
 #[map(name = "HOSTPORT_FLOWS")]
-static HOSTPORT_FLOWS: LruHashMap<NatKey, HostPortFlow> = LruHashMap::pinned(MAX_FLOWS, 0);
+pub static HOSTPORT_FLOWS: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
 
 #[map(name = "NODE_ADDRS")]
 static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(256, 0);
@@ -109,16 +119,38 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
     }
 }
 
-/// Records `flow` -> `host`, writing only when the flow is new or now leads elsewhere:
-/// an update takes the bucket's lock and recycles an LRU node on every packet, a lookup
-/// does neither (and still marks the entry as used for the LRU).
+/// Notes a packet of `flow` from its client (TCP `flags`, 0 for UDP) through the
+/// mapping `host_addr`:`host_port`: the connection's state moves on, in place (no map
+/// update: that takes the bucket's lock and recycles an LRU node); one that expired, or
+/// went through another mapping, opens anew.
 #[inline(always)]
-fn remember(flow: &NatKey, host: &HostPortFlow) {
-    // SAFETY: the value is compared at once.
-    let known = unsafe { HOSTPORT_FLOWS.get(flow) }.is_some_and(|known| known == host);
-    if !known {
-        let _ = HOSTPORT_FLOWS.insert(flow, host, 0);
+fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
+    let now = nat_maps::now_ns();
+    if let Some(slot) = HOSTPORT_FLOWS.get_ptr_mut(flow) {
+        // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+        let entry = unsafe { *slot };
+        if entry.node_addr == host_addr
+            && entry.node_port == host_port
+            && !is_expired(&entry, flow.proto, now)
+        {
+            let state = nat_maps::inbound_state(flow.proto, entry.state, flags, false);
+            nat_maps::touch(slot, &entry, state, now);
+            return;
+        }
     }
+    let entry = NatEntry {
+        node_addr: host_addr,
+        node_port: host_port,
+        ..NatEntry::from_outside(flow, snat::opening_state(flow.proto, flags), now)
+    };
+    let _ = HOSTPORT_FLOWS.insert(flow, &entry, 0);
+}
+
+/// Whether the connection `entry` of `proto` idled past its timeout (never while the
+/// daemon wrote no timeouts).
+#[inline(always)]
+fn is_expired(entry: &NatEntry, proto: u8, now: u64) -> bool {
+    nat_maps::timeouts().is_some_and(|config| nat_maps::expired(entry, proto, &config, now))
 }
 
 /// A TCP/UDP packet arriving on the uplink for a mapped host port: rewritten to the pod
@@ -131,10 +163,8 @@ pub fn inbound(
     l4: usize,
     l4_csum: L4Csum,
 ) -> Result<Option<i32>, i64> {
-    let ports: [u8; 4] = ctx.load(l4)?;
-    let client_port = u16::from_be_bytes([ports[0], ports[1]]);
-    let host_port = u16::from_be_bytes([ports[2], ports[3]]);
     let proto = ip.proto as u8;
+    let (client_port, host_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
     let Some(target) = mapping(proto, ip.dst_addr, host_port) else {
         return Ok(None);
     };
@@ -142,12 +172,7 @@ pub fn inbound(
         return Ok(None);
     };
     let flow = flow_to(&target, ip.src_addr, client_port, proto);
-    let host = HostPortFlow {
-        host_addr: ip.dst_addr,
-        host_port,
-        pad: [0, 0],
-    };
-    remember(&flow, &host);
+    remember(&flow, ip.dst_addr, host_port, flags);
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, host_port, target.pod_port, l4_csum)?;
     // The fragments after a first one follow it (`deliver` hands it over above TTL 1).
@@ -169,23 +194,38 @@ pub fn quoted(
 ) -> Option<([u8; 4], u16)> {
     let target = mapping(proto, host_addr, host_port)?;
     let flow = flow_to(&target, client_addr, client_port, proto);
-    // SAFETY: the value is compared at once.
-    let host = unsafe { HOSTPORT_FLOWS.get(&flow) }?;
+    let host = host_of(&flow, None)?;
     (host.host_addr == host_addr && host.host_port == host_port)
         .then_some((target.pod_addr, target.pod_port))
 }
 
-/// The host address and port of the hostPort connection `flow` (keyed from the pod's
-/// side), if there is one.
+/// The host address and port of the live hostPort connection `flow` (keyed from the
+/// pod's side), if there is one. A packet of the pod's on it (`flags`: its TCP flags)
+/// moves its state on; an ICMP error's quote of it (`None`) only reads it.
 #[inline(always)]
-pub fn host_of(flow: &NatKey) -> Option<HostPortFlow> {
-    // SAFETY: the value is copied at once.
-    unsafe { HOSTPORT_FLOWS.get(flow) }.copied()
+pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
+    let slot = HOSTPORT_FLOWS.get_ptr_mut(flow)?;
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let entry = unsafe { *slot };
+    let now = nat_maps::now_ns();
+    if is_expired(&entry, flow.proto, now) {
+        return None;
+    }
+    if let Some(flags) = flags {
+        let state = nat_maps::inbound_state(flow.proto, entry.state, flags, true);
+        nat_maps::touch(slot, &entry, state, now);
+    }
+    Some(HostPortFlow {
+        host_addr: entry.node_addr,
+        host_port: entry.node_port,
+        pad: [0, 0],
+    })
 }
 
-/// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, L4 header at `l4`) leaving
-/// by the uplink on a hostPort connection: source set back to the host address and
-/// port. Returns the host address when it was one.
+/// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, TCP `flags`, L4 header at
+/// `l4`) leaving by the uplink on a hostPort connection: source set back to the host
+/// address and port, the connection's state moved on. Returns the host address when it
+/// was one.
 #[inline(always)]
 pub fn outbound(
     ctx: &TcContext,
@@ -194,6 +234,7 @@ pub fn outbound(
     l4_csum: L4Csum,
     pod_port: u16,
     remote_port: u16,
+    flags: u8,
 ) -> Result<Option<[u8; 4]>, i64> {
     // Most packets (every source-NATed one) leave other ports: one array read, no hash.
     if !is_target_port(pod_port) {
@@ -207,7 +248,7 @@ pub fn outbound(
         proto: ip.proto as u8,
         pad: [0, 0, 0],
     };
-    let Some(host) = host_of(&flow) else {
+    let Some(host) = host_of(&flow, Some(flags)) else {
         return Ok(None);
     };
     csum::set_source(ctx, ip, host.host_addr, l4_csum)?;
@@ -233,9 +274,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(None);
     };
-    let ports: [u8; 4] = ctx.load(l4)?;
-    let src_port = u16::from_be_bytes([ports[0], ports[1]]);
-    let dst_port = u16::from_be_bytes([ports[2], ports[3]]);
+    let (src_port, dst_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
     if ip.dst_addr == HAIRPIN_ADDR {
         let flow = NatKey {
             pod_addr: ip.src_addr,
@@ -245,8 +284,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
             proto,
             pad: [0, 0, 0],
         };
-        // SAFETY: the value is copied at once.
-        let Some(host) = (unsafe { HOSTPORT_FLOWS.get(&flow) }).copied() else {
+        let Some(host) = host_of(&flow, Some(flags)) else {
             return Ok(None);
         };
         let Some(pod) = endpoints::lookup(ip.src_addr) else {
@@ -268,12 +306,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let hairpin = target.pod_addr == ip.src_addr;
     let client = if hairpin { HAIRPIN_ADDR } else { ip.src_addr };
     let flow = flow_to(&target, client, src_port, proto);
-    let host = HostPortFlow {
-        host_addr: ip.dst_addr,
-        host_port: dst_port,
-        pad: [0, 0],
-    };
-    remember(&flow, &host);
+    remember(&flow, ip.dst_addr, dst_port, flags);
     if hairpin {
         csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, HAIRPIN_ADDR, l4_csum)?;
     }
@@ -297,8 +330,8 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(false);
     };
-    let (pod_port, remote_port, _) = csum::ports_and_flags(ctx, proto, l4)?;
-    Ok(outbound(ctx, ip, l4, l4_csum, pod_port, remote_port)?.is_some())
+    let (pod_port, remote_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
+    Ok(outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, flags)?.is_some())
 }
 
 /// Whether any mapping exists on the node (an array read the verifier inlines).

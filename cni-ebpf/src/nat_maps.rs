@@ -59,6 +59,17 @@ pub fn config() -> Option<NatConfig> {
         .filter(|config| config.node_addr != [0; 4])
 }
 
+/// The timeouts the daemon wrote, whether or not NAT is on (hostPort connections expire
+/// by them too, see `hostport`); `None` while there are none (NAT off writes zeros, and
+/// then nothing sweeps either).
+#[inline(always)]
+pub fn timeouts() -> Option<NatConfig> {
+    NAT_CONFIG
+        .get(0)
+        .copied()
+        .filter(|config| config.tcp_established_secs != 0)
+}
+
 /// The address of the uplink `ifindex` (`NatConfig::NO_ADDRESS` while it has none), or
 /// `None` when `ifindex` is no uplink.
 #[inline(always)]
@@ -189,7 +200,7 @@ pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u6
 /// takes the whole closed timeout: `POD_CLOSED`'s short hold is for a pod in TIME_WAIT,
 /// and here the pod is the side that may still retransmit its FIN.
 #[inline(always)]
-fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
+pub fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
     if proto != 6 {
         return if from_pod { udp_state::REPLIED } else { state };
     }
@@ -207,7 +218,7 @@ fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
 /// Writes `state` and `now` into the note at `slot` (read as `note`) when the state
 /// changes or a second has passed since it was stamped.
 #[inline(always)]
-fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
+pub fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
     if state != note.state || now.saturating_sub(note.last_seen_ns) > snat::REFRESH_NS {
         // SAFETY: a pointer into the map value, valid for the program run.
         unsafe {

@@ -75,7 +75,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // A pod's reply on a hostPort connection leaves with the host address and
             // port.
             if let Some(host_addr) =
-                hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port)?
+                hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port, flags)?
             {
                 fragments::left(&ip, host_addr);
                 return Ok(TC_ACT_OK);
@@ -229,7 +229,7 @@ fn icmp_error(
         Some(entry) if entry.node_addr != [0; 4] => (entry.node_addr, entry.node_port),
         // Written by an earlier datapath, without the address it left with.
         Some(entry) => (config.node_addr, entry.node_port),
-        None => match hostport::host_of(&flow) {
+        None => match hostport::host_of(&flow, None) {
             Some(host) => (host.host_addr, host.host_port),
             None => return Ok(TC_ACT_OK),
         },

@@ -19,7 +19,10 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{NatEntry, SweepItem, sweep};
 
-use crate::nat_maps::{NAT_IN, NAT_INBOUND, NAT_OUT};
+use crate::{
+    hostport::HOSTPORT_FLOWS,
+    nat_maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
+};
 
 #[classifier]
 pub fn nat_sweep(ctx: TcContext) -> i32 {
@@ -29,6 +32,7 @@ pub fn nat_sweep(ctx: TcContext) -> i32 {
         flows: 0,
         orphans: 0,
         notes: 0,
+        hostport: 0,
     };
     // SAFETY: `remove` has the callback signature bpf_loop expects and reads `run`,
     // which outlives the call, as the `Run` it is.
@@ -40,7 +44,10 @@ pub fn nat_sweep(ctx: TcContext) -> i32 {
             0,
         )
     };
-    (run.flows | run.orphans << sweep::ORPHAN_SHIFT | run.notes << sweep::FROM_OUTSIDE_SHIFT) as i32
+    (run.flows
+        | run.orphans << sweep::ORPHAN_SHIFT
+        | run.notes << sweep::FROM_OUTSIDE_SHIFT
+        | run.hostport << sweep::HOSTPORT_SHIFT) as i32
 }
 
 /// A run of [`nat_sweep`], shared with its [`remove`] callback.
@@ -50,6 +57,7 @@ struct Run {
     flows: u32,
     orphans: u32,
     notes: u32,
+    hostport: u32,
 }
 
 /// Item `index` of a [`Run`]: removed as the daemon's `Flows::sweep` decided. Stops the
@@ -62,7 +70,11 @@ extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
     let Ok(item) = ctx.load::<SweepItem>(at) else {
         return 1;
     };
-    if item.kind & sweep::FROM_OUTSIDE != 0 {
+    if item.kind & sweep::HOSTPORT != 0 {
+        if remove_if_idle(&HOSTPORT_FLOWS, &item.out, item.decided_ns) {
+            run.hostport += 1;
+        }
+    } else if item.kind & sweep::FROM_OUTSIDE != 0 {
         if remove_if_idle(&NAT_INBOUND, &item.out, item.decided_ns) {
             run.notes += 1;
         }

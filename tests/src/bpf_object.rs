@@ -311,6 +311,16 @@ impl BpfObject {
         self.hash_insert(map_names::NAT_INBOUND, key, note);
     }
 
+    /// Every connection of `HOSTPORT_FLOWS` (through a hostPort mapping, keyed from the
+    /// pod's side), with its state and when it was last seen.
+    pub fn hostport_flows(&self) -> Vec<(NatKey, NatEntry)> {
+        self.hash_entries(map_names::HOSTPORT_FLOWS)
+    }
+
+    pub fn insert_hostport_flow(&mut self, key: NatKey, entry: NatEntry) {
+        self.hash_insert(map_names::HOSTPORT_FLOWS, key, entry);
+    }
+
     pub fn insert_nat_fragment(&mut self, key: FragmentKey, target: FragmentTarget) {
         self.hash_insert(map_names::NAT_FRAGMENTS, key, target);
     }

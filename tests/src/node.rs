@@ -3,6 +3,9 @@
 
 use std::net::Ipv4Addr;
 
+use aya::maps::{Map, MapData};
+use cni_ebpf_common::NatEntry;
+
 use crate::{
     cni::{Call, Network},
     daemon::{Daemon, Instance},
@@ -51,6 +54,42 @@ impl Node {
             netns,
             external,
         }
+    }
+
+    /// The pinned flow table `name` (an LRU hash of [`NatEntry`] values keyed by `K`) of
+    /// the node's daemon.
+    pub fn flow_table<K: aya::Pod>(&self, name: &str) -> aya::maps::HashMap<MapData, K, NatEntry> {
+        let data = MapData::from_pin(self.instance.bpf_dir.join(name))
+            .unwrap_or_else(|error| panic!("cannot open the pinned {name}: {error}"));
+        aya::maps::HashMap::try_from(Map::LruHashMap(data))
+            .unwrap_or_else(|error| panic!("{name} is not an LRU hash: {error}"))
+    }
+
+    /// Replaces the map pinned at `pin` (the daemon stopped) with an empty one of an
+    /// earlier release's layout, made by bpftool, named after the pin.
+    pub fn pin_earlier_map(
+        &self,
+        pin: &std::path::Path,
+        kind: &str,
+        key: u32,
+        value: u32,
+        entries: u32,
+    ) {
+        std::fs::remove_file(pin).expect("unpin");
+        let path = pin.to_str().expect("a UTF-8 path");
+        let name = pin
+            .file_name()
+            .and_then(|name| name.to_str())
+            .expect("a map name");
+        let (key, value, entries) = (key.to_string(), value.to_string(), entries.to_string());
+        let created = self.netns.run(
+            "bpftool",
+            &[
+                "map", "create", path, "type", kind, "key", &key, "value", &value, "entries",
+                &entries, "name", name,
+            ],
+        );
+        assert!(created.status.success(), "bpftool: {created:?}");
     }
 
     /// The pods' host-side veths in the node (the plugin names them `veb...`; the

@@ -1,8 +1,9 @@
 //! The NAT sweep's removals, done by the `nat_sweep` program, run by the kernel through
 //! BPF_PROG_TEST_RUN as the daemon runs it: an item removes a flow's `NAT_OUT` entry and
 //! its `NAT_IN` pair, or a `NAT_IN` orphan, unless the entry was stamped after the
-//! sweep's decision (so too a note of a flow opened from outside, in `NAT_INBOUND`);
-//! the return value counts flows, orphans and notes; a run takes at most 64 items. The frames are built here field by field, after the layout `SweepItem`
+//! sweep's decision (so too a note of a flow opened from outside, in `NAT_INBOUND`, and
+//! a connection through a hostPort mapping, in `HOSTPORT_FLOWS`); the return value
+//! counts flows, orphans, notes and hostPort connections, 8 bits each; a run takes at most 64 items. The frames are built here field by field, after the layout `SweepItem`
 //! promises, not with the daemon's code.
 
 use cni_ebpf_common::{
@@ -49,19 +50,21 @@ fn frame(items: &[Item]) -> Vec<u8> {
     frame
 }
 
-/// Runs `nat_sweep` on `items`: (flows removed, orphans removed), no note removed.
+/// Runs `nat_sweep` on `items`: (flows removed, orphans removed), no note and no
+/// hostPort connection removed.
 fn sweep_run(object: &BpfObject, items: &[Item]) -> (u32, u32) {
-    let (flows, orphans, notes) = counts(object, items);
+    let (flows, orphans, notes, hostport) = counts(object, items);
     assert_eq!(notes, 0, "no note of a flow opened from outside");
+    assert_eq!(hostport, 0, "no hostPort connection");
     (flows, orphans)
 }
 
-/// Runs `nat_sweep` on `items`: flows, orphans and notes removed (10 bits each, from the
-/// lowest).
-fn counts(object: &BpfObject, items: &[Item]) -> (u32, u32, u32) {
+/// Runs `nat_sweep` on `items`: flows, orphans, notes and hostPort connections removed
+/// (8 bits each, from the lowest).
+fn counts(object: &BpfObject, items: &[Item]) -> (u32, u32, u32, u32) {
     let run = object.run(program_names::NAT_SWEEP, &frame(items));
-    let field = |shift: u32| (run.verdict >> shift) & 0x3ff;
-    (field(0), field(10), field(20))
+    let field = |shift: u32| (run.verdict >> shift) & 0xff;
+    (field(0), field(8), field(16), field(24))
 }
 
 /// A UDP flow of `pod` from `pod_port`, on node port `node_port`, stamped `last_seen`,
@@ -232,9 +235,82 @@ fn a_note_of_a_flow_opened_from_outside_goes_unless_seen_since_and_nat_out_stays
     };
     assert_eq!(
         counts(&object, &[item(idle_key), item(live_key)]),
-        (0, 0, 1),
+        (0, 0, 1, 0),
         "the idle note went, the one seen since stays"
     );
     assert_eq!(object.nat_inbound(), [(live_key, live)]);
     assert_eq!(object.nat_out_entries(), [(idle_key, translated)]);
+}
+
+#[test]
+fn a_hostport_connection_goes_unless_seen_since_and_the_other_tables_stay() {
+    require_root();
+    let mut object = object();
+    let idle_key = out_key(MASQ.ip, 8080, 50000, TCP);
+    let live_key = out_key(MASQ_2.ip, 8080, 50001, TCP);
+    // The host address and port the client reached, in the node fields.
+    let connection = |key: &NatKey, state, seen| NatEntry {
+        node_addr: [198, 18, 0, 1],
+        ..entry(key, 8000, state, seen)
+    };
+    object.insert_hostport_flow(idle_key, connection(&idle_key, tcp_state::CLOSED, DECIDED));
+    let live = connection(&live_key, tcp_state::ESTABLISHED, DECIDED + 1);
+    object.insert_hostport_flow(live_key, live);
+    // A note and a translated flow on the same 4-tuple: the item touches neither.
+    let note = NatEntry {
+        node_addr: idle_key.pod_addr,
+        ..entry(&idle_key, idle_key.pod_port, tcp_state::CLOSED, DECIDED)
+    };
+    object.insert_nat_inbound(idle_key, note);
+    let translated = entry(&idle_key, 40000, tcp_state::ESTABLISHED, DECIDED);
+    object.insert_nat_out(idle_key, translated);
+    let item = |out: NatKey| Item {
+        out,
+        inbound: in_key(REMOTE, 0, 0, TCP),
+        kind: sweep::HOSTPORT,
+        decided_ns: DECIDED,
+    };
+    assert_eq!(
+        counts(&object, &[item(idle_key), item(live_key)]),
+        (0, 0, 0, 1),
+        "the idle connection went, the one seen since stays"
+    );
+    assert_eq!(object.hostport_flows(), [(live_key, live)]);
+    assert_eq!(object.nat_inbound(), [(idle_key, note)]);
+    assert_eq!(object.nat_out_entries(), [(idle_key, translated)]);
+}
+
+#[test]
+fn all_four_counts_come_back_at_once() {
+    require_root();
+    let mut object = object();
+    let (key, reverse, _) = flow(&mut object, MASQ.ip, 1000, 40000, DECIDED);
+    let note_key = out_key(MASQ.ip, 8080, 50000, TCP);
+    object.insert_nat_inbound(note_key, entry(&note_key, 8080, tcp_state::CLOSED, DECIDED));
+    let hostport_key = out_key(MASQ_2.ip, 8080, 50001, TCP);
+    object.insert_hostport_flow(
+        hostport_key,
+        entry(&hostport_key, 8000, tcp_state::CLOSED, DECIDED),
+    );
+    let only = |out, inbound, kind| Item {
+        out,
+        inbound,
+        kind,
+        decided_ns: DECIDED,
+    };
+    // An orphan already gone counts as removed, as a flow already gone does.
+    let orphan = in_key(REMOTE, 40009, REMOTE_PORT, UDP);
+    let items = [
+        pair(key, reverse),
+        only(
+            out_key(MASQ.ip, 1009, REMOTE_PORT, UDP),
+            orphan,
+            sweep::ORPHAN,
+        ),
+        only(note_key, in_key(REMOTE, 0, 0, TCP), sweep::FROM_OUTSIDE),
+        only(hostport_key, in_key(REMOTE, 0, 0, TCP), sweep::HOSTPORT),
+    ];
+    assert_eq!(counts(&object, &items), (1, 1, 1, 1));
+    assert!(object.hostport_flows().is_empty());
+    assert!(object.nat_inbound().is_empty());
 }

@@ -558,44 +558,9 @@ fn the_source_counter_on_the_uplink_does_not_stop_the_nat_programs_after_it() {
     );
 }
 
-/// The pinned flow table `name` of `node`'s daemon.
-fn flow_table<K: aya::Pod>(node: &Node, name: &str) -> aya::maps::HashMap<MapData, K, NatEntry> {
-    let data = MapData::from_pin(node.instance.bpf_dir.join(name))
-        .unwrap_or_else(|error| panic!("cannot open the pinned {name}: {error}"));
-    aya::maps::HashMap::try_from(Map::LruHashMap(data))
-        .unwrap_or_else(|error| panic!("{name} is not an LRU hash: {error}"))
-}
-
-/// Replaces the map pinned at `pin` (its daemon stopped) with an empty one of an earlier
-/// release's layout, made by bpftool, named after the pin.
-fn pin_earlier_map(
-    node: &Node,
-    pin: &std::path::Path,
-    kind: &str,
-    key: u32,
-    value: u32,
-    entries: u32,
-) {
-    std::fs::remove_file(pin).expect("unpin");
-    let path = pin.to_str().expect("a UTF-8 path");
-    let name = pin
-        .file_name()
-        .and_then(|name| name.to_str())
-        .expect("a map name");
-    let (key, value, entries) = (key.to_string(), value.to_string(), entries.to_string());
-    let created = node.netns.run(
-        "bpftool",
-        &[
-            "map", "create", path, "type", kind, "key", &key, "value", &value, "entries", &entries,
-            "name", name,
-        ],
-    );
-    assert!(created.status.success(), "bpftool: {created:?}");
-}
-
 /// The notes of `NAT_INBOUND` (flows a host outside opened to a pod's own address).
 fn notes(node: &Node) -> Vec<(NatKey, NatEntry)> {
-    flow_table::<NatKey>(node, map_names::NAT_INBOUND)
+    node.flow_table::<NatKey>(map_names::NAT_INBOUND)
         .iter()
         .map(|note| note.expect("a readable note"))
         .collect()
@@ -668,7 +633,7 @@ fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
     let pin = node.instance.bpf_dir.join(map_names::NAT_INBOUND);
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     // An earlier release's NAT_INBOUND: a bare timestamp per flow, 65,536 of them.
-    pin_earlier_map(&node, &pin, "lru_hash", 16, 8, 65536);
+    node.pin_earlier_map(&pin, "lru_hash", 16, 8, 65536);
     let tcp_flow = out_key(pod_addr, 8080, 50000, 6);
     let udp_flow = out_key(pod_addr, 53, 50001, UDP);
     let seen = monotonic_ns();
@@ -722,7 +687,10 @@ fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
         "carried as answered flows, their timestamps kept"
     );
     assert!(
-        node.instance.log().contains("its notes are carried over"),
+        node.instance
+            .log()
+            .lines()
+            .any(|line| line.contains("its flows are carried over") && line.contains("NAT_INBOUND")),
         "said in the log"
     );
 }
@@ -733,8 +701,8 @@ fn a_sweep_removes_thousands_of_expired_flows_and_keeps_the_live_one() {
     // Swept every 3 s: one sweep must take all of them (a sweep that read one batch of
     // 4,096 only would need three, 6 s or more after they were written).
     let node = Node::start_with("10.244.56.0/24", &[], &["--nat-gc-interval", "3"]);
-    let mut out = flow_table::<NatKey>(&node, map_names::NAT_OUT);
-    let mut inbound = flow_table::<NatReverseKey>(&node, map_names::NAT_IN);
+    let mut out = node.flow_table::<NatKey>(map_names::NAT_OUT);
+    let mut inbound = node.flow_table::<NatReverseKey>(map_names::NAT_IN);
     // Flows of a pod of the node (a sweep removes those of pods gone, whatever their age).
     let pod = node.add_pod("sweep");
     let pod_addr = pod.ip.octets();
@@ -929,6 +897,7 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
             map_names::NAT_OUT,
             map_names::NAT_IN,
             map_names::NAT_INBOUND,
+            map_names::HOSTPORT_FLOWS,
         ]
         .map(|name| {
             aya::maps::MapInfo::from_pin(node.instance.bpf_dir.join(name))
@@ -937,7 +906,7 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
         })
     };
     let flows = |node: &Node| nat_table(node)["entries"].as_array().map_or(0, Vec::len);
-    assert_eq!(sizes(&node), [4096, 4096, 4096]);
+    assert_eq!(sizes(&node), [4096, 4096, 4096, 4096]);
     assert_eq!(nat_table(&node)["max_flows"], 4096);
     udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"small").expect("UDP through NAT");
     assert_eq!(flows(&node), 1);
@@ -954,7 +923,7 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
     assert_eq!(
         sizes(&node),
-        [262_144, 262_144, 262_144],
+        [262_144, 262_144, 262_144, 262_144],
         "the default size"
     );
     assert_eq!(flows(&node), 0, "new tables, the old flows gone");
@@ -990,7 +959,7 @@ fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() 
 
     // An earlier release's NAT_CONFIG: 32 bytes, before `udp_stream_secs`.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
-    pin_earlier_map(&node, &pin, "array", 4, 32, 1);
+    node.pin_earlier_map(&pin, "array", 4, 32, 1);
     assert_eq!(value_size(&pin), 32, "test bug: the old size");
 
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
@@ -1029,8 +998,8 @@ fn a_deleted_pods_flows_go_at_once_and_another_pods_stay() {
     assert_eq!(udp.peers().len() + tcp.peers().len(), 4);
     // The pods with flows in either table (NAT_IN's entries name their pod too).
     let pods = |node: &Node| -> BTreeSet<[u8; 4]> {
-        let out = flow_table::<NatKey>(node, map_names::NAT_OUT);
-        let inbound = flow_table::<NatReverseKey>(node, map_names::NAT_IN);
+        let out = node.flow_table::<NatKey>(map_names::NAT_OUT);
+        let inbound = node.flow_table::<NatReverseKey>(map_names::NAT_IN);
         let mut pods: BTreeSet<[u8; 4]> = out
             .iter()
             .map(|entry| entry.expect("a NAT_OUT entry").1.pod_addr)

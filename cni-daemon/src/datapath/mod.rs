@@ -103,21 +103,35 @@ pub struct Datapath {
 
 impl Datapath {
     /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, with
-    /// NAT tables of `nat_max_flows` entries each (see [`uplink::resize_nat_tables`]
-    /// and [`uplink::take_resized_notes`]), attaching through TCX links when `tcx`
+    /// NAT tables (and `HOSTPORT_FLOWS`) of `nat_max_flows` entries each (see
+    /// [`uplink::resize_nat_tables`] and [`uplink::take_resized`]), attaching through TCX links when `tcx`
     /// (else clsact filters),
     /// and starts forwarding aya-log records into `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32, tcx: bool) -> Result<Self, DatapathError> {
         uplink::resize_nat_tables(bpf_dir, nat_max_flows)?;
         uplink::replace_resized_config(bpf_dir)?;
-        let notes = uplink::take_resized_notes(bpf_dir, nat_max_flows)?;
+        let carried = [
+            (
+                map_names::NAT_INBOUND,
+                uplink::earlier_note as fn(&_, _) -> _,
+            ),
+            (map_names::HOSTPORT_FLOWS, uplink::earlier_hostport_flow),
+        ]
+        .into_iter()
+        .map(|(name, earlier)| {
+            uplink::take_resized(bpf_dir, name, nat_max_flows, earlier).map(|flows| (name, flows))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_dir)
             .map_max_entries(map_names::NAT_OUT, nat_max_flows)
             .map_max_entries(map_names::NAT_IN, nat_max_flows)
             .map_max_entries(map_names::NAT_INBOUND, nat_max_flows)
+            .map_max_entries(map_names::HOSTPORT_FLOWS, nat_max_flows)
             .load(OBJECT)?;
-        uplink::write_carried_notes(&mut ebpf, &notes)?;
+        for (name, flows) in &carried {
+            uplink::write_carried(&mut ebpf, name, flows)?;
+        }
         spawn_log_forwarder(&mut ebpf);
         for name in [
             program_names::COUNT_BY_SOURCE,

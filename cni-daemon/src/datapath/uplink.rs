@@ -77,19 +77,23 @@ pub(super) fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError
     fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
 }
 
-/// Makes room for a `NAT_INBOUND` of this release (a [`NatEntry`] per note, as many as
-/// the NAT tables hold): a pin of another value size (an earlier release noted a bare
-/// timestamp in a table of 65,536) or of another size (`--nat-max-flows` changed) is
-/// read and unpinned, and its notes handed back for [`write_carried_notes`] into the
-/// map the load creates. Dropped, they would have left pods' answers on connections
-/// opened from outside to be translated after the upgrade, until the host outside sent
-/// again. An earlier release's notes carry no state: they come over as answered flows
-/// (established TCP, a stream otherwise), what that release assumed of them.
-pub(super) fn take_resized_notes(
+/// Makes room for a table `name` of this release, `NAT_INBOUND` or `HOSTPORT_FLOWS` (a
+/// [`NatEntry`] per flow, as many as the NAT tables hold): a pin of another value size
+/// (an earlier release kept 8 bytes a flow, in a table of 65,536) or of another size
+/// (`--nat-max-flows` changed) is read and unpinned, and its flows handed back for
+/// [`write_carried`] into the map the load creates. Dropped, they would have broken
+/// live connections at the upgrade: pods' answers to hosts that reached their own
+/// address translated, replies on hostPort connections leaving from the pod's port.
+/// An earlier release's flows carry no state: they come over as answered flows
+/// (established TCP, a stream otherwise), what that release assumed of them, made by
+/// `earlier` from the key and the 8 bytes.
+pub(super) fn take_resized(
     bpf_dir: &Path,
+    name: &'static str,
     max_flows: u32,
+    earlier: fn(&NatKey, [u8; 8]) -> NatEntry,
 ) -> Result<Vec<(NatKey, NatEntry)>, DatapathError> {
-    let pin = bpf_dir.join(map_names::NAT_INBOUND);
+    let pin = bpf_dir.join(name);
     if !pin.exists() {
         return Ok(Vec::new());
     }
@@ -99,49 +103,65 @@ pub(super) fn take_resized_notes(
         return Ok(Vec::new());
     }
     let map = Map::LruHashMap(MapData::from_pin(&pin)?);
-    let notes: Vec<(NatKey, NatEntry)> = if value_size == size_of::<u64>() {
-        let old: HashMap<_, NatKey, u64> = HashMap::try_from(map)?;
+    let flows: Vec<(NatKey, NatEntry)> = if value_size == 8 {
+        let old: HashMap<_, NatKey, [u8; 8]> = HashMap::try_from(map)?;
         old.iter()
             .filter_map(Result::ok)
-            .map(|(key, seen)| (key, answered_note(&key, seen)))
+            .map(|(key, value)| (key, earlier(&key, value)))
             .collect()
     } else {
         let old: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
         old.iter().filter_map(Result::ok).collect()
     };
     tracing::info!(
-        notes = notes.len(),
+        table = name,
+        flows = flows.len(),
         max_flows,
-        "NAT_INBOUND is created anew at this release's size; its notes are carried over"
+        "created anew at this release's size; its flows are carried over"
     );
     fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
-    Ok(notes)
+    Ok(flows)
 }
 
-/// The note of `key`, from an earlier release's bare timestamp `seen`.
-fn answered_note(key: &NatKey, seen: u64) -> NatEntry {
-    let state = if key.proto == IPPROTO_TCP {
+/// The state an earlier release's flow of `key` comes over with: answered.
+fn answered(key: &NatKey) -> u8 {
+    if key.proto == IPPROTO_TCP {
         tcp_state::ESTABLISHED
     } else {
         udp_state::REPLIED
-    };
-    NatEntry::from_outside(key, state, seen)
+    }
 }
 
-/// Writes `notes` (see [`take_resized_notes`]) into the loaded `NAT_INBOUND`; more than
-/// it holds and the LRU keeps the last written.
-pub(super) fn write_carried_notes(
+/// A note of `NAT_INBOUND` from an earlier release's bare timestamp (`u64`).
+pub(super) fn earlier_note(key: &NatKey, value: [u8; 8]) -> NatEntry {
+    NatEntry::from_outside(key, answered(key), u64::from_ne_bytes(value))
+}
+
+/// A connection of `HOSTPORT_FLOWS` from an earlier release's host address and port (a
+/// `HostPortFlow`), which had no timestamp: stamped now.
+pub(super) fn earlier_hostport_flow(key: &NatKey, value: [u8; 8]) -> NatEntry {
+    let now = crate::nat::monotonic_now_ns().unwrap_or_default();
+    NatEntry {
+        node_addr: [value[0], value[1], value[2], value[3]],
+        node_port: u16::from_ne_bytes([value[4], value[5]]),
+        ..NatEntry::from_outside(key, answered(key), now)
+    }
+}
+
+/// Writes `flows` (see [`take_resized`]) into the loaded table `name`; more than it
+/// holds and the LRU keeps the last written.
+pub(super) fn write_carried(
     ebpf: &mut aya::Ebpf,
-    notes: &[(NatKey, NatEntry)],
+    name: &'static str,
+    flows: &[(NatKey, NatEntry)],
 ) -> Result<(), DatapathError> {
-    if notes.is_empty() {
+    if flows.is_empty() {
         return Ok(());
     }
-    let name = map_names::NAT_INBOUND;
     let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
     let mut table: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
-    for (key, note) in notes {
-        table.insert(key, note, 0)?;
+    for (key, flow) in flows {
+        table.insert(key, flow, 0)?;
     }
     Ok(())
 }
@@ -280,6 +300,7 @@ impl Datapath {
         let flows_out = take(map_names::NAT_OUT)?;
         let flows_in = take(map_names::NAT_IN)?;
         let from_outside = take(map_names::NAT_INBOUND)?;
+        let hostport = take(map_names::HOSTPORT_FLOWS)?;
         let config = take(map_names::NAT_CONFIG)?;
         let uplinks = take(map_names::UPLINKS)?;
         let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
@@ -301,6 +322,7 @@ impl Datapath {
             flows_out: HashMap::try_from(flows_out)?,
             flows_in: HashMap::try_from(flows_in)?,
             from_outside: HashMap::try_from(from_outside)?,
+            hostport: HashMap::try_from(hostport)?,
             config: Array::try_from(config)?,
             uplinks: Array::try_from(uplinks)?,
             cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,

@@ -93,13 +93,14 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub nat_gc_interval: u64,
-    /// Flows the NAT tables hold, each of `NAT_OUT`, `NAT_IN` and `NAT_INBOUND` (flows
-    /// opened from outside to pods' own addresses): about 100 bytes of kernel memory per
-    /// flow and table, taken when the tables are created (about 75 MiB at the default,
+    /// Flows the NAT tables hold, each of `NAT_OUT`, `NAT_IN`, `NAT_INBOUND` (flows
+    /// opened from outside to pods' own addresses) and `HOSTPORT_FLOWS` (connections
+    /// through hostPort mappings): about 100 bytes of kernel memory per
+    /// flow and table, taken when the tables are created (about 100 MiB at the default,
     /// the size of the kernel's own conntrack table on a node of 24 GiB). When full, the
     /// least recently used flow makes room. A new size takes effect at the next start
     /// and resets the translated flows: the pinned tables are created anew (the notes
-    /// of `NAT_INBOUND` are carried over).
+    /// of `NAT_INBOUND` and the hostPort connections are carried over).
     #[arg(
         long,
         env = "EBPF_CNID_NAT_MAX_FLOWS",

@@ -28,6 +28,8 @@ pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
 /// `NAT_INBOUND`: flows a host outside opened to a pod's own address (untranslated),
 /// keyed from the pod's side as `NAT_OUT` is.
 pub type FromOutside = HashMap<MapData, NatKey, NatEntry>;
+/// `HOSTPORT_FLOWS`: connections through hostPort mappings, keyed from the pod's side.
+pub type HostPortFlows = HashMap<MapData, NatKey, NatEntry>;
 
 /// Most entries one sweep reads from a table: as many as the largest tables hold.
 const MAX_SCAN: usize = MAX_NAT_FLOWS as usize;
@@ -37,6 +39,7 @@ pub struct NatMaps {
     pub flows_out: FlowsOut,
     pub flows_in: FlowsIn,
     pub from_outside: FromOutside,
+    pub hostport: HostPortFlows,
     pub config: Array<MapData, NatConfig>,
     pub uplinks: Array<MapData, Uplinks>,
     pub cluster_cidrs: ClusterCidrs,
@@ -58,12 +61,14 @@ pub struct Sweep {
     pub orphans: usize,
     /// Expired notes of flows opened from outside to a pod's own address.
     pub from_outside: usize,
+    /// Expired connections through hostPort mappings.
+    pub hostport: usize,
 }
 
 impl Sweep {
     /// Whether the sweep removed anything.
     pub fn removed_any(&self) -> bool {
-        self.flows + self.orphans + self.from_outside > 0
+        self.flows + self.orphans + self.from_outside + self.hostport > 0
     }
 }
 
@@ -87,6 +92,7 @@ impl Nat {
             flows_out,
             flows_in,
             from_outside,
+            hostport,
             config,
             uplinks,
             cluster_cidrs,
@@ -103,6 +109,7 @@ impl Nat {
                 out: flows_out,
                 inbound: flows_in,
                 from_outside,
+                hostport,
                 sweeper,
                 endpoints,
             }),
@@ -235,6 +242,7 @@ pub struct Flows {
     out: FlowsOut,
     inbound: FlowsIn,
     from_outside: FromOutside,
+    hostport: HostPortFlows,
     sweeper: ProgramFd,
     endpoints: Endpoints,
 }
@@ -245,7 +253,8 @@ impl Flows {
     /// so too the notes of flows opened from outside to a pod's own address
     /// (`NAT_INBOUND`), which follow TCP's state as the translated flows do: a closed
     /// connection's note goes after the closed timeout, and live ones are not crowded out
-    /// of the LRU by the closed ones of a busy pod.
+    /// of the LRU by the closed ones of a busy pod; and so too the connections through
+    /// hostPort mappings (`HOSTPORT_FLOWS`), which follow TCP's state the same way.
     ///
     /// A deleted pod's flows go at the next sweep (the daemon sweeps at once after a
     /// DEL, see `run::sweep_nat`) rather than when they expire, an hour later for an
@@ -271,6 +280,7 @@ impl Flows {
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
         let (out, inbound) = (snapshot(&self.out)?, snapshot(&self.inbound)?);
         let from_outside = snapshot(&self.from_outside)?;
+        let hostport = snapshot(&self.hostport)?;
         // Read after the flows: a flow exists only once its pod is an endpoint, so a
         // pod added meanwhile is never taken for one gone (its first flow removed).
         let pods: HashSet<[u8; 4]> = snapshot(&self.endpoints)?
@@ -278,7 +288,14 @@ impl Flows {
             .map(|key| key.addr)
             .collect();
         let mut removals = expired(&out, &inbound, &pods, now_ns, timeouts);
-        removals.extend(expired_notes(&from_outside, &pods, now_ns, timeouts));
+        removals.extend(
+            expired_notes(&from_outside, &pods, now_ns, timeouts)
+                .map(|(key, note)| Removal::FromOutside { key, note }),
+        );
+        removals.extend(
+            expired_notes(&hostport, &pods, now_ns, timeouts)
+                .map(|(key, entry)| Removal::HostPort { key, entry }),
+        );
         let mut sweep = Sweep::default();
         let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
         for chunk in removals.chunks(sweep::MAX_ITEMS) {
@@ -294,6 +311,7 @@ impl Flows {
             sweep.flows += count(0);
             sweep.orphans += count(sweep::ORPHAN_SHIFT);
             sweep.from_outside += count(sweep::FROM_OUTSIDE_SHIFT);
+            sweep.hostport += count(sweep::HOSTPORT_SHIFT);
         }
         Ok(sweep)
     }
@@ -327,6 +345,8 @@ enum Removal {
     },
     /// An expired note of `NAT_INBOUND`, or one of a pod gone.
     FromOutside { key: NatKey, note: NatEntry },
+    /// An expired connection of `HOSTPORT_FLOWS`, or one of a pod gone.
+    HostPort { key: NatKey, entry: NatEntry },
 }
 
 impl Removal {
@@ -349,6 +369,9 @@ impl Removal {
             // `inbound` unused: the note is keyed as `NAT_OUT` is.
             Self::FromOutside { key, note } => {
                 (key, key.reverse(note.node_port), sweep::FROM_OUTSIDE, note)
+            }
+            Self::HostPort { key, entry } => {
+                (key, key.reverse(entry.node_port), sweep::HOSTPORT, entry)
             }
         };
         SweepItem {
@@ -453,23 +476,22 @@ fn expired(
     removals
 }
 
-/// The notes of a snapshot of `NAT_INBOUND` idle past their timeout at `now_ns` (TCP's
-/// by state, as for translated flows), or whose pod is not among `pods` any more.
-fn expired_notes(
-    notes: &StdHashMap<NatKey, NatEntry>,
-    pods: &HashSet<[u8; 4]>,
+/// The entries of `table` (`NAT_INBOUND`'s notes or `HOSTPORT_FLOWS`'s connections,
+/// keyed from the pod's side) idle past their timeout at `now_ns`, or whose pod is not
+/// among `pods` any more.
+fn expired_notes<'a>(
+    table: &'a StdHashMap<NatKey, NatEntry>,
+    pods: &'a HashSet<[u8; 4]>,
     now_ns: u64,
-    timeouts: &Timeouts,
-) -> impl Iterator<Item = Removal> {
-    notes
+    timeouts: &'a Timeouts,
+) -> impl Iterator<Item = (NatKey, NatEntry)> + 'a {
+    table
         .iter()
-        .filter(move |(key, note)| {
-            !pods.contains(&note.pod_addr) || expiry::is_expired(note, key.proto, now_ns, timeouts)
+        .filter(move |(key, entry)| {
+            !pods.contains(&entry.pod_addr)
+                || expiry::is_expired(entry, key.proto, now_ns, timeouts)
         })
-        .map(|(key, note)| Removal::FromOutside {
-            key: *key,
-            note: *note,
-        })
+        .map(|(key, entry)| (*key, *entry))
 }
 
 /// Every entry of `map`, each key once, at most [`MAX_SCAN`].

@@ -1,0 +1,235 @@
+//! The connections through hostPort mappings (`HOSTPORT_FLOWS`, what a pod's replies
+//! are rewritten by): they follow TCP's state, a closed one goes after the closed
+//! timeout while an idle open one stays and keeps working, a deleted pod's go at once,
+//! and those an earlier release pinned (8 bytes a connection) are carried into this
+//! release's table at an upgrade, their connections unbroken.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    thread,
+    time::Duration,
+};
+
+use cni_ebpf_common::{HostPortFlow, NatEntry, NatKey, map_names, tcp_state, udp_state};
+use ebpf_cni_tests::{
+    daemon::{Daemon, eventually},
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings, socket},
+    require_root,
+    traffic::{EchoServer, UdpEcho, many_connections, round_trip, udp_round_trip},
+};
+
+const CONTAINER_PORT: u16 = 8080;
+const HOST_PORT: u16 = 30080;
+
+/// A connection as the upgrade test compares it: key, state, host address and port,
+/// pod address and port.
+type Carried = (NatKey, u8, [u8; 4], u16, [u8; 4], u16);
+
+/// The connections of `HOSTPORT_FLOWS`.
+fn connections(node: &Node) -> Vec<(NatKey, NatEntry)> {
+    node.flow_table::<NatKey>(map_names::HOSTPORT_FLOWS)
+        .iter()
+        .map(|connection| connection.expect("a readable connection"))
+        .collect()
+}
+
+fn octets(addr: &str) -> [u8; 4] {
+    addr.parse::<std::net::Ipv4Addr>()
+        .expect("an address")
+        .octets()
+}
+
+fn node_addr() -> [u8; 4] {
+    octets(NODE_ADDR)
+}
+
+/// Sends a line on `stream` (an open connection through the hostPort) and reads the
+/// echo back.
+fn still_echoes(stream: &mut TcpStream, line: &[u8]) -> bool {
+    let mut back = vec![0u8; line.len()];
+    stream.write_all(line).is_ok() && stream.read_exact(&mut back).is_ok() && back == line
+}
+
+#[test]
+fn hostport_connections_follow_tcp_and_go_once_closed_or_with_their_pod() {
+    require_root();
+    let node = Node::start_with(
+        "10.244.87.0/24",
+        &[],
+        &["--nat-tcp-closed-timeout", "2", "--nat-gc-interval", "1"],
+    );
+    let pod = node.add_pod_with(
+        "hpf",
+        &port_mappings(
+            CONTAINER_PORT,
+            &[(HOST_PORT, "tcp", None), (HOST_PORT, "udp", None)],
+        ),
+    );
+    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let _udp = UdpEcho::start(&pod.netns, CONTAINER_PORT);
+    let to = socket(NODE_ADDR, HOST_PORT);
+    let mut held = many_connections(&node.external, to, 1).expect("a connection held open");
+    round_trip(&node.external, to, b"closed").expect("a connection opened and closed");
+    udp_round_trip(&node.external, 0, to, b"a datagram").expect("a UDP exchange");
+    let udp = |node: &Node| -> Vec<u8> {
+        connections(node)
+            .iter()
+            .filter(|(key, _)| key.proto == 17)
+            .map(|(_, c)| c.state)
+            .collect()
+    };
+    assert_eq!(
+        udp(&node),
+        [udp_state::REPLIED],
+        "the UDP flow the pod answered"
+    );
+    let states = |node: &Node| -> Vec<u8> {
+        let mut states: Vec<u8> = connections(node)
+            .iter()
+            .filter(|(key, _)| key.proto == 6)
+            .map(|(_, c)| c.state)
+            .collect();
+        states.sort_unstable();
+        states
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || states(&node)
+            == [tcp_state::ESTABLISHED, tcp_state::CLOSED]),
+        "one connection open, one closed: {:?}",
+        connections(&node)
+    );
+    for (key, connection) in connections(&node) {
+        assert_eq!(
+            (key.pod_addr, key.pod_port, key.remote_addr),
+            (pod.ip.octets(), CONTAINER_PORT, octets(EXTERNAL_ADDR)),
+            "keyed from the pod's side"
+        );
+        assert_eq!(
+            (connection.node_addr, connection.node_port),
+            (node_addr(), HOST_PORT),
+            "the host address and port the client reached"
+        );
+    }
+    // Past the closed timeout (2 s) and a sweep (every second): the closed one went,
+    // the open one, idle meanwhile, stays and still gets its replies from the host port.
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        states(&node),
+        [tcp_state::ESTABLISHED],
+        "{:?}",
+        connections(&node)
+    );
+    assert!(
+        still_echoes(&mut held[0], b"after the sweep\n"),
+        "the idle connection still works"
+    );
+    assert_eq!(
+        udp(&node),
+        [udp_state::REPLIED],
+        "the answered UDP flow keeps the stream timeout (120 s)"
+    );
+    node.del_pod(&pod);
+    assert!(
+        eventually(Duration::from_secs(5), || connections(&node).is_empty()),
+        "a deleted pod's connections go at once: {:?}",
+        connections(&node)
+    );
+}
+
+#[test]
+fn connections_pinned_by_an_earlier_release_are_carried_and_keep_working() {
+    require_root();
+    let mut node = Node::start("10.244.88.0/24");
+    let pod = node.add_pod_with(
+        "hpf-old",
+        &port_mappings(CONTAINER_PORT, &[(HOST_PORT, "tcp", None)]),
+    );
+    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let to = socket(NODE_ADDR, HOST_PORT);
+    let mut held = many_connections(&node.external, to, 1).expect("a connection held open");
+    let (live_key, _) = connections(&node)
+        .into_iter()
+        .next()
+        .expect("the held connection is followed");
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+
+    // What the earlier release left: the host address and port per connection, 8
+    // bytes, in a table of 65,536; the held connection and a UDP one.
+    let pin = node.instance.bpf_dir.join(map_names::HOSTPORT_FLOWS);
+    node.pin_earlier_map(&pin, "lru_hash", 16, 8, 65536);
+    let udp_key = NatKey {
+        remote_port: 50001,
+        proto: 17,
+        ..live_key
+    };
+    let host = HostPortFlow {
+        host_addr: node_addr(),
+        host_port: HOST_PORT,
+        pad: [0; 2],
+    };
+    {
+        let data = aya::maps::MapData::from_pin(&pin).expect("the old map");
+        let mut old: aya::maps::HashMap<_, NatKey, HostPortFlow> =
+            aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).expect("an LRU hash");
+        old.insert(live_key, host, 0).expect("an old connection");
+        old.insert(udp_key, host, 0).expect("an old connection");
+    }
+
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    let info = aya::maps::MapInfo::from_pin(&pin).expect("a pinned HOSTPORT_FLOWS");
+    assert_eq!(
+        (info.value_size() as usize, info.max_entries()),
+        (size_of::<NatEntry>(), 262_144),
+        "created anew at this release's layout and the NAT tables' size"
+    );
+    let mut carried: Vec<Carried> = connections(&node)
+        .iter()
+        .map(|(key, c)| {
+            (
+                *key,
+                c.state,
+                c.node_addr,
+                c.node_port,
+                c.pod_addr,
+                c.pod_port,
+            )
+        })
+        .collect();
+    carried.sort_by_key(|(key, ..)| key.proto);
+    let pod_addr = pod.ip.octets();
+    assert_eq!(
+        carried,
+        [
+            (
+                live_key,
+                tcp_state::ESTABLISHED,
+                node_addr(),
+                HOST_PORT,
+                pod_addr,
+                CONTAINER_PORT
+            ),
+            (
+                udp_key,
+                udp_state::REPLIED,
+                node_addr(),
+                HOST_PORT,
+                pod_addr,
+                CONTAINER_PORT
+            ),
+        ],
+        "carried as answered connections through the same host address and port"
+    );
+    assert!(
+        node.instance
+            .log()
+            .lines()
+            .any(|line| line.contains("its flows are carried over")
+                && line.contains("HOSTPORT_FLOWS")),
+        "said in the log"
+    );
+    assert!(
+        still_echoes(&mut held[0], b"after the upgrade\n"),
+        "the connection opened before the upgrade still works"
+    );
+}
