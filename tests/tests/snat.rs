@@ -319,7 +319,20 @@ fn a_pods_icmp_error_about_a_translated_flow_reaches_the_remote_as_the_nodes() {
     // pod's "port unreachable" must come back as the node's, quoting what the remote
     // sent, for the remote's socket to take it.
     let late = run_in(&node.external, move || {
-        let socket = UdpSocket::bind(("0.0.0.0", UDP_PORT))?;
+        // The echo server's socket is closed, but a process another test forks in the
+        // meantime holds a copy until it execs: the port may stay taken a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let socket = loop {
+            match UdpSocket::bind(("0.0.0.0", UDP_PORT)) {
+                Err(error)
+                    if error.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                bound => break bound?,
+            }
+        };
         socket.connect(node_side)?;
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         socket.send(b"late")?;
