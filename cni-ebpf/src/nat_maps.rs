@@ -215,8 +215,9 @@ pub fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
     }
 }
 
-/// Writes `state` and `now` into the note at `slot` (read as `note`) when the state
-/// changes or a second has passed since it was stamped.
+/// Writes `state` and `now` into the entry at `slot` (read as `note`: a note of
+/// `NAT_INBOUND` or a hostPort connection) when the state changes or a second has passed
+/// since it was stamped.
 #[inline(always)]
 pub fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
     if state != note.state || now.saturating_sub(note.last_seen_ns) > snat::REFRESH_NS {

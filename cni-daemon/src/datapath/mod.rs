@@ -104,9 +104,9 @@ pub struct Datapath {
 impl Datapath {
     /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, with
     /// NAT tables (and `HOSTPORT_FLOWS`) of `nat_max_flows` entries each (see
-    /// [`uplink::resize_nat_tables`] and [`uplink::take_resized`]), attaching through TCX links when `tcx`
-    /// (else clsact filters),
-    /// and starts forwarding aya-log records into `tracing` (must run inside tokio).
+    /// [`uplink::resize_nat_tables`] and [`uplink::take_resized`]), to attach through TCX
+    /// links when `tcx` (else clsact filters), and starts forwarding aya-log records into
+    /// `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32, tcx: bool) -> Result<Self, DatapathError> {
         uplink::resize_nat_tables(bpf_dir, nat_max_flows)?;
         uplink::replace_resized_config(bpf_dir)?;
