@@ -3,13 +3,17 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
-use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap};
-use cni_ebpf_common::{DropReason, EndpointCounters, SourceKey, TrafficCounters, map_names};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
+use cni_ebpf_common::{
+    DropReason, EndpointCounters, NatConfig, NatEntry, NatKey, SourceKey, TrafficCounters,
+    map_names,
+};
 use serde::Serialize;
 
 use crate::{
     api::{Endpoint, LinkCounters, Status},
     bpffs,
+    nat::{self, Timeouts, expiry},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -255,10 +259,61 @@ pub struct PortRow {
     pub container_port: u16,
     pub container_id: String,
     pub ifname: String,
+    /// Connections through the mapping the datapath follows (see
+    /// [`hostport_connections`]).
+    pub connections: usize,
 }
 
-/// Every endpoint's mappings, sorted by protocol and host port.
-pub fn port_rows(endpoints: &[Endpoint]) -> Vec<PortRow> {
+/// The connections through hostPort mappings the datapath follows (`HOSTPORT_FLOWS`,
+/// keyed from the pod's side, the host address and port in the node fields), but those
+/// idle past their timeout, which the next sweep removes. While the daemon wrote no
+/// timeouts (NAT off) nothing expires them: all of them.
+pub fn hostport_connections(bpf_dir: &Path) -> Result<Vec<(NatKey, NatEntry)>, InspectError> {
+    let table: HashMap<_, NatKey, NatEntry> = HashMap::try_from(Map::LruHashMap(open_pinned(
+        bpf_dir,
+        map_names::HOSTPORT_FLOWS,
+    )?))?;
+    let config: Array<_, NatConfig> =
+        Array::try_from(Map::Array(open_pinned(bpf_dir, map_names::NAT_CONFIG)?))?;
+    let config = config.get(&0, 0)?;
+    let timeouts = (config.tcp_established_secs != 0).then(|| Timeouts::from_config(&config));
+    let now_ns = nat::monotonic_now_ns().unwrap_or_default();
+    let mut live = Vec::new();
+    for entry in table.iter() {
+        let (key, connection) = entry?;
+        let expired = timeouts
+            .as_ref()
+            .is_some_and(|timeouts| expiry::is_expired(&connection, key.proto, now_ns, timeouts));
+        if !expired {
+            live.push((key, connection));
+        }
+    }
+    Ok(live)
+}
+
+/// Whether `connection` (keyed by `key`) goes through the mapping `row`.
+fn through(row: &PortRow, key: &NatKey, connection: &NatEntry) -> bool {
+    let proto = match row.protocol.as_str() {
+        "tcp" => 6,
+        "udp" => 17,
+        "sctp" => 132,
+        _ => return false,
+    };
+    let host_matches = match row.host_ip {
+        None => true,
+        Some(std::net::IpAddr::V4(ip)) => ip.octets() == connection.node_addr,
+        Some(std::net::IpAddr::V6(_)) => false,
+    };
+    key.proto == proto
+        && connection.node_port == row.host_port
+        && host_matches
+        && row.pod_ip == Some(std::net::IpAddr::V4(Ipv4Addr::from(key.pod_addr)))
+        && key.pod_port == row.container_port
+}
+
+/// Every endpoint's mappings, sorted by protocol and host port, each with the number of
+/// `connections` (see [`hostport_connections`]) through it.
+pub fn port_rows(endpoints: &[Endpoint], connections: &[(NatKey, NatEntry)]) -> Vec<PortRow> {
     let mut rows: Vec<PortRow> = endpoints
         .iter()
         .flat_map(|endpoint| {
@@ -275,17 +330,24 @@ pub fn port_rows(endpoints: &[Endpoint]) -> Vec<PortRow> {
                 container_port: mapping.container_port,
                 container_id: endpoint.id.container_id.clone(),
                 ifname: endpoint.id.ifname.clone(),
+                connections: 0,
             })
         })
         .collect();
+    for row in &mut rows {
+        row.connections = connections
+            .iter()
+            .filter(|(key, connection)| through(row, key, connection))
+            .count();
+    }
     rows.sort_by(|a, b| (&a.protocol, a.host_port).cmp(&(&b.protocol, b.host_port)));
     rows
 }
 
 pub fn ports_table(rows: &[PortRow]) -> String {
     let mut out = format!(
-        "{:<5} {:<22} {:<22} {}\n",
-        "PROTO", "HOST", "POD", "CONTAINER"
+        "{:<5} {:<22} {:<22} {:>5} {}\n",
+        "PROTO", "HOST", "POD", "CONNS", "CONTAINER"
     );
     for row in rows {
         let host = format!(
@@ -301,8 +363,8 @@ pub fn ports_table(rows: &[PortRow]) -> String {
             row.container_port
         );
         out.push_str(&format!(
-            "{:<5} {:<22} {:<22} {}/{}\n",
-            row.protocol, host, pod, row.container_id, row.ifname
+            "{:<5} {:<22} {:<22} {:>5} {}/{}\n",
+            row.protocol, host, pod, row.connections, row.container_id, row.ifname
         ));
     }
     out
@@ -367,6 +429,49 @@ mod tests {
             host_port_addrs: Vec::new(),
             pod_gso_max_size: None,
         }
+    }
+
+    #[test]
+    fn a_connection_counts_for_the_mapping_it_went_through_only() {
+        let row = |protocol: &str, host_ip: Option<&str>| PortRow {
+            protocol: protocol.into(),
+            host_ip: host_ip.map(|ip| ip.parse().expect("an address")),
+            host_port: 30080,
+            pod_ip: Some("10.244.0.2".parse().expect("an address")),
+            container_port: 8080,
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            connections: 0,
+        };
+        let key = NatKey::new(([10, 244, 0, 2], 8080), ([198, 18, 0, 2], 50000), 6);
+        let connection = NatEntry {
+            node_addr: [198, 18, 0, 1],
+            node_port: 30080,
+            ..NatEntry::from_outside(&key, 0, 0)
+        };
+        assert!(through(&row("tcp", None), &key, &connection));
+        assert!(through(&row("tcp", Some("198.18.0.1")), &key, &connection));
+        assert!(
+            !through(&row("tcp", Some("198.18.0.9")), &key, &connection),
+            "another host address"
+        );
+        assert!(
+            !through(&row("udp", None), &key, &connection),
+            "another protocol"
+        );
+        let other_port = NatEntry {
+            node_port: 30081,
+            ..connection
+        };
+        assert!(
+            !through(&row("tcp", None), &key, &other_port),
+            "another host port"
+        );
+        let other_pod = NatKey::new(([10, 244, 0, 3], 8080), ([198, 18, 0, 2], 50000), 6);
+        assert!(
+            !through(&row("tcp", None), &other_pod, &connection),
+            "another pod"
+        );
     }
 
     #[test]

@@ -100,7 +100,8 @@ enum Command {
     Counters,
     /// The pods' endpoints the running daemon knows.
     Endpoints,
-    /// The hostPort mappings of the pods the running daemon knows.
+    /// The hostPort mappings of the pods the running daemon knows, with the connections
+    /// through each (read from the pinned map).
     Ports,
     /// Source NAT: its configuration, counters and every translated flow, read from the
     /// pinned maps.
@@ -203,7 +204,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Endpoints { endpoints, .. } => endpoints,
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
-            let rows = inspect::port_rows(&endpoints);
+            let connections = inspect::hostport_connections(&cli.bpf_dir)?;
+            let rows = inspect::port_rows(&endpoints, &connections);
             match cli.output {
                 Output::Json => print_json(&rows),
                 Output::Table => print(&inspect::ports_table(&rows)),

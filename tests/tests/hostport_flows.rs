@@ -44,6 +44,25 @@ fn node_addr() -> [u8; 4] {
     octets(NODE_ADDR)
 }
 
+/// `ebpf-cnid ports`' connection count per mapping, as (protocol, count).
+fn connections_listed(node: &Node) -> Vec<(String, u64)> {
+    let mut listed: Vec<(String, u64)> = node
+        .instance
+        .cli_json(&["ports"])
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|row| {
+            (
+                row["protocol"].as_str().unwrap_or("?").to_owned(),
+                row["connections"].as_u64().expect("a connection count"),
+            )
+        })
+        .collect();
+    listed.sort();
+    listed
+}
+
 /// Sends a line on `stream` (an open connection through the hostPort) and reads the
 /// echo back.
 fn still_echoes(stream: &mut TcpStream, line: &[u8]) -> bool {
@@ -99,6 +118,11 @@ fn hostport_connections_follow_tcp_and_go_once_closed_or_with_their_pod() {
         "one connection open, one closed: {:?}",
         connections(&node)
     );
+    assert_eq!(
+        connections_listed(&node),
+        [("tcp".to_owned(), 2), ("udp".to_owned(), 1)],
+        "`ports` counts them per mapping"
+    );
     for (key, connection) in connections(&node) {
         assert_eq!(
             (key.pod_addr, key.pod_port, key.remote_addr),
@@ -123,6 +147,10 @@ fn hostport_connections_follow_tcp_and_go_once_closed_or_with_their_pod() {
     assert!(
         still_echoes(&mut held[0], b"after the sweep\n"),
         "the idle connection still works"
+    );
+    assert_eq!(
+        connections_listed(&node),
+        [("tcp".to_owned(), 1), ("udp".to_owned(), 1)]
     );
     assert_eq!(
         udp(&node),
