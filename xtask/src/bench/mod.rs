@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: ebpf-cni side by side with the reference chain (bridge +
-//! host-local + portmap) and, where it applies, a raw veth pair (the ceiling), in one
+//! host-local + portmap) and, where it applies, raw veth pairs (the ceiling: one pair
+//! pod to pod, two through a namespace that only routes for source NAT), in one
 //! run on one machine. Every load is bounded; runs are interleaved across contenders
 //! and repeated, and reported as median (min-max). Figures whose capability is not
 //! built are reported as missing, never invented.
