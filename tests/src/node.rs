@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 
 use aya::maps::{Map, MapData};
-use cni_ebpf_common::NatEntry;
+use cni_ebpf_common::{NatEntry, NatKey};
 
 use crate::{
     cni::{Call, Network},
@@ -90,6 +90,39 @@ impl Node {
             ],
         );
         assert!(created.status.success(), "bpftool: {created:?}");
+    }
+
+    /// Replaces the flow table pinned as `name` (the daemon stopped) with an earlier
+    /// release's: an LRU hash of `entries` with `V` values, holding `flows`.
+    pub fn pin_earlier_flows<V: aya::Pod>(&self, name: &str, entries: u32, flows: &[(NatKey, V)]) {
+        let pin = self.instance.bpf_dir.join(name);
+        let value = u32::try_from(size_of::<V>()).expect("a small value");
+        self.pin_earlier_map(&pin, "lru_hash", 16, value, entries);
+        let data = MapData::from_pin(&pin).expect("the earlier map");
+        let mut table: aya::maps::HashMap<_, NatKey, V> =
+            aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
+        for (key, value) in flows {
+            table
+                .insert(key, value, 0)
+                .expect("an earlier release's flow");
+        }
+    }
+
+    /// Whether the source counter (`ebpf-cnid counters`) counted packets from `source`.
+    pub fn counted(&self, source: &str) -> bool {
+        self.instance
+            .cli_json(&["counters"])
+            .as_array()
+            .expect("rows")
+            .iter()
+            .any(|row| row["source"] == source)
+    }
+
+    /// The value size and the number of entries of the map pinned as `name`.
+    pub fn pinned_layout(&self, name: &str) -> (usize, u32) {
+        let info = aya::maps::MapInfo::from_pin(self.instance.bpf_dir.join(name))
+            .unwrap_or_else(|error| panic!("no pinned {name}: {error}"));
+        (info.value_size() as usize, info.max_entries())
     }
 
     /// The pods' host-side veths in the node (the plugin names them `veb...`; the

@@ -184,8 +184,6 @@ fn connections_pinned_by_an_earlier_release_are_carried_and_keep_working() {
 
     // What the earlier release left: the host address and port per connection, 8
     // bytes, in a table of 65,536; the held connection and a UDP one.
-    let pin = node.instance.bpf_dir.join(map_names::HOSTPORT_FLOWS);
-    node.pin_earlier_map(&pin, "lru_hash", 16, 8, 65536);
     let udp_key = NatKey {
         remote_port: 50001,
         proto: 17,
@@ -196,18 +194,15 @@ fn connections_pinned_by_an_earlier_release_are_carried_and_keep_working() {
         host_port: HOST_PORT,
         pad: [0; 2],
     };
-    {
-        let data = aya::maps::MapData::from_pin(&pin).expect("the old map");
-        let mut old: aya::maps::HashMap<_, NatKey, HostPortFlow> =
-            aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).expect("an LRU hash");
-        old.insert(live_key, host, 0).expect("an old connection");
-        old.insert(udp_key, host, 0).expect("an old connection");
-    }
+    node.pin_earlier_flows(
+        map_names::HOSTPORT_FLOWS,
+        65536,
+        &[(live_key, host), (udp_key, host)],
+    );
 
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
-    let info = aya::maps::MapInfo::from_pin(&pin).expect("a pinned HOSTPORT_FLOWS");
     assert_eq!(
-        (info.value_size() as usize, info.max_entries()),
+        node.pinned_layout(map_names::HOSTPORT_FLOWS),
         (size_of::<NatEntry>(), 262_144),
         "created anew at this release's layout and the NAT tables' size"
     );

@@ -10,7 +10,6 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Map, MapData};
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
@@ -560,15 +559,7 @@ fn the_source_counter_on_the_uplink_does_not_stop_the_nat_programs_after_it() {
     let back = round_trip(&pod.netns, external(TCP_PORT), b"counted and translated")
         .expect("replies still get translated back");
     assert_eq!(back, b"counted and translated");
-    let counted = node.instance.cli_json(&["counters"]);
-    assert!(
-        counted
-            .as_array()
-            .expect("rows")
-            .iter()
-            .any(|row| row["source"] == EXTERNAL_ADDR),
-        "the counter saw the replies: {counted}"
-    );
+    assert!(node.counted(EXTERNAL_ADDR), "the counter saw the replies");
 }
 
 /// The notes of `NAT_INBOUND` (flows a host outside opened to a pod's own address).
@@ -643,25 +634,20 @@ fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
     // Notes of a pod of the node: a sweep removes those of pods gone.
     let pod = node.add_pod("old-notes");
     let pod_addr = pod.ip.octets();
-    let pin = node.instance.bpf_dir.join(map_names::NAT_INBOUND);
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     // An earlier release's NAT_INBOUND: a bare timestamp per flow, 65,536 of them.
-    node.pin_earlier_map(&pin, "lru_hash", 16, 8, 65536);
     let tcp_flow = out_key(pod_addr, 8080, 50000, 6);
     let udp_flow = out_key(pod_addr, 53, 50001, UDP);
     let seen = monotonic_ns();
-    {
-        let data = MapData::from_pin(&pin).expect("the old map");
-        let mut old: aya::maps::HashMap<_, NatKey, u64> =
-            aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
-        old.insert(tcp_flow, seen, 0).expect("an old note");
-        old.insert(udp_flow, seen, 0).expect("an old note");
-    }
+    node.pin_earlier_flows(
+        map_names::NAT_INBOUND,
+        65536,
+        &[(tcp_flow, seen), (udp_flow, seen)],
+    );
 
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
-    let info = aya::maps::MapInfo::from_pin(&pin).expect("a pinned NAT_INBOUND");
     assert_eq!(
-        (info.value_size() as usize, info.max_entries()),
+        node.pinned_layout(map_names::NAT_INBOUND),
         (size_of::<NatEntry>(), 262_144),
         "created anew at this release's layout and the NAT tables' size"
     );

@@ -321,14 +321,9 @@ fn with_clsact_filters_the_counter_runs_first_and_the_nat_programs_after_it() {
             Ok(message.as_bytes()),
             "replies still get translated back ({start})"
         );
-        let counted = node.instance.cli_json(&["counters"]);
         assert!(
-            counted
-                .as_array()
-                .expect("rows")
-                .iter()
-                .any(|row| row["source"] == EXTERNAL_ADDR),
-            "the counter saw the replies ({start}): {counted}"
+            node.counted(EXTERNAL_ADDR),
+            "the counter saw the replies ({start})"
         );
         assert!(node.daemon.stop());
         node.daemon = Daemon::start_with(&node.netns, &node.instance, &["uplink0"], &CLSACT);
