@@ -46,6 +46,32 @@ impl Netns {
         })
     }
 
+    /// Every program on `device` in this namespace, TCX links and then clsact BPF
+    /// filters, each ingress then egress: the same names whichever way the daemon
+    /// attached (`--enable-tcx`).
+    pub fn tc_programs(&self, device: &str) -> Vec<String> {
+        let mut names = self.tcx_programs(device);
+        for direction in ["ingress", "egress"] {
+            let out = self.run("tc", &["-j", "filter", "show", "dev", device, direction]);
+            assert!(
+                out.status.success(),
+                "tc filter show dev {device} {direction}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let filters: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            names.extend(
+                filters
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|filter| filter["options"]["bpf_name"].as_str())
+                    .map(str::to_owned),
+            );
+        }
+        names
+    }
+
     /// The namespace's file, for `nsenter --net=` and setns.
     pub fn path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.name)

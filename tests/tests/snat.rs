@@ -1028,8 +1028,20 @@ fn a_deleted_pods_flows_go_at_once_and_another_pods_stay() {
 
 #[test]
 fn the_uplink_follows_the_default_route_to_another_device() {
+    uplink_follows_the_default_route("10.244.69.0/24", &[]);
+}
+
+#[test]
+fn with_clsact_filters_the_uplink_follows_the_default_route_too() {
+    uplink_follows_the_default_route("10.244.89.0/24", &["--enable-tcx", "false"]);
+}
+
+/// A node started with `flags`, whose default route moves from uplink0 to uplink1: NAT
+/// follows, its programs move (off uplink0), and the pod's traffic leaves translated
+/// to uplink1's address.
+fn uplink_follows_the_default_route(subnet: &str, flags: &[&str]) {
     require_root();
-    let node = Node::start("10.244.69.0/24");
+    let node = Node::start_with(subnet, &[], flags);
     let pod = node.add_pod("failover");
     // A second way out: `uplink1` to another external host. Both hosts answer for one
     // remote address (on their loopback), as two paths to the same service would.
@@ -1078,11 +1090,11 @@ fn the_uplink_follows_the_default_route_to_another_device() {
         "{status}"
     );
     assert!(
-        node.netns.tcx_programs("uplink0").is_empty(),
+        node.netns.tc_programs("uplink0").is_empty(),
         "uplink0 kept none"
     );
     assert_eq!(
-        node.netns.tcx_programs("uplink1"),
+        node.netns.tc_programs("uplink1"),
         ["uplink_ingress", "uplink_egress"],
         "the kernel has both on uplink1"
     );
