@@ -830,8 +830,20 @@ fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none()
 
 #[test]
 fn an_uplink_device_created_again_gets_the_programs_back_and_pods_still_leave_translated() {
+    uplink_created_again("10.244.66.0/24", &[]);
+}
+
+#[test]
+fn with_clsact_filters_an_uplink_device_created_again_gets_them_back_too() {
+    uplink_created_again("10.244.90.0/24", &["--enable-tcx", "false"]);
+}
+
+/// A node started with `flags` whose uplink device is deleted and created again: the
+/// programs come back on the new device (once each) and the pod's traffic still leaves
+/// translated.
+fn uplink_created_again(subnet: &str, flags: &[&str]) {
     require_root();
-    let node = Node::start("10.244.66.0/24");
+    let node = Node::start_with(subnet, &[], flags);
     let pod = node.add_pod("replug");
     let udp = UdpEcho::start(&node.external, UDP_PORT);
     udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"before").expect("UDP through NAT");
@@ -874,6 +886,11 @@ fn an_uplink_device_created_again_gets_the_programs_back_and_pods_still_leave_tr
     assert!(
         on_uplink.iter().all(|a| a["ifindex"] == ifindex),
         "{status}"
+    );
+    assert_eq!(
+        node.netns.tc_programs("uplink0"),
+        ["uplink_ingress", "uplink_egress"],
+        "the kernel has both on the new device, once each"
     );
 
     udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"after").expect("UDP through NAT");
