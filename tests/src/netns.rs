@@ -46,27 +46,43 @@ impl Netns {
         })
     }
 
+    /// The BPF filters `tc -j filter show <what>` lists in this namespace (`what`: `dev
+    /// <device> ingress`, `block <index>`...), as (program name, preference).
+    pub fn bpf_filters(&self, what: &[&str]) -> Vec<(String, u64)> {
+        let args: Vec<&str> = ["-j", "filter", "show"]
+            .iter()
+            .chain(what)
+            .copied()
+            .collect();
+        let out = self.run("tc", &args);
+        assert!(
+            out.status.success(),
+            "tc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let filters: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        filters
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|filter| {
+                let name = filter["options"]["bpf_name"].as_str()?;
+                Some((name.to_owned(), filter["pref"].as_u64().unwrap_or(0)))
+            })
+            .collect()
+    }
+
     /// Every program on `device` in this namespace, TCX links and then clsact BPF
     /// filters, each ingress then egress: the same names whichever way the daemon
     /// attached (`--enable-tcx`).
     pub fn tc_programs(&self, device: &str) -> Vec<String> {
         let mut names = self.tcx_programs(device);
         for direction in ["ingress", "egress"] {
-            let out = self.run("tc", &["-j", "filter", "show", "dev", device, direction]);
-            assert!(
-                out.status.success(),
-                "tc filter show dev {device} {direction}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let filters: serde_json::Value =
-                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
             names.extend(
-                filters
-                    .as_array()
+                self.bpf_filters(&["dev", device, direction])
                     .into_iter()
-                    .flatten()
-                    .filter_map(|filter| filter["options"]["bpf_name"].as_str())
-                    .map(str::to_owned),
+                    .map(|(name, _)| name),
             );
         }
         names

@@ -102,14 +102,11 @@ fn attached_programs(node: &Node) -> Vec<String> {
             .flatten()
             .filter_map(|qdisc| qdisc["ingress_block"].as_u64());
         for block in blocks {
-            let filters = json(&["-j", "filter", "show", "block", &block.to_string()]);
             names.extend(
-                filters
-                    .as_array()
+                node.netns
+                    .bpf_filters(&["block", &block.to_string()])
                     .into_iter()
-                    .flatten()
-                    .filter_map(|filter| filter["options"]["bpf_name"].as_str())
-                    .map(str::to_owned),
+                    .map(|(name, _)| name),
             );
         }
     }

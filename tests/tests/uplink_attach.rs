@@ -18,7 +18,6 @@ use ebpf_cni_tests::{
     require_root,
     traffic::{EchoServer, Stream, round_trip, run_in},
 };
-use serde_json::Value;
 
 const PORT: u16 = 8090;
 const RESTARTS: usize = 8;
@@ -28,24 +27,7 @@ const CLSACT: [&str; 2] = ["--enable-tcx", "false"];
 /// The BPF filters on the node's `uplink0` hook `direction` (ingress or egress), as
 /// (program name, preference), asked from the kernel with `tc`.
 fn uplink_filters(node: &Node, direction: &str) -> Vec<(String, u64)> {
-    let out = node
-        .netns
-        .run("tc", &["-j", "filter", "show", "dev", "uplink0", direction]);
-    assert!(
-        out.status.success(),
-        "tc filter show: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let filters: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    filters
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|filter| {
-            let name = filter["options"]["bpf_name"].as_str()?;
-            Some((name.to_owned(), filter["pref"].as_u64().unwrap_or(0)))
-        })
-        .collect()
+    node.netns.bpf_filters(&["dev", "uplink0", direction])
 }
 
 /// How `status` says the uplink programs are attached, one mode per program.
