@@ -92,7 +92,8 @@ pub(super) fn attach(
 }
 
 /// Removes every filter of the program `name` from `interface`'s `attach_type` hook;
-/// none there (or no such device) is not an error.
+/// none there, or no such device (any more: a device going away while this runs, as a
+/// veth whose peer's namespace is being deleted, answers ENODEV), is not an error.
 pub fn detach(
     interface: &str,
     attach_type: TcAttachType,
@@ -100,7 +101,15 @@ pub fn detach(
 ) -> Result<(), DatapathError> {
     match tc::qdisc_detach_program(interface, attach_type, name) {
         Ok(()) => Ok(()),
-        Err(tc::TcError::IoError(error)) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(tc::TcError::IoError(error))
+            if error.kind() == std::io::ErrorKind::NotFound
+                || error.raw_os_error() == Some(libc::ENODEV) =>
+        {
+            Ok(())
+        }
+        Err(tc::TcError::NetlinkError(error)) if error.raw_os_error() == Some(libc::ENODEV) => {
+            Ok(())
+        }
         Err(source) => Err(DatapathError::Program {
             program: name,
             source: source.into(),
