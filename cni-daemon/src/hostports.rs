@@ -111,6 +111,16 @@ impl HostPorts {
     }
 }
 
+/// The IP protocol number of a mapping's `protocol`, for those hostPorts support (TCP
+/// and UDP).
+pub fn ip_proto(protocol: &str) -> Option<u8> {
+    match protocol {
+        "tcp" => Some(6),
+        "udp" => Some(17),
+        _ => None,
+    }
+}
+
 /// The map entries of an endpoint's mappings (IPv4 only: the datapath is IPv4).
 pub fn entries(endpoint: &Endpoint) -> Result<Vec<(PortKey, PortTarget)>, HostPortError> {
     if endpoint.port_mappings.is_empty() {
@@ -128,15 +138,11 @@ pub fn entries(endpoint: &Endpoint) -> Result<Vec<(PortKey, PortTarget)>, HostPo
         .port_mappings
         .iter()
         .map(|mapping| {
-            let proto = match mapping.protocol.as_str() {
-                "tcp" => 6,
-                "udp" => 17,
-                _ => {
-                    return Err(HostPortError::Invalid(
-                        describe(mapping),
-                        "protocol is not tcp or udp",
-                    ));
-                }
+            let Some(proto) = ip_proto(&mapping.protocol) else {
+                return Err(HostPortError::Invalid(
+                    describe(mapping),
+                    "protocol is not tcp or udp",
+                ));
             };
             let host_addr = match host_ip(mapping) {
                 None => Ipv4Addr::UNSPECIFIED,

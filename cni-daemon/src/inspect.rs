@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::{
     api::{Endpoint, LinkCounters, Status},
-    bpffs,
+    bpffs, hostports,
     nat::{self, Timeouts, expiry},
 };
 
@@ -276,7 +276,9 @@ pub fn hostport_connections(bpf_dir: &Path) -> Result<Vec<(NatKey, NatEntry)>, I
     let config: Array<_, NatConfig> =
         Array::try_from(Map::Array(open_pinned(bpf_dir, map_names::NAT_CONFIG)?))?;
     let config = config.get(&0, 0)?;
-    let timeouts = (config.tcp_established_secs != 0).then(|| Timeouts::from_config(&config));
+    let timeouts = config
+        .has_timeouts()
+        .then(|| Timeouts::from_config(&config));
     let now_ns = nat::monotonic_now_ns().unwrap_or_default();
     let mut live = Vec::new();
     for entry in table.iter() {
@@ -293,11 +295,8 @@ pub fn hostport_connections(bpf_dir: &Path) -> Result<Vec<(NatKey, NatEntry)>, I
 
 /// Whether `connection` (keyed by `key`) goes through the mapping `row`.
 fn through(row: &PortRow, key: &NatKey, connection: &NatEntry) -> bool {
-    let proto = match row.protocol.as_str() {
-        "tcp" => 6,
-        "udp" => 17,
-        "sctp" => 132,
-        _ => return false,
+    let Some(proto) = hostports::ip_proto(&row.protocol) else {
+        return false;
     };
     let host_matches = match row.host_ip {
         None => true,

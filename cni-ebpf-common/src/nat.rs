@@ -244,6 +244,13 @@ impl NatConfig {
     /// layout.
     pub const NO_ADDRESS: [u8; 4] = [255, 255, 255, 255];
 
+    /// Whether the daemon wrote timeouts (it writes none, all zeros, with NAT off): until
+    /// it has, hostPort connections never expire and nothing sweeps them.
+    #[inline(always)]
+    pub fn has_timeouts(&self) -> bool {
+        self.tcp_established_secs != 0
+    }
+
     /// Whether there is a node address to translate to.
     pub fn has_address(&self) -> bool {
         Self::is_address(self.node_addr)

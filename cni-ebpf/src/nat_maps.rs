@@ -64,10 +64,7 @@ pub fn config() -> Option<NatConfig> {
 /// then nothing sweeps either).
 #[inline(always)]
 pub fn timeouts() -> Option<NatConfig> {
-    NAT_CONFIG
-        .get(0)
-        .copied()
-        .filter(|config| config.tcp_established_secs != 0)
+    NAT_CONFIG.get(0).copied().filter(NatConfig::has_timeouts)
 }
 
 /// The address of the uplink `ifindex` (`NatConfig::NO_ADDRESS` while it has none), or
