@@ -1,6 +1,6 @@
 //! Node port allocation by `uplink_egress`, run by the kernel through BPF_PROG_TEST_RUN
 //! with narrow port ranges: new flows to one destination take consecutive node ports
-//! from a cursor (jumping over a run of held ones), flows that share a pod port get
+//! from a cursor (jumping over a run of held ones, to anywhere in the range), flows that share a pod port get
 //! distinct node ports, a new flow finding every port held by live flows is dropped
 //! and counted, an expired flow's port is taken over without harming any live flow
 //! (the expired flow's `NAT_OUT` entry is left for the daemon's sweep).
@@ -246,15 +246,61 @@ fn the_cursor_wraps_at_the_end_of_the_range_and_a_run_of_held_ports_is_jumped_ov
         "the range's last port"
     );
     assert_eq!(object.nat_counter(NatCounter::PortProbes), 0);
-    // From the first port: eight held ports in a row, then a jump of 7919 (mod 1000).
+    // From the first port: eight held ports in a row, then a jump of the golden ratio's
+    // fraction of the range.
     object.set_nat_cursors(0);
     let jumped = egress(&object, &syn(MASQ.ip, POD_PORT + 1));
     assert_eq!(
         port(&jumped.frame, SPORT),
-        PORT_MIN + (8 + 7919) % 1000,
+        PORT_MIN + golden_jump(1000),
         "past the held run after eight probes"
     );
     assert_eq!(object.nat_counter(NatCounter::PortProbes), 8);
+    assert_eq!(all_drops(&object), no_drops());
+}
+
+/// Where the search's second block of eight probes starts, from the first port of a
+/// range of `size` ports: the golden ratio's fraction of the range, rounded down.
+fn golden_jump(size: u32) -> u16 {
+    (f64::from(size) * (5f64.sqrt() - 1.0) / 2.0) as u16
+}
+
+#[test]
+fn a_free_tenth_of_the_range_is_found_wherever_the_cursor_stands() {
+    require_root();
+    // The default range's size, 31,744 ports; a jump of a fixed 7919 ports (a quarter
+    // of it) sent the search's 16 blocks to four places a quarter apart.
+    let size: u16 = 31_744;
+    let port_min = POD_PORT + 1;
+    let mut object = uplink_with(NatConfig {
+        port_min,
+        port_max: port_min + (size - 1),
+        ..nat_config()
+    });
+    // Every port held by a live flow of MASQ_2 but a stretch of a tenth of the range.
+    let free = 10_000..10_000 + size / 10;
+    for offset in (0..size).filter(|offset| !free.contains(offset)) {
+        let key = out_key(MASQ_2.ip, offset, REMOTE_PORT, TCP);
+        let held = entry(
+            &key,
+            port_min + offset,
+            tcp_state::ESTABLISHED,
+            seconds_ago(0),
+        );
+        object.insert_nat_in(in_key(REMOTE, port_min + offset, REMOTE_PORT, TCP), held);
+    }
+    for (flow, start) in (0..16u16).map(|flow| (flow, u32::from(flow) * 1987 + 123)) {
+        object.set_nat_cursors(start);
+        let run = egress(&object, &syn(MASQ.ip, POD_PORT + flow));
+        assert_eq!(run.verdict, TC_ACT_OK, "flow {flow}, cursor at {start}");
+        let node_port = port(&run.frame, SPORT);
+        assert!(
+            free.contains(&(node_port - port_min)),
+            "flow {flow}, cursor at {start}: port {node_port} is outside the free stretch"
+        );
+    }
+    assert_eq!(object.nat_counter(NatCounter::NewFlows), 16);
+    assert_eq!(object.nat_counter(NatCounter::AllocationFailures), 0);
     assert_eq!(all_drops(&object), no_drops());
 }
 
