@@ -1,9 +1,10 @@
 //! Node port allocation by `uplink_egress`, run by the kernel through BPF_PROG_TEST_RUN
 //! with narrow port ranges: new flows to one destination take consecutive node ports
-//! from a cursor (jumping over a run of held ones, to anywhere in the range), flows that share a pod port get
-//! distinct node ports, a new flow finding every port held by live flows is dropped
-//! and counted, an expired flow's port is taken over without harming any live flow
-//! (the expired flow's `NAT_OUT` entry is left for the daemon's sweep).
+//! from a cursor (jumping over a run of held ones, to anywhere in the range), flows
+//! that share a pod port get distinct node ports, a new flow finding every port held by
+//! live flows is dropped and counted, an expired flow's port is taken over without
+//! harming any live flow (the expired flow's `NAT_OUT` entry is left for the daemon's
+//! sweep).
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
 use ebpf_cni_tests::{
