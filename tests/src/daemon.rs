@@ -112,13 +112,25 @@ impl Default for Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        let _ = self.cli(&["uninstall"]);
+        let uninstall = self.cli(&["uninstall"]);
+        let left = self.bpf_dir.exists();
         let _ = fs::remove_file(&self.log);
         // The run folder also holds what the test put there (host-local's data).
         if let Some(run_dir) = self.socket.parent() {
             let _ = fs::remove_dir_all(run_dir);
         }
         // `cgroup` is removed when the field drops, after `uninstall` above used it.
+        // A failed uninstall, or one that left the pins, is the product's leak: the test
+        // fails with it (unless it is failing already).
+        if !std::thread::panicking() {
+            assert!(
+                uninstall.status.success() && !left,
+                "`ebpf-cnid uninstall` left {} behind ({}): {}",
+                self.bpf_dir.display(),
+                uninstall.status,
+                String::from_utf8_lossy(&uninstall.stderr)
+            );
+        }
     }
 }
 
