@@ -281,8 +281,7 @@ pub fn hostport_connections(bpf_dir: &Path) -> Result<Vec<(NatKey, NatEntry)>, I
         .then(|| Timeouts::from_config(&config));
     let now_ns = nat::monotonic_now_ns().unwrap_or_default();
     let mut live = Vec::new();
-    for entry in table.iter() {
-        let (key, connection) = entry?;
+    for (key, connection) in nat::tables::snapshot(&table)? {
         let expired = timeouts
             .as_ref()
             .is_some_and(|timeouts| expiry::is_expired(&connection, key.proto, now_ns, timeouts));

@@ -494,8 +494,9 @@ fn expired_notes<'a>(
         .map(|(key, entry)| (*key, *entry))
 }
 
-/// Every entry of `map`, each key once, at most [`MAX_SCAN`].
-fn snapshot<K, V>(map: &HashMap<MapData, K, V>) -> Result<StdHashMap<K, V>, MapError>
+/// Every entry of `map`, each key once, at most [`MAX_SCAN`], read in batches (a few
+/// syscalls a table, where aya's iterator takes two an entry).
+pub fn snapshot<K, V>(map: &HashMap<MapData, K, V>) -> Result<StdHashMap<K, V>, MapError>
 where
     K: aya::Pod + Eq + std::hash::Hash,
     V: aya::Pod,

@@ -7,7 +7,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{Array, HashMap, IterableMap, Map, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, IterableMap, Map, PerCpuArray};
 use cni_ebpf_common::{
     NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, map_names, tcp_state,
     udp_state,
@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::{
     args::{PortRange, Timeouts},
-    expiry,
+    expiry, tables,
 };
 use crate::inspect::{InspectError, open_pinned};
 
@@ -108,19 +108,17 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         })
         .collect();
     let timeouts = Timeouts::from_config(&config);
+    // Both tables read whole, then matched here: a lookup per flow was a syscall each.
+    let flows_in = tables::snapshot(&flows_in)?;
     let mut entries = Vec::new();
-    for entry in flows_out.iter() {
-        let (key, out) = entry?;
-        let inbound = match flows_in.get(&key.reverse(out.node_port), 0) {
-            Ok(inbound) => Some(inbound),
-            Err(MapError::KeyNotFound) => None,
-            Err(error) => return Err(error.into()),
-        }
-        .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
+    for (key, out) in tables::snapshot(&flows_out)? {
+        let inbound = flows_in
+            .get(&key.reverse(out.node_port))
+            .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
         entries.push(flow_view(
             &key,
             &out,
-            inbound.as_ref(),
+            inbound,
             node_addr.unwrap_or(Ipv4Addr::UNSPECIFIED),
             now_ns,
             &timeouts,
@@ -130,8 +128,7 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
     let notes: HashMap<_, NatKey, NatEntry> =
         HashMap::try_from(pinned(bpf_dir, map_names::NAT_INBOUND)?)?;
     let mut from_outside = Vec::new();
-    for note in notes.iter() {
-        let (key, note) = note?;
+    for (key, note) in tables::snapshot(&notes)? {
         let own = Ipv4Addr::from(key.pod_addr);
         from_outside.push(flow_view(&key, &note, None, own, now_ns, &timeouts));
     }
