@@ -1,12 +1,13 @@
 //! The connections through hostPort mappings (`HOSTPORT_FLOWS`, what a pod's replies
 //! are rewritten by): they follow TCP's state, a closed one goes after the closed
-//! timeout while an idle open one stays and keeps working, a deleted pod's go at once,
+//! timeout while an idle open one stays and keeps working (also when the pod speaks
+//! first after the idle time, as a server pushing does), a deleted pod's go at once,
 //! and those an earlier release pinned (8 bytes a connection) are carried into this
 //! release's table at an upgrade, their connections unbroken.
 
 use std::{
     io::{Read, Write},
-    net::TcpStream,
+    net::{Ipv4Addr, TcpListener, TcpStream},
     thread,
     time::Duration,
 };
@@ -16,7 +17,7 @@ use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings, socket},
     require_root,
-    traffic::{EchoServer, UdpEcho, many_connections, round_trip, udp_round_trip},
+    traffic::{EchoServer, UdpEcho, many_connections, round_trip, run_in, udp_round_trip},
 };
 
 const CONTAINER_PORT: u16 = 8080;
@@ -163,6 +164,48 @@ fn hostport_connections_follow_tcp_and_go_once_closed_or_with_their_pod() {
         "a deleted pod's connections go at once: {:?}",
         connections(&node)
     );
+}
+
+#[test]
+fn a_pod_speaking_first_on_an_idle_hostport_connection_still_leaves_by_the_host_port() {
+    require_root();
+    let node = Node::start_with(
+        "10.244.91.0/24",
+        &[],
+        &["--nat-tcp-closed-timeout", "2", "--nat-gc-interval", "1"],
+    );
+    let pod = node.add_pod_with(
+        "hpf-push",
+        &port_mappings(CONTAINER_PORT, &[(HOST_PORT, "tcp", None)]),
+    );
+    // A server that pushes: it answers nothing, and writes when the test says so.
+    let listener = run_in(&pod.netns, || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, CONTAINER_PORT)).expect("a listener")
+    });
+    let to = socket(NODE_ADDR, HOST_PORT);
+    let mut client = run_in(&node.external, move || {
+        TcpStream::connect_timeout(&to, Duration::from_secs(5))
+    })
+    .expect("a connection through the hostPort");
+    client
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("a read timeout");
+    let (mut server, _) = listener.accept().expect("the connection reaches the pod");
+    // Idle through four sweeps (one a second); then the pod speaks first, as a server
+    // pushing to its client does: its packet leaves by the connection's entry alone
+    // (nothing came in to restore one).
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        connections(&node).len(),
+        1,
+        "the idle connection is still followed"
+    );
+    server.write_all(b"pushed\n").expect("the pod writes");
+    let mut pushed = [0u8; 7];
+    client
+        .read_exact(&mut pushed)
+        .expect("the pod's data reaches the client from the host port it dialled");
+    assert_eq!(&pushed, b"pushed\n");
 }
 
 #[test]
