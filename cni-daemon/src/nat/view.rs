@@ -108,7 +108,7 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         })
         .collect();
     let timeouts = Timeouts::from_config(&config);
-    // Both tables read whole, then matched here: a lookup per flow was a syscall each.
+    // Both tables read whole (each key once), then matched here.
     let flows_in = tables::snapshot(&flows_in)?;
     let mut entries = Vec::new();
     for (key, out) in tables::snapshot(&flows_out)? {
