@@ -27,6 +27,15 @@ const HOST_PORT: u16 = 30080;
 /// pod address and port.
 type Carried = (NatKey, u8, [u8; 4], u16, [u8; 4], u16);
 
+/// A node on `subnet` whose closed connections expire after 2 s, swept every second.
+fn swept_every_second(subnet: &str) -> Node {
+    Node::start_with(
+        subnet,
+        &[],
+        &["--nat-tcp-closed-timeout", "2", "--nat-gc-interval", "1"],
+    )
+}
+
 /// The connections of `HOSTPORT_FLOWS`.
 fn connections(node: &Node) -> Vec<(NatKey, NatEntry)> {
     node.flow_table::<NatKey>(map_names::HOSTPORT_FLOWS)
@@ -74,11 +83,7 @@ fn still_echoes(stream: &mut TcpStream, line: &[u8]) -> bool {
 #[test]
 fn hostport_connections_follow_tcp_and_go_once_closed_or_with_their_pod() {
     require_root();
-    let node = Node::start_with(
-        "10.244.87.0/24",
-        &[],
-        &["--nat-tcp-closed-timeout", "2", "--nat-gc-interval", "1"],
-    );
+    let node = swept_every_second("10.244.87.0/24");
     let pod = node.add_pod_with(
         "hpf",
         &port_mappings(
@@ -169,11 +174,7 @@ fn hostport_connections_follow_tcp_and_go_once_closed_or_with_their_pod() {
 #[test]
 fn a_pod_speaking_first_on_an_idle_hostport_connection_still_leaves_by_the_host_port() {
     require_root();
-    let node = Node::start_with(
-        "10.244.91.0/24",
-        &[],
-        &["--nat-tcp-closed-timeout", "2", "--nat-gc-interval", "1"],
-    );
+    let node = swept_every_second("10.244.91.0/24");
     let pod = node.add_pod_with(
         "hpf-push",
         &port_mappings(CONTAINER_PORT, &[(HOST_PORT, "tcp", None)]),
