@@ -10,9 +10,8 @@ static ERROR_VERSION: OnceLock<String> = OnceLock::new();
 
 /// Keeps the config's cniVersion for errors, when it is one we know (else our newest).
 pub fn remember_version(stdin: &[u8]) {
-    let version = serde_json::from_slice::<serde_json::Value>(stdin)
+    let version = crate::spec::parse_version_request(stdin)
         .ok()
-        .and_then(|config| config["cniVersion"].as_str().map(str::to_owned))
         .filter(|version| version.parse::<CniVersion>().is_ok());
     if let Some(version) = version {
         let _ = ERROR_VERSION.set(version);

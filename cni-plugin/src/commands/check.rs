@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use crate::{
     commands::{Invocation, add::pod_link, block_on, teardown::setup_error},
-    ipam::{CallEnv, Ipam},
+    ipam::Ipam,
     link::{Netlink, format_mac},
     naming, netns,
     spec::{CniError, CniResult, ErrorCode},
@@ -64,11 +64,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     }
 
     let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
-    let env = CallEnv {
-        command: "CHECK",
-        ..CallEnv::default()
-    };
-    ipam.run(&env, inv.raw())
+    ipam.run(&inv.ipam_env("CHECK"), inv.raw())
 }
 
 fn check_pod_addresses_and_routes(

@@ -7,7 +7,7 @@ use crate::{
         Invocation,
         teardown::{self, Failures},
     },
-    ipam::{CallEnv, Ipam},
+    ipam::Ipam,
     naming,
     spec::CniError,
 };
@@ -25,11 +25,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         "IPAM lookup",
         Ipam::find(ipam_type, &inv.env.path, inv.ipam_versions()),
     ) {
-        let env = CallEnv {
-            command: "DEL",
-            ..CallEnv::default()
-        };
-        failures.record("IPAM release", ipam.run(&env, inv.raw()));
+        failures.record("IPAM release", ipam.run(&inv.ipam_env("DEL"), inv.raw()));
     }
     failures.into_result("DEL")
 }

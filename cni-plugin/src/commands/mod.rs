@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::{
     daemon::Daemon,
-    ipam::VersionCache,
+    ipam::{CallEnv, VersionCache},
     spec::{self, CniError, Command, Environment, ErrorCode, NetConf},
 };
 
@@ -39,6 +39,17 @@ impl Invocation {
     /// The IPAM plugins' supported versions, cached beside the daemon's socket.
     pub fn ipam_versions(&self) -> VersionCache {
         VersionCache::beside_socket(self.conf.daemon_socket.as_deref())
+    }
+
+    /// The environment of an IPAM call for `command` on this attachment. CNI_ARGS that
+    /// this verb could not read is not passed on: the IPAM plugin would refuse it too, and
+    /// a DEL must still free the address.
+    pub fn ipam_env<'a>(&self, command: &'a str) -> CallEnv<'a> {
+        CallEnv {
+            command,
+            drop_args: self.env.unreadable_args.is_some(),
+            ..CallEnv::default()
+        }
     }
 
     pub fn container_id(&self) -> Result<&str, CniError> {
@@ -91,8 +102,13 @@ pub fn dispatch(env: Environment, stdin: &[u8]) -> Result<Option<String>, CniErr
         let requested = spec::parse_version_request(stdin)?;
         return Ok(Some(spec::version_reply(&requested)));
     }
-    let conf = NetConf::parse(stdin)?;
+    let conf = NetConf::parse_for(stdin, env.command)?;
     conf.validate_for(env.command)?;
+    let args = env.unreadable_args.as_ref().map(ToString::to_string);
+    let fields = conf.set_aside().iter().map(ToString::to_string);
+    for ignored in args.into_iter().chain(fields) {
+        crate::log::warn(&format!("{}: ignored: {ignored}", env.command));
+    }
     let invocation = Invocation { env, conf };
     match invocation.env.command {
         Command::Add => add::run(&invocation).map(Some),

@@ -82,6 +82,7 @@ pub fn ipam_del(
         container_id: Some(container_id),
         ifname: Some(ifname),
         netns: Some(netns.as_deref().unwrap_or("")),
+        ..CallEnv::default()
     };
     ipam.run(&env, config)
 }

@@ -27,7 +27,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::spec::{CniError, CniResult, CniVersion, ErrorCode};
+use crate::spec::{self, CniError, CniResult, CniVersion, ErrorCode};
 
 pub use versions::VersionCache;
 
@@ -47,6 +47,8 @@ pub struct CallEnv<'a> {
     pub container_id: Option<&'a str>,
     pub ifname: Option<&'a str>,
     pub netns: Option<&'a str>,
+    /// Leave CNI_ARGS out (see `Invocation::ipam_env`).
+    pub drop_args: bool,
 }
 
 impl Ipam {
@@ -142,10 +144,15 @@ impl Ipam {
         let reply = self
             .exec(&env, &request)?
             .ok_or_else(|| self.failed("printed nothing for VERSION"))?;
-        let Some(answered) = reply["supportedVersions"].as_array() else {
-            return Ok(Vec::new());
-        };
-        let answered: Vec<String> = answered
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Reply {
+            #[serde(default)]
+            supported_versions: Vec<Value>,
+        }
+        let answered: Vec<String> = spec::go_json::from_value::<Reply>(reply)
+            .map(|reply| reply.supported_versions)
+            .unwrap_or_default()
             .iter()
             .filter_map(|version| Some(version.as_str()?.to_owned()))
             .collect();
@@ -164,6 +171,9 @@ impl Ipam {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if env.drop_args {
+            command.env_remove("CNI_ARGS");
+        }
         for (var, value) in [
             ("CNI_CONTAINERID", env.container_id),
             ("CNI_IFNAME", env.ifname),

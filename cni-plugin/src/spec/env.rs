@@ -95,7 +95,12 @@ pub struct Environment {
     /// Set for ADD, DEL and CHECK; `None` for the others.
     pub ifname: Option<String>,
     /// Parsed for ADD, DEL and CHECK; empty for the others, which the spec gives no args.
+    /// DEL and CHECK do not use it: for them a malformed one reads as empty, and why is
+    /// in `unreadable_args`.
     pub args: CniArgs,
+    /// Why DEL or CHECK could not read CNI_ARGS (for the log, and to keep it from the
+    /// IPAM plugin, which would refuse it too).
+    pub unreadable_args: Option<ArgsError>,
     /// `CNI_PATH` split on ':'; empty only for VERSION.
     pub path: Vec<PathBuf>,
 }
@@ -129,6 +134,7 @@ impl Environment {
             netns: None,
             ifname: None,
             args: CniArgs::default(),
+            unreadable_args: None,
             path: Vec::new(),
         };
         if command == Command::Version {
@@ -151,7 +157,11 @@ impl Environment {
             _ => Some(require("CNI_NETNS")?),
         };
         env.netns = netns.map(|n| absolute("CNI_NETNS", n)).transpose()?;
-        env.args = CniArgs::parse_typed(get("CNI_ARGS").unwrap_or_default())?;
+        match CniArgs::parse_typed(get("CNI_ARGS").unwrap_or_default()) {
+            Ok(args) => env.args = args,
+            Err(error) if command == Command::Add => return Err(error.into()),
+            Err(error) => env.unreadable_args = Some(error),
+        }
         Ok(env)
     }
 }

@@ -157,16 +157,16 @@ impl CniError {
     /// Reads the error result another plugin (e.g. IPAM) printed, keeping its code, so the
     /// runtime sees the delegate's reason. `None` when the value is not an error result.
     pub fn from_plugin_output(value: &serde_json::Value) -> Option<Self> {
-        let code = u32::try_from(value.get("code")?.as_u64()?).ok()?;
-        let msg = value
-            .get("msg")
-            .and_then(|m| m.as_str())
-            .unwrap_or_default();
-        let details = value
-            .get("details")
-            .and_then(|d| d.as_str())
-            .unwrap_or_default();
-        Some(Self::new(ErrorCode::from_code(code), msg).with_details(details))
+        #[derive(serde::Deserialize)]
+        struct PluginError {
+            code: u32,
+            #[serde(default)]
+            msg: String,
+            #[serde(default)]
+            details: String,
+        }
+        let error: PluginError = super::go_json::from_value(value.clone()).ok()?;
+        Some(Self::new(ErrorCode::from_code(error.code), error.msg).with_details(error.details))
     }
 
     /// The error result as printed on stdout; `details` is left out when empty.

@@ -11,6 +11,10 @@
 //! - [`CniError`] and [`ErrorCode`]: the error result and the table of codes;
 //! - [`CniVersion`] and the VERSION command ([`parse_version_request`], [`version_reply`]).
 //!
+//! Everything a Go program hands us is read as Go's decoder reads it ([`go_json`]: keys
+//! matched case-insensitively, `null` as unset); [`go_json::from_value`] is there for
+//! what the plugin's other modules read from Go programs.
+//!
 //! It does no I/O: callers pass the environment pairs and stdin bytes in and print what
 //! comes out, which keeps every rule here testable without a runtime.
 
@@ -18,6 +22,7 @@ mod args;
 mod config;
 mod env;
 mod error;
+pub mod go_json;
 mod result;
 mod serde_helpers;
 mod version;

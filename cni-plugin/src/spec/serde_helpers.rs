@@ -1,20 +1,12 @@
-//! Lenient readers for values other CNI implementations write: Go marshals a nil slice as
-//! `null` and an unset `net.IP` or string as `""`, both of which mean "absent".
+//! Lenient readers for values other CNI implementations write: Go marshals an unset
+//! `net.IP` or string as `""`, which means "absent". (Its `null` for a nil slice is
+//! handled for every field by `go_json`.)
 
 use std::fmt::Display;
 use std::str::FromStr;
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
-
-/// `null` (or a missing key, with `#[serde(default)]`) reads as the type's default.
-pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
-}
 
 /// A string parsed with `FromStr`; `null` and `""` read as `None`.
 pub(crate) fn empty_as_none<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>

@@ -112,13 +112,15 @@ pub fn parse_version_request(stdin: &[u8]) -> Result<String, CniError> {
     if stdin.iter().all(u8::is_ascii_whitespace) {
         return Ok(UNVERSIONED.to_owned());
     }
-    let request: VersionRequest = serde_json::from_slice(stdin).map_err(|err| {
-        CniError::new(
-            ErrorCode::DecodeFailure,
-            "cannot decode the VERSION request on stdin",
-        )
-        .with_details(err.to_string())
-    })?;
+    let request: VersionRequest = serde_json::from_slice(stdin)
+        .and_then(super::go_json::from_value)
+        .map_err(|err| {
+            CniError::new(
+                ErrorCode::DecodeFailure,
+                "cannot decode the VERSION request on stdin",
+            )
+            .with_details(err.to_string())
+        })?;
     Ok(request
         .cni_version
         .filter(|v| !v.is_empty())

@@ -6,14 +6,15 @@ mod validate;
 
 use std::path::PathBuf;
 
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use runtime::{Bandwidth, PortMapping, Protocol, RuntimeConfig, parse_unicast_mac};
 
 use super::env::Command;
 use super::error::CniError;
+use super::go_json;
 use super::version::{CniVersion, VersionError};
 
 /// Why a configuration was rejected. Codes: 6 for `Syntax`/`NotAnObject`, 1 for the
@@ -52,18 +53,17 @@ impl ConfigError {
     }
 }
 
-/// The `ipam` section. Only `type` is read here; the IPAM plugin reads the rest.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The `ipam` section. Only `type` is read here; the IPAM plugin reads the rest from the
+/// configuration it is given whole ([`NetConf::raw`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct IpamConf {
     /// Missing reads as "" so that the error can name `ipam.type` rather than `type`.
     #[serde(rename = "type", default)]
     pub plugin_type: String,
-    #[serde(flatten)]
-    pub rest: Map<String, Value>,
 }
 
 /// One still-valid attachment in a GC request.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
 pub struct Attachment {
     #[serde(rename = "containerID")]
     pub container_id: String,
@@ -98,43 +98,96 @@ pub struct NetConf {
     valid_attachments: Option<Vec<Attachment>>,
     /// Every top-level key not read above (`dns`, `args`, `capabilities`...), unchanged.
     pub extra: Map<String, Value>,
+    /// Values of keys the command does not act on that could not be read (see
+    /// [`NetConf::parse_for`]); they read as absent.
+    set_aside: Vec<ConfigError>,
     raw: Value,
 }
 
+/// The top-level keys this plugin reads; a key equal to one of them under Go's case-
+/// insensitive rule (`spec::go_json`) is that key.
+const KEYS: [&str; 12] = [
+    "cniVersion",
+    "name",
+    "type",
+    "ipam",
+    "mtu",
+    "ipMasq",
+    "clusterCIDRs",
+    "daemonSocket",
+    "runtimeConfig",
+    "prevResult",
+    VALID_ATTACHMENTS_KEY,
+    LEGACY_ATTACHMENTS_KEY,
+];
+
+/// Whether `command` acts on the top-level `key`. Only ADD reads the pod's settings
+/// (`mtu`, `ipMasq`, `clusterCIDRs`, `runtimeConfig`) and only GC the attachment lists;
+/// everything else is needed by every verb (`daemonSocket` and `ipam` to find the daemon
+/// and the IPAM plugin; `cniVersion`, `name` and `type` are the spec's required keys).
+fn acts_on(command: Command, key: &str) -> bool {
+    match key {
+        "mtu" | "ipMasq" | "clusterCIDRs" | "runtimeConfig" => command == Command::Add,
+        VALID_ATTACHMENTS_KEY | LEGACY_ATTACHMENTS_KEY => command == Command::Gc,
+        _ => true,
+    }
+}
+
 impl NetConf {
-    /// Parses stdin. Malformed JSON or a non-object is code 6; a missing `cniVersion`,
-    /// `name` or `type`, or a field of the wrong type, is code 7 naming the field.
-    /// Whether the configuration suits a command is [`NetConf::validate_for`]'s job.
+    /// Parses stdin, every key strictly. Malformed JSON or a non-object is code 6; a
+    /// missing `cniVersion`, `name` or `type`, or a field of the wrong type, is code 7
+    /// naming the field. Keys are matched as Go matches them (`spec::go_json`), since the
+    /// runtimes are Go programs. Whether the configuration suits a command is
+    /// [`NetConf::validate_for`]'s job.
     pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
-        let raw: Value =
-            serde_json::from_slice(stdin).map_err(|err| ConfigError::Syntax(err.to_string()))?;
-        Ok(Self::from_raw(raw)?)
+        Ok(Self::from_raw(syntax(stdin)?, |_| true)?)
     }
 
-    fn from_raw(raw: Value) -> Result<Self, ConfigError> {
-        let Value::Object(mut map) = raw.clone() else {
+    /// Parses stdin for `command`: like [`NetConf::parse`], except that a key the command
+    /// does not act on (`runtimeConfig` for DEL, say) and cannot be read is set aside
+    /// ([`NetConf::set_aside`]) and reads as absent. The spec asks DEL to clean up as far
+    /// as it can, and a runtime retries a failed DEL forever (containerd keeps the
+    /// sandbox), so a value DEL has no use for must not stop it.
+    pub fn parse_for(stdin: &[u8], command: Command) -> Result<Self, CniError> {
+        Ok(Self::from_raw(syntax(stdin)?, |key| acts_on(command, key))?)
+    }
+
+    fn from_raw(raw: Value, strict: impl Fn(&str) -> bool) -> Result<Self, ConfigError> {
+        let Value::Object(map) = raw.clone() else {
             return Err(ConfigError::NotAnObject);
         };
-        let cni_version = required_string(&mut map, "cniVersion")?;
-        let name = required_string(&mut map, "name")?;
-        let plugin_type = required_string(&mut map, "type")?;
-        let valid = optional::<Vec<Attachment>>(&mut map, VALID_ATTACHMENTS_KEY)?;
-        let legacy = optional::<Vec<Attachment>>(&mut map, LEGACY_ATTACHMENTS_KEY)?;
+        let mut fields = Fields {
+            map: go_json::match_fields(map, &KEYS),
+            strict,
+            set_aside: Vec::new(),
+        };
+        let cni_version = fields.required_string("cniVersion")?;
+        let name = fields.required_string("name")?;
+        let plugin_type = fields.required_string("type")?;
+        let valid = fields.optional::<Vec<Attachment>>(VALID_ATTACHMENTS_KEY)?;
+        let legacy = fields.optional::<Vec<Attachment>>(LEGACY_ATTACHMENTS_KEY)?;
         Ok(Self {
             cni_version,
             name,
             plugin_type,
-            ipam: optional(&mut map, "ipam")?,
-            mtu: optional(&mut map, "mtu")?,
-            ip_masq: optional(&mut map, "ipMasq")?.unwrap_or(false),
-            cluster_cidrs: optional(&mut map, "clusterCIDRs")?.unwrap_or_default(),
-            daemon_socket: optional(&mut map, "daemonSocket")?,
-            runtime_config: optional(&mut map, "runtimeConfig")?.unwrap_or_default(),
-            prev_result: map.remove("prevResult").filter(|v| !v.is_null()),
+            ipam: fields.optional("ipam")?,
+            mtu: fields.optional("mtu")?,
+            ip_masq: fields.optional("ipMasq")?.unwrap_or(false),
+            cluster_cidrs: fields.optional("clusterCIDRs")?.unwrap_or_default(),
+            daemon_socket: fields.optional("daemonSocket")?,
+            runtime_config: fields.optional("runtimeConfig")?.unwrap_or_default(),
+            prev_result: fields.map.remove("prevResult"),
             valid_attachments: union(valid, legacy),
-            extra: map,
+            extra: fields.map,
+            set_aside: fields.set_aside,
             raw,
         })
+    }
+
+    /// What [`NetConf::parse_for`] could not read and the command does not need, for the
+    /// log.
+    pub fn set_aside(&self) -> &[ConfigError] {
+        &self.set_aside
     }
 
     /// The parsed `cniVersion`; code 1 when this plugin does not speak it.
@@ -172,31 +225,49 @@ impl NetConf {
     }
 }
 
-fn required_string(map: &mut Map<String, Value>, key: &'static str) -> Result<String, ConfigError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Err(ConfigError::MissingField(key)),
-        Some(Value::String(s)) if s.is_empty() => {
-            Err(ConfigError::invalid(key, "must not be empty"))
-        }
-        Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(ConfigError::invalid(
-            key,
-            format!("expected a string, found {other}"),
-        )),
-    }
+fn syntax(stdin: &[u8]) -> Result<Value, ConfigError> {
+    serde_json::from_slice(stdin).map_err(|err| ConfigError::Syntax(err.to_string()))
 }
 
-/// Takes `key` out of `map`; absent or `null` is `None`, a value of the wrong shape is
-/// code 7 naming the key.
-fn optional<T: DeserializeOwned>(
-    map: &mut Map<String, Value>,
-    key: &str,
-) -> Result<Option<T>, ConfigError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => serde_json::from_value(value)
-            .map(Some)
-            .map_err(|err| ConfigError::invalid(key, err)),
+/// The top-level keys, their spelling matched to [`KEYS`] and `null`s dropped, taken out
+/// one by one.
+struct Fields<S> {
+    map: Map<String, Value>,
+    /// Whether a bad value of a key is an error (else it is set aside).
+    strict: S,
+    set_aside: Vec<ConfigError>,
+}
+
+impl<S: Fn(&str) -> bool> Fields<S> {
+    fn required_string(&mut self, key: &'static str) -> Result<String, ConfigError> {
+        match self.map.remove(key) {
+            None => Err(ConfigError::MissingField(key)),
+            Some(Value::String(s)) if s.is_empty() => {
+                Err(ConfigError::invalid(key, "must not be empty"))
+            }
+            Some(Value::String(s)) => Ok(s),
+            Some(other) => Err(ConfigError::invalid(
+                key,
+                format!("expected a string, found {other}"),
+            )),
+        }
+    }
+
+    /// Takes `key` out, read with Go's rules; absent is `None`, and so is a value of the
+    /// wrong shape when the key is not strict. A strict key's bad value is code 7 naming
+    /// the key.
+    fn optional<T: DeserializeOwned>(&mut self, key: &str) -> Result<Option<T>, ConfigError> {
+        let Some(value) = self.map.remove(key) else {
+            return Ok(None);
+        };
+        match go_json::from_value(value) {
+            Ok(typed) => Ok(Some(typed)),
+            Err(err) if (self.strict)(key) => Err(ConfigError::invalid(key, err)),
+            Err(err) => {
+                self.set_aside.push(ConfigError::invalid(key, err));
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -4,27 +4,25 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::spec::serde_helpers::empty_as_none;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
-use crate::spec::serde_helpers::{empty_as_none, null_as_default};
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// Read with Go's rules (`spec::go_json`): containerd spells the mappings' keys
+/// `HostPort`, `ContainerPort`, `Protocol`, `HostIP`. Capabilities this plugin does not use
+/// (`aliases`, `io.kubernetes.cri.pod-annotations`...) are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeConfig {
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub port_mappings: Vec<PortMapping>,
     #[serde(default)]
     pub bandwidth: Option<Bandwidth>,
     /// Requested pod IPs, each an address or a CIDR; checked by `validate_for`.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub ips: Vec<String>,
     /// Requested MAC of the pod interface; checked by `validate_for`.
     #[serde(default)]
     pub mac: Option<String>,
-    /// Capabilities this plugin does not use, kept as given.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
 }
 
 /// One hostPort mapping. Port 0 is rejected by `validate_for`; above 65535 by parsing.

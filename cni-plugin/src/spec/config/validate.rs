@@ -22,8 +22,10 @@ impl NetConf {
     /// - `ipam.type` is present and is a bare file name, for every command but VERSION:
     ///   ADD/CHECK/DEL/GC delegate to IPAM, and so does STATUS, since the spec has a
     ///   plugin relay STATUS to the delegates it needs for ADD (code 7);
-    /// - `mtu` is in 68..=65535; `runtimeConfig.mac` is a unicast MAC; port mappings have
-    ///   non-zero ports; `runtimeConfig.ips` are addresses or CIDRs (code 7);
+    /// - for ADD, the only verb that acts on them: `mtu` is in 68..=65535;
+    ///   `runtimeConfig.mac` is a unicast MAC; port mappings have non-zero ports;
+    ///   `runtimeConfig.ips` are addresses or CIDRs (code 7). DEL, CHECK and GC do not
+    ///   refuse what they do not use (see [`NetConf::parse_for`]);
     /// - CHECK has a `prevResult` and GC a valid-attachments list (code 7). A GC without
     ///   the list is refused, not read as "nothing is valid", which would free everything.
     ///
@@ -53,13 +55,9 @@ impl NetConf {
         }
         check_network_name(&self.name)?;
         self.checked_ipam_type()?;
-        if let Some(mtu) = self.mtu.filter(|mtu| !MTU_RANGE.contains(mtu)) {
-            return Err(ConfigError::invalid(
-                "mtu",
-                format!("{mtu} is outside 68..=65535"),
-            ));
+        if command == Command::Add {
+            self.check_pod_settings()?;
         }
-        self.check_runtime_config()?;
         match command {
             Command::Check if self.prev_result.is_none() => Err(ConfigError::CommandNeeds {
                 command,
@@ -101,7 +99,14 @@ impl NetConf {
             .map_err(|why| ConfigError::invalid("runtimeConfig.mac", format!("{mac:?} {why}")))
     }
 
-    fn check_runtime_config(&self) -> Result<(), ConfigError> {
+    /// What only ADD acts on: the MTU and `runtimeConfig`.
+    fn check_pod_settings(&self) -> Result<(), ConfigError> {
+        if let Some(mtu) = self.mtu.filter(|mtu| !MTU_RANGE.contains(mtu)) {
+            return Err(ConfigError::invalid(
+                "mtu",
+                format!("{mtu} is outside 68..=65535"),
+            ));
+        }
         let rc = &self.runtime_config;
         self.checked_runtime_mac()?;
         for (i, mapping) in rc.port_mappings.iter().enumerate() {

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::CniError;
-use super::serde_helpers::{empty_as_none, null_as_default};
+use super::serde_helpers::empty_as_none;
 use super::version::{CniVersion, VersionError};
 
 /// Why a result could not be read. `Version` is code 1; the others are code 6.
@@ -27,13 +27,13 @@ pub enum ResultError {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct CniResult {
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub interfaces: Vec<Interface>,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub ips: Vec<IpConfig>,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub routes: Vec<Route>,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub dns: Dns,
 }
 
@@ -42,7 +42,7 @@ pub struct CniResult {
 pub struct Interface {
     pub name: String,
     /// Empty when not applicable (e.g. an L3 device); then left out on the wire.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub mac: String,
     /// 1.1.0 and later.
     #[serde(default)]
@@ -89,13 +89,13 @@ pub struct Route {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct Dns {
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub nameservers: Vec<String>,
     #[serde(default, deserialize_with = "empty_as_none")]
     pub domain: Option<String>,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub search: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default)]
     pub options: Vec<String>,
 }
 

@@ -221,12 +221,21 @@ fn relative_netns_is_code_4_naming_cni_netns() {
 }
 
 #[test]
-fn malformed_cni_args_is_code_4_naming_cni_args() {
-    for command in ["ADD", "DEL", "CHECK"] {
-        assert_env_error(
-            Environment::from_vars(with(command, "CNI_ARGS", "A=1;B")),
-            "CNI_ARGS",
-        );
+fn malformed_cni_args_is_code_4_naming_cni_args_on_add() {
+    assert_env_error(
+        Environment::from_vars(with("ADD", "CNI_ARGS", "A=1;B")),
+        "CNI_ARGS",
+    );
+}
+
+#[test]
+fn malformed_cni_args_is_set_aside_by_del_and_check_which_do_not_use_it() {
+    for command in ["DEL", "CHECK"] {
+        let env = Environment::from_vars(with(command, "CNI_ARGS", "A=1;B"))
+            .unwrap_or_else(|err| panic!("{command} must not fail on CNI_ARGS: {err:?}"));
+        assert!(env.args.pairs().is_empty(), "{command}: read as no args");
+        let why = env.unreadable_args.expect("kept for the log").to_string();
+        assert!(why.contains("CNI_ARGS"), "{command}: {why}");
     }
 }
 

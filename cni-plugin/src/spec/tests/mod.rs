@@ -5,7 +5,9 @@ mod args;
 mod config;
 mod env;
 mod error;
+mod go_json;
 mod result;
+mod runtimes;
 mod version;
 
 use super::CniError;
