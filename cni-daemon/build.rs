@@ -8,11 +8,6 @@ use std::{env, fs, path::PathBuf};
 
 fn main() {
     println!("cargo::rerun-if-env-changed=EBPF_CNI_OBJECT");
-    // The plugin uses this crate for its protocol types only (no `daemon` feature) and
-    // needs no object.
-    if env::var_os("CARGO_FEATURE_DAEMON").is_none() {
-        return;
-    }
     let object = env::var_os("EBPF_CNI_OBJECT").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use cni_ebpf_common::{EndpointInfo, EndpointKey, endpoint_flags};
 
-use crate::api::{Endpoint, EndpointId};
+use cni_api::{Endpoint, EndpointId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {

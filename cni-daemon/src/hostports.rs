@@ -11,7 +11,7 @@ use std::{
 use aya::maps::{Array, HashMap, MapData, MapError};
 use cni_ebpf_common::{PortKey, PortTarget, TARGET_COUNT};
 
-use crate::api::{Endpoint, PortMapping};
+use cni_api::{Endpoint, PortMapping};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostPortError {
@@ -215,7 +215,7 @@ fn describe(mapping: &PortMapping) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::EndpointId;
+    use cni_api::EndpointId;
 
     fn endpoint(id: &str, mappings: &[(u16, &str, Option<&str>)]) -> Endpoint {
         Endpoint {

@@ -10,8 +10,9 @@ use cni_ebpf_common::{
 };
 use serde::Serialize;
 
+use cni_api::{Endpoint, LinkCounters, Status};
+
 use crate::{
-    api::{Endpoint, LinkCounters, Status},
     bpffs, hostports,
     nat::{self, Timeouts, expiry},
 };
@@ -209,7 +210,7 @@ pub fn status_table(view: &StatusView) -> String {
     ));
     if !status.attachments.is_empty() {
         // Columns as wide as their longest entry: a cgroup path is long.
-        let width = |column: &dyn Fn(&crate::api::Attachment) -> usize, title: &str| {
+        let width = |column: &dyn Fn(&cni_api::Attachment) -> usize, title: &str| {
             status
                 .attachments
                 .iter()
@@ -474,7 +475,7 @@ mod tests {
 
     #[test]
     fn status_columns_are_as_wide_as_the_longest_attachment() {
-        let attachment = |interface: &str, program: &str| crate::api::Attachment {
+        let attachment = |interface: &str, program: &str| cni_api::Attachment {
             interface: interface.into(),
             ifindex: 2,
             program: program.into(),
@@ -505,7 +506,7 @@ mod tests {
 
     #[test]
     fn status_names_every_uplink_and_the_service_ranges() {
-        let uplink = |name: &str, ifindex, node_addr| crate::api::UplinkStatus {
+        let uplink = |name: &str, ifindex, node_addr| cni_api::UplinkStatus {
             name: name.into(),
             ifindex,
             node_addr,

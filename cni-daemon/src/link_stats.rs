@@ -11,7 +11,7 @@
 use futures::TryStreamExt;
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 
-use crate::api::LinkCounters;
+use cni_api::LinkCounters;
 
 /// The links of the daemon's namespace as the kernel reports them (attributes and
 /// statistics): every one, or only the one named `name`.

@@ -9,8 +9,9 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use cni_api::{self as api, Request, Response};
+
 use cni_daemon::{
-    api::{self, Request, Response},
     bpffs,
     datapath::{self, sock, tc_block},
     inspect,
@@ -36,7 +37,7 @@ struct Cli {
     #[arg(
         long,
         env = "EBPF_CNID_SOCKET",
-        default_value = "/run/ebpf-cni/ebpf-cnid.sock",
+        default_value = api::DEFAULT_SOCKET,
         global = true
     )]
     socket: PathBuf,
@@ -241,7 +242,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             // when nothing else is in it, go too.
             let _ = std::fs::remove_file(&cli.socket);
             if let Some(folder) = cli.socket.parent() {
-                let _ = std::fs::remove_file(folder.join("ipam-versions.json"));
+                let _ = std::fs::remove_file(folder.join(api::IPAM_VERSIONS_FILE));
                 let _ = std::fs::remove_dir(folder);
             }
             tracing::info!(bpf_dir = %cli.bpf_dir.display(), "uninstalled");

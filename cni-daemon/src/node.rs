@@ -8,8 +8,9 @@ use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, sync::Arc};
 use cni_ebpf_common::SockConfig;
 use tokio::sync::Notify;
 
+use cni_api::{Endpoint, EndpointId, Status, UplinkStatus};
+
 use crate::{
-    api::{Endpoint, EndpointId, Status, UplinkStatus},
     datapath::{Datapath, DatapathError},
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
@@ -190,8 +191,9 @@ impl Node {
         self.nat.take_flows()
     }
 
-    /// Attaches the pod program to `host_veth` before its endpoint is known (see
-    /// [`crate::api::Request::Prepare`]); [`Self::attach`] then finds it in place.
+    /// Binds `host_veth`'s ingress to the pods' TC block before its endpoint is known
+    /// ([`cni_api::Request::Prepare`], sent while the plugin runs IPAM), so that the pod
+    /// program runs on it from its first frame; [`Self::attach`] then finds it in place.
     pub fn prepare(&mut self, host_veth: &str) -> Result<(), NodeError> {
         self.datapath.attach_pod(host_veth)?;
         self.prepared.insert(host_veth.to_owned());

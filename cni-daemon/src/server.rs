@@ -13,8 +13,9 @@ use tokio::{
     net::{UnixListener, UnixStream},
 };
 
+use cni_api::{self as api, Envelope, PROTOCOL_VERSION, Request, Response};
+
 use crate::{
-    api::{self, Envelope, PROTOCOL_VERSION, Request, Response},
     big_tcp,
     hostports::HostPortError,
     link_stats,

@@ -3,12 +3,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use cni_daemon::api::{self, ClientError, Endpoint, EndpointId, Request, Response, Status};
+use cni_api::{self as api, ClientError, Endpoint, EndpointId, Request, Response, Status};
 
 use crate::spec::{CniError, ErrorCode};
-
-/// Where `ebpf-cnid` listens unless the network config says `daemonSocket`.
-pub const DEFAULT_SOCKET: &str = "/run/ebpf-cni/ebpf-cnid.sock";
 
 /// Requests are small map and file operations; a daemon that takes longer is stuck.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -20,7 +17,7 @@ pub struct Daemon {
 impl Daemon {
     pub fn new(socket: Option<PathBuf>) -> Self {
         Self {
-            socket: socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            socket: socket.unwrap_or_else(|| PathBuf::from(api::DEFAULT_SOCKET)),
         }
     }
 

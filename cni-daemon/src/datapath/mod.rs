@@ -29,7 +29,7 @@ use cni_ebpf_common::{
 };
 use tokio::io::{Interest, unix::AsyncFd};
 
-use crate::api::Attachment;
+use cni_api::Attachment;
 
 /// The object built by `cargo xtask build`, embedded at compile time (see build.rs).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cni-ebpf.o"));

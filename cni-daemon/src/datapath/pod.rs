@@ -22,7 +22,7 @@ use aya::programs::{
 use cni_ebpf_common::program_names;
 
 use super::{Datapath, DatapathError, classifier, tc_block};
-use crate::api::Attachment;
+use cni_api::Attachment;
 
 /// How `status` shows the block's attachment.
 const BLOCK_MODE: &str = "tc block";

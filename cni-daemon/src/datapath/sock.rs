@@ -20,7 +20,7 @@ use aya::{
 use cni_ebpf_common::{SockConfig, map_names, program_names};
 
 use super::{Datapath, DatapathError, pod::pin_error};
-use crate::api::Attachment;
+use cni_api::Attachment;
 
 /// The maps the node's hostPort code keeps: node addresses, the bitmap of target ports,
 /// and the socket hooks' configuration.

@@ -17,10 +17,9 @@ use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
     pod::{attach_pinned, pin_error},
 };
-use crate::{
-    api::Attachment,
-    nat::{NatMaps, expiry::IPPROTO_TCP},
-};
+use cni_api::Attachment;
+
+use crate::nat::{NatMaps, expiry::IPPROTO_TCP};
 
 /// The two uplink programs: where they attach; their pins are named after them.
 const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [

@@ -6,7 +6,7 @@ use std::{borrow::BorrowMut, collections::BTreeSet};
 use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
 use ipnet::Ipv4Net;
 
-use crate::api::Endpoint;
+use cni_api::Endpoint;
 
 /// The LPM trie as user space sees it: (prefix length, address in network order) -> 1.
 pub type ClusterCidrs = LpmTrie<MapData, [u8; 4], u8>;
@@ -69,7 +69,7 @@ fn prefix_u8(prefix_len: u32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::EndpointId;
+    use cni_api::EndpointId;
 
     fn endpoint(name: &str, cidrs: &[&str]) -> Endpoint {
         Endpoint {

@@ -28,10 +28,9 @@ pub use self::{
     args::{NatArgs, PortRange, Timeouts},
     tables::{Flows, Nat, NatMaps, Sweep},
 };
-use crate::{
-    api::Endpoint,
-    datapath::{Datapath, DatapathError},
-};
+use cni_api::Endpoint;
+
+use crate::datapath::{Datapath, DatapathError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NatError {

@@ -19,7 +19,9 @@ use super::{
     cidrs::{self, ClusterCidrs},
     expiry, uplink,
 };
-use crate::{api::Endpoint, datapath::Datapath};
+use cni_api::Endpoint;
+
+use crate::datapath::Datapath;
 
 /// `NAT_OUT`: the pod side of each flow.
 pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;

@@ -1,16 +1,15 @@
 //! ADD: IPAM, the veth pair (peer created inside the pod), addresses and routes, the
 //! daemon hand-off, the result. Any failure after a change undoes every change.
 //!
-//! IPAM runs on its own thread while the veth pair is created and the daemon attaches
-//! the pod program to its host side: that attach waits for an RCU grace period (the
-//! longest step of ADD), and the IPAM plugin's process needs none of it.
+//! IPAM runs on its own thread while the veth pair is created and the daemon binds its
+//! host side to the pods' TC block: neither needs the other.
 
 use std::{
     fs::File,
     net::{IpAddr, Ipv4Addr},
 };
 
-use cni_daemon::api::{self, Endpoint};
+use cni_api::{self as api, Endpoint};
 use ipnet::{IpNet, Ipv4Net};
 
 use crate::{

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use cni_daemon::api::EndpointId;
+use cni_api::EndpointId;
 
 use crate::{
     commands::{

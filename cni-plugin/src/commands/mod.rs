@@ -84,8 +84,8 @@ impl Invocation {
         })
     }
 
-    pub fn endpoint_id(&self) -> Result<cni_daemon::api::EndpointId, CniError> {
-        Ok(cni_daemon::api::EndpointId {
+    pub fn endpoint_id(&self) -> Result<cni_api::EndpointId, CniError> {
+        Ok(cni_api::EndpointId {
             container_id: self.container_id()?.to_owned(),
             ifname: self.ifname()?.to_owned(),
         })

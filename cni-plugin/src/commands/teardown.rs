@@ -49,7 +49,7 @@ impl Failures {
 
 /// Removes the daemon's record; an unreachable daemon is not a failure, since the
 /// restarted daemon drops records whose veth is gone.
-pub fn detach(daemon: &Daemon, id: cni_daemon::api::EndpointId) -> Result<(), CniError> {
+pub fn detach(daemon: &Daemon, id: cni_api::EndpointId) -> Result<(), CniError> {
     match daemon.detach(id) {
         Ok(_) => Ok(()),
         Err(error) if daemon::is_unreachable(&error) => {

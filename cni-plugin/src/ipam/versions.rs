@@ -21,9 +21,9 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{daemon::DEFAULT_SOCKET, spec::CniVersion};
+use cni_api::{DEFAULT_SOCKET, IPAM_VERSIONS_FILE as FILE_NAME};
 
-const FILE_NAME: &str = "ipam-versions.json";
+use crate::spec::CniVersion;
 
 /// Where the VERSION answers are kept; see the module doc.
 pub struct VersionCache {

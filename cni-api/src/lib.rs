@@ -1,0 +1,20 @@
+//! The protocol between `ebpf-cni` (the plugin, one short-lived process per CNI call) and
+//! `ebpf-cnid` (the node daemon), and the names both must agree on. Both binaries link
+//! this crate and nothing of each other.
+//!
+//! - [`messages`]: the requests and responses, versioned by [`PROTOCOL_VERSION`];
+//! - [`frame`]: their framing on the unix socket, and the synchronous client [`call`].
+
+pub mod frame;
+pub mod messages;
+
+pub use frame::{ClientError, MAX_FRAME, call, encode, frame_len};
+pub use messages::*;
+
+/// Where the daemon listens unless told otherwise (`ebpf-cnid --socket`, the plugin's
+/// `daemonSocket`).
+pub const DEFAULT_SOCKET: &str = "/run/ebpf-cni/ebpf-cnid.sock";
+
+/// The plugin's cache of IPAM plugins' VERSION answers, kept beside the socket; the
+/// daemon's `uninstall` removes it.
+pub const IPAM_VERSIONS_FILE: &str = "ipam-versions.json";
