@@ -19,6 +19,7 @@
 //! comes out, which keeps every rule here testable without a runtime.
 
 mod args;
+mod codes;
 mod config;
 mod env;
 mod error;
