@@ -3,9 +3,10 @@
 //! a root-only unix socket.
 //!
 //! A synchronous core (maps, attachments, records: [`datapath`], [`endpoints`], [`nat`],
-//! [`bpffs`], [`inspect`]) sits behind an async front ([`server`], [`run`]). The protocol
+//! [`bpffs`], [`inspect`]) sits behind an async front ([`server`], [`run`], [`address_watch`]). The protocol
 //! it serves is the `cni-api` crate, which the plugin links instead of this one.
 
+pub mod address_watch;
 pub mod big_tcp;
 pub mod bpffs;
 pub mod datapath;

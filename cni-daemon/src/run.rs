@@ -13,12 +13,12 @@ use tokio::{
 };
 
 use crate::{
-    bpffs,
+    address_watch, bpffs,
     datapath::Datapath,
     datapath::sock::cgroup2_mount,
     nat::{self, Flows, NatArgs, Timeouts},
     node::Node,
-    node_addrs, server,
+    server,
 };
 
 /// What `run` needs; every path is a flag so several simulated nodes can share a machine.
@@ -75,7 +75,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         node.on_detach(Arc::clone(&detached));
     }
     let node = Arc::new(Mutex::new(node));
-    let address_watch = tokio::spawn(node_addrs::watch(Arc::clone(&node)));
+    let address_watch = tokio::spawn(address_watch::run(Arc::clone(&node)));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
     tracing::info!(

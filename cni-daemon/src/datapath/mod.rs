@@ -4,6 +4,7 @@
 //! (hostPorts for the node's processes) in [`sock`].
 
 mod clsact;
+mod links;
 mod pod;
 mod services;
 pub mod sock;

@@ -19,7 +19,7 @@ use aya::{
 };
 use cni_ebpf_common::{SockConfig, map_names, program_names};
 
-use super::{Datapath, DatapathError, pod::pin_error};
+use super::{Datapath, DatapathError, links::pin_error};
 use cni_api::Attachment;
 
 /// The maps the node's hostPort code keeps: node addresses, the bitmap of target ports,

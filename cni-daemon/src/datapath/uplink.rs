@@ -15,7 +15,7 @@ use cni_ebpf_common::{
 
 use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
-    pod::{attach_pinned, pin_error},
+    links::{attach_pinned, pin_error},
 };
 use cni_api::Attachment;
 
