@@ -1,5 +1,5 @@
 //! The unix socket the plugin talks to: root-only (mode 0600), one request per
-//! connection, answered from the synchronous core under a mutex.
+//! connection, answered from the synchronous core under a mutex, on a blocking thread.
 
 use std::{
     fs, io,
@@ -45,21 +45,27 @@ pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>) -> io::Result
         let (stream, _) = listener.accept().await?;
         let node = Arc::clone(&node);
         tokio::spawn(async move {
-            if let Err(error) = handle(stream, &node).await {
+            if let Err(error) = handle(stream, node).await {
                 tracing::warn!(%error, "request failed");
             }
         });
     }
 }
 
-async fn handle(mut stream: UnixStream, node: &Mutex<Node>) -> anyhow::Result<()> {
+async fn handle(mut stream: UnixStream, node: Arc<Mutex<Node>>) -> anyhow::Result<()> {
     let mut prefix = [0u8; 4];
     stream.read_exact(&mut prefix).await?;
     let mut body = vec![0u8; api::frame_len(prefix)?];
     stream.read_exact(&mut body).await?;
     let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
         Ok(envelope) if envelope.version == PROTOCOL_VERSION => {
-            let mut response = answer(envelope.body, node);
+            // Node work blocks (maps, netlink, files, the node's lock): on a blocking
+            // thread, so that the runtime's workers keep serving I/O meanwhile.
+            let mut response = tokio::task::spawn_blocking(move || answer(envelope.body, &node))
+                .await
+                .unwrap_or_else(|error| Response::Error {
+                    message: format!("the request failed: {error}"),
+                });
             match &mut response {
                 Response::Endpoints { stack_sent, .. } => match link_stats::tx_counters().await {
                     Ok(counters) => *stack_sent = counters,

@@ -17,7 +17,7 @@ use aya::programs::{
 use futures::TryStreamExt;
 use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
 
-use super::{DatapathError, tc_block};
+use super::{DatapathError, netlink, tc_block};
 
 /// The preference of the uplink programs' filters: after the filters the kernel numbers
 /// itself (the first gets 0xc000, later ones lower numbers, which run first), so that an
@@ -126,7 +126,7 @@ fn filters_named(
 ) -> Result<Vec<(u16, u32)>, DatapathError> {
     let index = nix::net::if_::if_nametoindex(interface)
         .map_err(|_| DatapathError::NoInterface(interface.to_owned()))?;
-    let filters: Vec<TcMessage> = tc_block::with_netlink(|handle| async move {
+    let filters: Vec<TcMessage> = netlink::with_netlink(move |handle| async move {
         let request = handle.traffic_filter(index as i32).get();
         let request = match attach_type {
             TcAttachType::Egress => request.egress(),

@@ -5,6 +5,7 @@
 
 mod clsact;
 mod links;
+mod netlink;
 mod pod;
 mod services;
 pub mod sock;

@@ -12,8 +12,6 @@
 //! Block indexes are per network namespace, so every node (and every simulated node of
 //! the tests) uses the same index.
 
-use std::future::Future;
-
 use futures::{StreamExt, TryStreamExt};
 use rtnetlink::{
     Handle, LinkVeth,
@@ -26,6 +24,8 @@ use rtnetlink::{
         tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
     },
 };
+
+use super::netlink::with_netlink;
 
 /// The block every pod veth's ingress is bound to.
 pub const POD_BLOCK: u32 = 0xec01;
@@ -66,44 +66,11 @@ fn errno(error: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
-/// Runs `work` with a fresh rtnetlink connection on a thread of its own with its own
-/// small runtime. The callers are synchronous and hold the node's lock, which other
-/// requests wait for on the daemon's worker threads: work that needed those workers
-/// (for its connection task or its I/O) would wait for them forever.
-pub(super) fn with_netlink<T, F, Fut>(work: F) -> Result<T, TcBlockError>
-where
-    T: Send,
-    F: FnOnce(Handle) -> Fut + Send,
-    Fut: Future<Output = Result<T, TcBlockError>>,
-{
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    let (connection, handle, _) = rtnetlink::new_connection()?;
-                    let connection = tokio::spawn(connection);
-                    let outcome = work(handle).await;
-                    connection.abort();
-                    outcome
-                })
-            })
-            .join()
-            .unwrap_or_else(|_| {
-                Err(TcBlockError::Socket(std::io::Error::other(
-                    "netlink thread panicked",
-                )))
-            })
-    })
-}
-
 /// Makes the block exist with `program_fd` as its filter: the anchor pair (created if
 /// missing) bound to it, and the filter added or its program replaced.
 pub fn install(program_fd: u32, program_name: &str) -> Result<(), TcBlockError> {
     let name = program_name.to_owned();
-    with_netlink(|handle| async move {
+    with_netlink(move |handle| async move {
         let anchor = match link_index(&handle, ANCHOR).await? {
             Some(index) => index,
             None => {
@@ -145,7 +112,7 @@ pub fn install(program_fd: u32, program_name: &str) -> Result<(), TcBlockError> 
 
 /// Removes the filter and the anchor (uninstall); what is already gone is not an error.
 pub fn remove() -> Result<(), TcBlockError> {
-    with_netlink(|handle| async move {
+    with_netlink(move |handle| async move {
         let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
         filter.header.parent = POD_BLOCK.into();
         filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
@@ -171,7 +138,7 @@ pub fn remove() -> Result<(), TcBlockError> {
 /// block and its filter along, and the caller must [`install`] them again first.
 pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
     let interface = interface.to_owned();
-    with_netlink(|handle| async move {
+    with_netlink(move |handle| async move {
         if link_index(&handle, ANCHOR).await?.is_none() {
             return Ok(false);
         }
@@ -187,7 +154,7 @@ pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
 /// qdisc is not an error.
 pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
     let interface = interface.to_owned();
-    with_netlink(|handle| async move {
+    with_netlink(move |handle| async move {
         let Some(index) = link_index(&handle, &interface).await? else {
             return Ok(());
         };
