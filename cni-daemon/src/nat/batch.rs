@@ -61,12 +61,18 @@ struct TestRunAttr {
     batch_size: u32,
 }
 
-/// Runs `cmd` on `attr`, a member of `union bpf_attr` whose pointers the caller made
-/// valid for the sizes it gives. A batch command writes `count` back (entries done),
-/// also when it fails part way.
-fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> Result<(), io::Error> {
-    // SAFETY: `attr` is the `union bpf_attr` member for `cmd`, of the size given, whose
-    // pointers the caller made valid; the kernel reads and writes it within that size.
+/// Runs `cmd` on `attr`. A batch command writes `count` back (entries done), also when
+/// it fails part way.
+///
+/// # Safety
+/// `A` is the `union bpf_attr` member `cmd` takes, `#[repr(C)]` with the kernel's
+/// layout, and every pointer in `attr` is valid for what the kernel reads or writes
+/// through it: for a batch, `count` keys and values of the map's own key and value
+/// sizes (see [`check_layout`]), and the batch position; for a test run, `data_size_in`
+/// bytes of `data_in`.
+unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> Result<(), io::Error> {
+    // SAFETY: the caller's contract above; the kernel reads and writes `attr` within
+    // its size.
     let result =
         unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<A>()) };
     if result < 0 {
@@ -85,11 +91,46 @@ pub fn run(program: &ProgramFd, frame: &[u8]) -> Result<u32, SyscallError> {
         repeat: 1,
         ..TestRunAttr::default()
     };
-    bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|io_error| SyscallError {
+    // SAFETY: `attr` is the `test` member; `data_in` points to `frame`, of at least
+    // `data_size_in` bytes, and nothing is copied out.
+    unsafe { bpf(BPF_PROG_TEST_RUN, &mut attr) }.map_err(|io_error| SyscallError {
         call: "bpf_prog_test_run",
         io_error,
     })?;
     Ok(attr.retval)
+}
+
+/// Refuses a `K`/`V` whose size is not the map's key and value size: the kernel copies
+/// the map's sizes, whatever the buffers were made for.
+fn check_layout<K, V>(map: &MapData, call: &'static str) -> Result<(), SyscallError> {
+    let info = map_info(map, call)?;
+    check_size("key", info.key_size(), size_of::<K>(), call)?;
+    check_size("value", info.value_size(), size_of::<V>(), call)
+}
+
+fn check_key_size<K>(map: &MapData, call: &'static str) -> Result<(), SyscallError> {
+    let info = map_info(map, call)?;
+    check_size("key", info.key_size(), size_of::<K>(), call)
+}
+
+fn map_info(map: &MapData, call: &'static str) -> Result<aya::maps::MapInfo, SyscallError> {
+    map.info().map_err(|error| SyscallError {
+        call,
+        io_error: io::Error::other(error.to_string()),
+    })
+}
+
+fn check_size(what: &str, map: u32, ours: usize, call: &'static str) -> Result<(), SyscallError> {
+    if usize::try_from(map).ok() == Some(ours) {
+        return Ok(());
+    }
+    Err(SyscallError {
+        call,
+        io_error: io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("the map's {what} size is {map} bytes, the caller's type {ours}"),
+        ),
+    })
 }
 
 fn zeroed<T: Pod>(len: usize) -> Vec<T> {
@@ -102,6 +143,7 @@ fn zeroed<T: Pod>(len: usize) -> Vec<T> {
 /// Every entry of the hash map `map`, at most `max` (the datapath changes the map
 /// meanwhile: an entry added during the read may be missed, one removed may still show).
 pub fn read_all<K: Pod, V: Pod>(map: &MapData, max: usize) -> Result<Vec<(K, V)>, SyscallError> {
+    check_layout::<K, V>(map, "bpf_map_lookup_batch")?;
     let fd = map.fd().as_fd().as_raw_fd();
     let (mut keys, mut values) = (zeroed::<K>(CHUNK), zeroed::<V>(CHUNK));
     let mut entries = Vec::new();
@@ -121,7 +163,10 @@ pub fn read_all<K: Pod, V: Pod>(map: &MapData, max: usize) -> Result<Vec<(K, V)>
             ..BatchAttr::default()
         };
         // ENOENT: this was the last batch (possibly with entries).
-        let last = match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        // SAFETY: `attr` is the `batch` member; `keys` and `values` hold CHUNK entries
+        // of the map's own sizes (checked above), `in_batch` and `out_batch` point to
+        // u32s that outlive the call.
+        let last = match unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
             Ok(()) => false,
             Err(error) if error.raw_os_error() == Some(libc::ENOENT) => true,
             Err(io_error) => {
@@ -148,6 +193,7 @@ pub fn read_all<K: Pod, V: Pod>(map: &MapData, max: usize) -> Result<Vec<(K, V)>
 /// Deletes `keys` from `map`; keys already gone are skipped. Returns how many were
 /// deleted.
 pub fn delete<K: Pod>(map: &MapData, keys: &[K]) -> Result<usize, SyscallError> {
+    check_key_size::<K>(map, "bpf_map_delete_batch")?;
     let fd = map.fd().as_fd().as_raw_fd();
     let (mut done, mut deleted) = (0, 0);
     while done < keys.len() {
@@ -158,7 +204,9 @@ pub fn delete<K: Pod>(map: &MapData, keys: &[K]) -> Result<usize, SyscallError> 
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
-        let result = bpf(BPF_MAP_DELETE_BATCH, &mut attr);
+        // SAFETY: `attr` is the `batch` member; `keys` points to `count` keys of the
+        // map's own key size (checked above), which the kernel only reads.
+        let result = unsafe { bpf(BPF_MAP_DELETE_BATCH, &mut attr) };
         let through = (attr.count as usize).min(rest.len());
         deleted += through;
         match result {
