@@ -64,11 +64,7 @@ pub fn map_pin(dir: &Path, name: &str) -> PathBuf {
 /// Removes every pin under `dir` and the folder itself. A missing folder is success, so
 /// uninstall can run twice.
 pub fn remove(dir: &Path) -> Result<(), BpffsError> {
-    match fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(io_error(dir, source)),
-    }
+    crate::files::remove_dir_all(dir).map_err(|source| io_error(dir, source))
 }
 
 fn io_error(path: &Path, source: io::Error) -> BpffsError {

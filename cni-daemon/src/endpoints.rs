@@ -253,11 +253,9 @@ fn write_record(path: &Path, endpoint: &Endpoint) -> Result<(), EndpointError> {
 }
 
 fn remove_file(path: &Path) -> Result<(), EndpointError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(state_error(path, source)),
-    }
+    crate::files::remove_file(path)
+        .map(drop)
+        .map_err(|source| state_error(path, source))
 }
 
 fn state_error(path: &Path, source: io::Error) -> EndpointError {

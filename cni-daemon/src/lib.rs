@@ -11,6 +11,7 @@ pub mod big_tcp;
 pub mod bpffs;
 pub mod datapath;
 pub mod endpoints;
+pub mod files;
 pub mod hostports;
 pub mod inspect;
 pub mod link_stats;

@@ -14,7 +14,7 @@ use cni_api::{self as api, Request, Response};
 use cni_daemon::{
     bpffs,
     datapath::{self, sock, tc_block},
-    inspect,
+    files, inspect,
     nat::{self, NatArgs},
     node,
     run::{self, RunConfig},
@@ -230,14 +230,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             datapath::remove_uplink_filters(&cli.bpf_dir)
                 .context("cannot remove the uplink programs' filters")?;
             bpffs::remove(&cli.bpf_dir)?;
-            match std::fs::remove_dir_all(&cli.state_dir) {
-                Ok(()) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => {
-                    return Err(error)
-                        .with_context(|| format!("cannot remove {}", cli.state_dir.display()));
-                }
-            }
+            files::remove_dir_all(&cli.state_dir)
+                .with_context(|| format!("cannot remove {}", cli.state_dir.display()))?;
             // The socket, the plugin's cache of IPAM versions beside it, and their folder
             // when nothing else is in it, go too.
             let _ = std::fs::remove_file(&cli.socket);

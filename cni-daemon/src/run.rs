@@ -53,14 +53,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     datapath.set_service_cidrs(&config.service_cidrs)?;
     if !config.service_cidrs.is_empty() {
         // Service traffic, and its replies between pods, is routed by the stack.
-        let enabled = crate::nat::sysctl::enable_ip_forward()
-            .with_context(|| format!("cannot set {}", crate::nat::sysctl::IP_FORWARD))?;
-        if enabled {
-            tracing::info!(
-                "net.ipv4.ip_forward set to 1 in the daemon's network namespace: pods' \
-                 Service traffic is routed by the node's stack"
-            );
-        }
+        crate::nat::sysctl::enable_ip_forward(
+            "pods' Service traffic is routed by the node's stack",
+        )
+        .with_context(|| format!("cannot set {}", crate::nat::sysctl::IP_FORWARD))?;
     }
     for interface in &config.attach {
         datapath

@@ -50,6 +50,11 @@ pub(super) fn attach_pinned(
     Ok(())
 }
 
+/// Removes the pin at `path`; returns whether there was one.
+pub(super) fn remove_pin(path: &std::path::Path) -> Result<bool, DatapathError> {
+    crate::files::remove_file(path).map_err(|source| pin_error(path, source))
+}
+
 pub(super) fn pin_error(path: &std::path::Path, source: io::Error) -> DatapathError {
     DatapathError::Pin {
         path: path.display().to_string(),

@@ -9,7 +9,7 @@
 //! restart binds those veths to the block first, then removes the old links.
 
 use std::{
-    fs, io,
+    fs,
     os::fd::{AsFd, AsRawFd},
     path::PathBuf,
 };
@@ -17,7 +17,7 @@ use std::{
 use cni_api::Attachment;
 use cni_ebpf_common::program_names;
 
-use super::{Datapath, DatapathError, classifier, links::pin_error, tc_block};
+use super::{Datapath, DatapathError, classifier, links::remove_pin, tc_block};
 
 /// How `status` shows the block's attachment.
 const BLOCK_MODE: &str = "tc block";
@@ -85,10 +85,8 @@ impl Datapath {
     fn remove_legacy_links(&self, host_veth: &str) -> Result<(), DatapathError> {
         for suffix in LEGACY_SUFFIXES {
             let pin = self.links_dir().join(format!("{host_veth}_{suffix}"));
-            match fs::remove_file(&pin) {
-                Ok(()) => tracing::info!(pin = %pin.display(), "removed an earlier daemon's link"),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => return Err(pin_error(&pin, source)),
+            if remove_pin(&pin)? {
+                tracing::info!(pin = %pin.display(), "removed an earlier daemon's link");
             }
         }
         Ok(())

@@ -19,7 +19,10 @@ use aya::{
 };
 use cni_ebpf_common::{SockConfig, map_names, program_names};
 
-use super::{Datapath, DatapathError, links::pin_error};
+use super::{
+    Datapath, DatapathError,
+    links::{pin_error, remove_pin},
+};
 use cni_api::Attachment;
 
 /// The maps the node's hostPort code keeps: node addresses, the bitmap of target ports,
@@ -59,7 +62,7 @@ impl Datapath {
                 source,
             };
             let fd_link = FdLink::try_from(link).map_err(link_error)?;
-            remove_if_present(&fresh)?;
+            remove_pin(&fresh)?;
             fd_link
                 .pin(&fresh)
                 .map_err(|source| pin_error(&fresh, io::Error::other(source.to_string())))?;
@@ -90,14 +93,6 @@ impl Datapath {
             targets: Array::try_from(targets)?,
             sock_config: Array::try_from(sock_config)?,
         })
-    }
-}
-
-fn remove_if_present(path: &Path) -> Result<(), DatapathError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(pin_error(path, source)),
     }
 }
 

@@ -5,7 +5,7 @@
 //! they share with the daemon. (A daemon of one uplink pinned them without the device:
 //! such pins go at the next start, see [`Datapath::detach_uplinks_except`].)
 
-use std::{fs, io, path::Path};
+use std::{fs, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
 use aya::programs::TcAttachType;
@@ -15,7 +15,7 @@ use cni_ebpf_common::{
 
 use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
-    links::{attach_pinned, pin_error},
+    links::{attach_pinned, pin_error, remove_pin},
 };
 use cni_api::Attachment;
 
@@ -360,14 +360,6 @@ pub fn remove_uplink_filters(bpf_dir: &Path) -> Result<(), DatapathError> {
         }
     }
     Ok(())
-}
-
-fn remove_pin(pin: &std::path::Path) -> Result<(), DatapathError> {
-    match fs::remove_file(pin) {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(pin_error(pin, source)),
-    }
 }
 
 #[cfg(test)]

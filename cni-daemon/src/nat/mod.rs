@@ -211,16 +211,12 @@ pub fn start<'a>(
         return Ok(nat);
     };
     sysctl::warn_on_port_overlap(&settings.ports);
-    let enabled = sysctl::enable_ip_forward().map_err(|source| NatError::Sysctl {
-        path: sysctl::IP_FORWARD,
-        source,
-    })?;
-    if enabled {
-        tracing::info!(
-            "net.ipv4.ip_forward set to 1 in the daemon's network namespace: pods' traffic \
-             to the outside is routed to the uplink"
-        );
-    }
+    sysctl::enable_ip_forward("pods' traffic to the outside is routed to the uplink").map_err(
+        |source| NatError::Sysctl {
+            path: sysctl::IP_FORWARD,
+            source,
+        },
+    )?;
     for uplink in &settings.uplinks {
         datapath.attach_uplink(&uplink.name)?;
     }

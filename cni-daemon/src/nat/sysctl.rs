@@ -13,13 +13,15 @@ pub const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 /// Where the node's own connections take their source ports from.
 pub const LOCAL_PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
 
-/// Turns IPv4 forwarding on; returns whether it was off.
-pub fn enable_ip_forward() -> io::Result<bool> {
+/// Turns IPv4 forwarding on, and says so in the log when it was off, naming `why` (the
+/// traffic that needs it).
+pub fn enable_ip_forward(why: &str) -> io::Result<()> {
     if fs::read_to_string(IP_FORWARD)?.trim() == "1" {
-        return Ok(false);
+        return Ok(());
     }
     fs::write(IP_FORWARD, "1\n")?;
-    Ok(true)
+    tracing::info!("net.ipv4.ip_forward set to 1 in the daemon's network namespace: {why}");
+    Ok(())
 }
 
 /// The node's ephemeral port range (`ip_local_port_range`'s text: "MIN\tMAX").
