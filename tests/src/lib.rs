@@ -9,6 +9,8 @@
 //! endpoints, hand-written frames, an independent IPv4 checksum, the checks, and the
 //! random frames with their reference model.
 //! `nat_frames` is its counterpart for the uplink's source NAT programs.
+//! `runtimes` runs real container runtimes (containerd through the CRI, podman) on a
+//! simulated node, with the real plugin.
 
 pub mod big_tcp;
 pub mod bins;
@@ -20,6 +22,7 @@ pub mod frames;
 pub mod nat_frames;
 pub mod netns;
 pub mod node;
+pub mod runtimes;
 pub mod traffic;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,4 +1,5 @@
-//! A network namespace that exists as long as its guard.
+//! A network namespace that exists as long as its guard, or one a container runtime made
+//! (`Netns::existing`), which the runtime removes.
 
 use std::{
     path::PathBuf,
@@ -11,6 +12,10 @@ use crate::unique_name;
 
 pub struct Netns {
     name: String,
+    /// The namespace's file: `/run/netns/<name>` for one made here.
+    path: PathBuf,
+    /// Whether the guard made the namespace, and so deletes it on drop.
+    owned: bool,
 }
 
 impl Netns {
@@ -18,9 +23,27 @@ impl Netns {
     pub fn new(tag: &str) -> Self {
         let name = unique_name(tag);
         run_ok(Command::new("ip").args(["netns", "add", &name]));
-        let netns = Self { name };
+        let netns = Self {
+            path: PathBuf::from("/run/netns").join(&name),
+            name,
+            owned: true,
+        };
         netns.ip(&["link", "set", "lo", "up"]);
         netns
+    }
+
+    /// The namespace a container runtime mounted at `path`, for the helpers here;
+    /// left in place on drop (the runtime removes it).
+    pub fn existing(path: &std::path::Path) -> Self {
+        let name = path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| panic!("{} names no namespace", path.display()));
+        Self {
+            name,
+            path: path.to_owned(),
+            owned: false,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -90,12 +113,20 @@ impl Netns {
 
     /// The namespace's file, for `nsenter --net=` and setns.
     pub fn path(&self) -> PathBuf {
-        PathBuf::from("/run/netns").join(&self.name)
+        self.path.clone()
     }
 
-    /// `ip -n <ns> <args>`; panics with ip's message when it fails.
+    /// `ip -n <ns> <args>` (through nsenter for a runtime's namespace, which `ip -n`
+    /// cannot name); panics with ip's message when it fails.
     pub fn ip(&self, args: &[&str]) -> String {
-        let out = run_ok(Command::new("ip").args(["-n", &self.name]).args(args));
+        let mut command = if self.owned {
+            let mut command = Command::new("ip");
+            command.args(["-n", &self.name]);
+            command
+        } else {
+            self.command("ip")
+        };
+        let out = run_ok(command.args(args));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -160,6 +191,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // Deleting the namespace also removes every link inside it.
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])

@@ -1,6 +1,6 @@
 //! Makes a fresh machine of the project's kind ready, idempotently (TOOLCHAIN.md):
-//! Debian packages for tests and demo, nightly rust-src, and bpf-linker built against
-//! rustc's own libLLVM. Nearly instant when everything is already there.
+//! Debian packages for the build, tests and demo, nightly rust-src, and bpf-linker built
+//! against rustc's own libLLVM. Nearly instant when everything is already there.
 
 use std::{
     env, fs,
@@ -26,7 +26,30 @@ const PACKAGES: &[(&str, &str)] = &[
         "util-linux",
         "nsenter: start the daemon inside a node namespace",
     ),
+    (
+        "containerd",
+        "the containerd tests' runtime, driven through the CRI; ctr imports their image",
+    ),
+    (
+        "runc",
+        "the OCI runtime containerd and podman start the tests' pods with",
+    ),
+    (
+        "podman",
+        "the podman test's runtime (CNI backend; brings conmon)",
+    ),
+    (
+        "busybox-static",
+        "the runtime tests' image: a static busybox, built into an OCI archive locally",
+    ),
 ];
+
+/// Debian packages the workspace's build needs, with what for; `toolchain` installs
+/// them too, since every build compiles the tests crate.
+const BUILD_PACKAGES: &[(&str, &str)] = &[(
+    "protobuf-compiler",
+    "protoc: k8s-cri compiles the CRI protos for the containerd tests' client",
+)];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -40,7 +63,9 @@ pub struct Toolchain {
 /// Everything: packages, rust-src, bpf-linker.
 pub fn full() -> anyhow::Result<Toolchain> {
     let mut installed = Vec::new();
-    apt_packages(&mut installed)?;
+    // One apt-get run for both lists: `toolchain_into` then finds its packages there.
+    let packages: Vec<(&str, &str)> = PACKAGES.iter().chain(BUILD_PACKAGES).copied().collect();
+    apt_packages(&packages, &mut installed)?;
     let tools = toolchain_into(&mut installed)?;
     if installed.is_empty() {
         eprintln!("setup: everything was already in place");
@@ -50,18 +75,19 @@ pub fn full() -> anyhow::Result<Toolchain> {
     Ok(tools)
 }
 
-/// Only what building the eBPF object needs: rust-src and bpf-linker.
+/// Only what building needs: the build packages, rust-src and bpf-linker.
 pub fn toolchain() -> anyhow::Result<Toolchain> {
     toolchain_into(&mut Vec::new())
 }
 
 fn toolchain_into(installed: &mut Vec<String>) -> anyhow::Result<Toolchain> {
+    apt_packages(BUILD_PACKAGES, installed)?;
     rust_src(installed)?;
     bpf_linker(installed)
 }
 
-fn apt_packages(installed: &mut Vec<String>) -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+fn apt_packages(packages: &[(&str, &str)], installed: &mut Vec<String>) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .map(|(name, _)| *name)
         .filter(|name| !dpkg_installed(name))
