@@ -3,14 +3,18 @@
 //! stopping and removing a pod twice succeeds and leaves nothing on the node; pods keep
 //! their addresses and traffic across a containerd restart.
 
+use std::time::Duration;
+
 use ebpf_cni_tests::{
     daemon::eventually,
-    node::{EXTERNAL_ADDR, NODE_ADDR, Node, socket},
+    node::{EXTERNAL_ADDR, Node, socket},
     require_root,
-    runtimes::{RuntimePod, assert_nothing_left, containerd::Containerd, in_subnet, ping},
-    traffic::{EchoServer, Stream, round_trip},
+    runtimes::{
+        RuntimePod, assert_host_port_serves, assert_nothing_left, containerd::Containerd,
+        in_subnet, ping,
+    },
+    traffic::{EchoServer, Stream},
 };
-use std::time::Duration;
 
 const HOST_PORT: u16 = 8080;
 const CONTAINER_PORT: u16 = 80;
@@ -53,14 +57,7 @@ fn assert_traffic(node: &Node, a: &RuntimePod, b: &RuntimePod) {
             pod.ip
         );
     }
-    let _server = EchoServer::start(&b.netns, CONTAINER_PORT);
-    let back = round_trip(
-        &node.external,
-        socket(NODE_ADDR, HOST_PORT),
-        b"through containerd's hostPort",
-    )
-    .expect("the hostPort answers from outside");
-    assert_eq!(back, b"through containerd's hostPort");
+    assert_host_port_serves(node, &b.netns, HOST_PORT, CONTAINER_PORT);
 }
 
 /// Stop and remove, each twice (kubelet retries them), then checks the node is clean.

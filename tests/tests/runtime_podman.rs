@@ -5,10 +5,9 @@
 use std::{collections::BTreeSet, fs, path::Path};
 
 use ebpf_cni_tests::{
-    node::{EXTERNAL_ADDR, NODE_ADDR, Node, socket},
+    node::{EXTERNAL_ADDR, Node},
     require_root,
-    runtimes::{assert_nothing_left, in_subnet, ping, podman::Podman},
-    traffic::{EchoServer, round_trip},
+    runtimes::{assert_host_port_serves, assert_nothing_left, in_subnet, ping, podman::Podman},
 };
 
 const HOST_PORT: u16 = 8080;
@@ -55,16 +54,7 @@ fn podman_container_gets_an_address_reaches_out_serves_a_host_port_and_leaves_no
         ping(&container.netns, EXTERNAL_ADDR),
         "the container cannot ping the external host"
     );
-    {
-        let _server = EchoServer::start(&container.netns, CONTAINER_PORT);
-        let back = round_trip(
-            &node.external,
-            socket(NODE_ADDR, HOST_PORT),
-            b"through podman's hostPort",
-        )
-        .expect("the hostPort answers from outside");
-        assert_eq!(back, b"through podman's hostPort");
-    }
+    assert_host_port_serves(&node, &container.netns, HOST_PORT, CONTAINER_PORT);
 
     podman.remove(&container.id);
     assert_nothing_left(&node, &[container.netns_path.as_path()]);

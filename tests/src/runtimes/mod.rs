@@ -137,6 +137,20 @@ pub struct RuntimePod {
     pub netns_path: PathBuf,
 }
 
+/// The external host reaches an echo server in `pod` (on `container_port`) through the
+/// node's address and `host_port`.
+pub fn assert_host_port_serves(node: &Node, pod: &Netns, host_port: u16, container_port: u16) {
+    let _server = crate::traffic::EchoServer::start(pod, container_port);
+    let message = format!("through hostPort {host_port}");
+    let back = crate::traffic::round_trip(
+        &node.external,
+        crate::node::socket(crate::node::NODE_ADDR, host_port),
+        message.as_bytes(),
+    )
+    .unwrap_or_else(|error| panic!("hostPort {host_port} does not answer from outside: {error}"));
+    assert_eq!(back, message.as_bytes());
+}
+
 /// Whether one ping from `from` to `to` is answered within two seconds.
 pub fn ping(from: &Netns, to: &str) -> bool {
     from.run("ping", &["-c", "1", "-W", "2", to])
