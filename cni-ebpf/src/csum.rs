@@ -5,6 +5,7 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
+use cni_ebpf_common::ip_proto::{DCCP, ICMP, SCTP, TCP, UDP, UDPLITE};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 /// Offsets of the (outer) IPv4 TTL (the protocol and the header checksum follow it) and
@@ -14,11 +15,6 @@ pub const IP_CSUM: usize = EthHdr::LEN + 10;
 pub const IP_SRC: usize = EthHdr::LEN + 12;
 pub const IP_DST: usize = EthHdr::LEN + 16;
 
-pub const TCP: u8 = 6;
-pub const UDP: u8 = 17;
-pub const ICMP: u8 = 1;
-/// Its CRC32c covers its ports and chunks, not the IP addresses (no pseudo header).
-pub const SCTP: u8 = 132;
 pub const ICMP_ECHO_REPLY: u8 = 0;
 pub const ICMP_ECHO_REQUEST: u8 = 8;
 pub const ICMP_DEST_UNREACHABLE: u8 = 3;
@@ -34,12 +30,6 @@ pub fn is_icmp_error(icmp_type: u8) -> bool {
         ICMP_DEST_UNREACHABLE | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
     )
 }
-
-/// Both have their ports where UDP has them, and a checksum over a pseudo header with
-/// the addresses where UDP has its checksum (always set, unlike UDP's): translated as
-/// UDP is.
-pub const DCCP: u8 = 33;
-pub const UDPLITE: u8 = 136;
 
 /// The Ethernet and IPv4 headers, read together (one helper call where two were).
 #[repr(C)]
@@ -104,7 +94,8 @@ impl L4Csum {
         flags: 0,
     };
 
-    /// The checksum of a `proto` header starting at `l4`, if we translate that protocol.
+    /// The checksum of a `proto` header starting at `l4`, if we translate that protocol
+    /// (DCCP and UDP-Lite as UDP, their checksum always set).
     #[inline(always)]
     pub fn of(proto: u8, l4: usize) -> Option<Self> {
         match proto {

@@ -17,12 +17,14 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     HAIRPIN_ADDR, HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, TARGET_COUNT, TARGET_WORDS,
+    flow,
+    ip_proto::{TCP, UDP},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum, TCP, UDP},
-    endpoints, forward, fragments, nat_maps, snat,
+    csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum},
+    endpoints, forward, fragments, nat_maps,
 };
 
 /// Mappings per node: 5,000 must fit with room to spare.
@@ -133,7 +135,7 @@ fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
             && entry.node_port == host_port
             && !is_expired(&entry, flow.proto, now)
         {
-            let state = nat_maps::inbound_state(flow.proto, entry.state, flags, false);
+            let state = flow::inbound_state(flow.proto, entry.state, flags, false);
             nat_maps::touch(slot, &entry, state, now);
             return;
         }
@@ -141,7 +143,7 @@ fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
     let entry = NatEntry {
         node_addr: host_addr,
         node_port: host_port,
-        ..NatEntry::from_outside(flow, snat::opening_state(flow.proto, flags), now)
+        ..NatEntry::from_outside(flow, flow::opening_state(flow.proto, flags), now)
     };
     let _ = HOSTPORT_FLOWS.insert(flow, &entry, 0);
 }
@@ -212,7 +214,7 @@ pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
         return None;
     }
     if let Some(flags) = flags {
-        let state = nat_maps::inbound_state(flow.proto, entry.state, flags, true);
+        let state = flow::inbound_state(flow.proto, entry.state, flags, true);
         nat_maps::touch(slot, &entry, state, now);
     }
     Some(HostPortFlow {

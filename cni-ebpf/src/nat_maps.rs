@@ -6,7 +6,8 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, tcp_state, udp_state,
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Timeouts, Uplinks,
+    flow::{inbound_state, opening_state},
 };
 
 use crate::snat;
@@ -152,14 +153,14 @@ pub fn refresh<K>(
 #[inline(always)]
 pub fn saw_inbound(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) {
     let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
-        let note = NatEntry::from_outside(flow, snat::opening_state(flow.proto, flags), now);
+        let note = NatEntry::from_outside(flow, opening_state(flow.proto, flags), now);
         let _ = NAT_INBOUND.insert(flow, &note, 0);
         return;
     };
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let note = unsafe { *slot };
     let state = if expired(&note, flow.proto, config, now) {
-        snat::opening_state(flow.proto, flags)
+        opening_state(flow.proto, flags)
     } else {
         inbound_state(flow.proto, note.state, flags, false)
     };
@@ -191,27 +192,6 @@ pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u6
     true
 }
 
-/// The state of a flow opened from outside after a packet with TCP `flags`, from the
-/// pod or from the host outside. TCP follows `snat::next_state` with the ways mirrored
-/// (the host outside opened the flow), except that a flow closed by its opener first
-/// takes the whole closed timeout: `POD_CLOSED`'s short hold is for a pod in TIME_WAIT,
-/// and here the pod is the side that may still retransmit its FIN.
-#[inline(always)]
-pub fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
-    if proto != 6 {
-        return if from_pod { udp_state::REPLIED } else { state };
-    }
-    let way = if from_pod {
-        snat::Way::In
-    } else {
-        snat::Way::Out
-    };
-    match snat::next_state(state, flags, way) {
-        tcp_state::POD_CLOSED => tcp_state::CLOSED,
-        next => next,
-    }
-}
-
 /// Writes `state` and `now` into the entry at `slot` (read as `note`: a note of
 /// `NAT_INBOUND` or a hostPort connection) when the state changes or a second has passed
 /// since it was stamped.
@@ -226,27 +206,9 @@ pub fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
     }
 }
 
-/// Whether `entry` of protocol `proto` has been idle longer than its timeout.
+/// Whether `entry` of protocol `proto` has been idle longer than its timeout (the rule
+/// the daemon's sweep applies too, `cni_ebpf_common::Timeouts::expired`).
 #[inline(always)]
 pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
-    let secs = timeout_secs(proto, entry.state, config);
-    now.saturating_sub(entry.last_seen_ns) > u64::from(secs) * 1_000_000_000
-}
-
-/// The idle timeout of a flow of `proto` in `state` (as the daemon's
-/// `nat::expiry::timeout_secs` decides it).
-#[inline(always)]
-fn timeout_secs(proto: u8, state: u8, config: &NatConfig) -> u32 {
-    match (proto, state) {
-        (6, tcp_state::ESTABLISHED) => config.tcp_established_secs,
-        (6, tcp_state::CLOSED) => config.tcp_closed_secs,
-        (6, tcp_state::POD_CLOSED) => config.tcp_closed_secs.min(tcp_state::POD_CLOSED_SECS),
-        (6, _) => config.tcp_transitory_secs,
-        (1, _) => config.icmp_secs,
-        // UDP, and the protocols translated by address or with their ports kept, once
-        // they had a reply.
-        (_, udp_state::REPLIED) => config.udp_stream_secs,
-        // UDP, and the protocols translated by address or with their ports kept.
-        _ => config.udp_secs,
-    }
+    Timeouts::from_config(config).expired(entry, proto, now)
 }

@@ -5,7 +5,9 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{
-    FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, udp_state,
+    FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Way, flow,
+    ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
+    udp_state,
 };
 use network_types::{
     eth::{EthHdr, EtherType},
@@ -14,13 +16,11 @@ use network_types::{
 
 use crate::{
     csum::{
-        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST,
-        IcmpErrorSide, L4Csum, TCP, UDP, UDPLITE,
+        self, EthIpv4, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST, IcmpErrorSide, L4Csum,
     },
     endpoints, forward, fragments, hostport,
     nat_maps::{self, NAT_IN},
-    services,
-    snat::{self, Way},
+    services, snat,
 };
 
 /// Translates back a packet arriving on the uplink `ifindex`.
@@ -230,7 +230,7 @@ fn live_entry(
     }
     let state = match (key.proto, reply) {
         (_, None) => entry.state,
-        (TCP, Some(tcp_flags)) => snat::next_state(entry.state, tcp_flags, Way::In),
+        (TCP, Some(tcp_flags)) => flow::next_state(entry.state, tcp_flags, Way::In),
         (ICMP, Some(_)) => entry.state,
         // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
         (_, Some(_)) => udp_state::REPLIED,

@@ -23,13 +23,13 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, lpm_trie::Key},
     programs::TcContext,
 };
-use cni_ebpf_common::{FragmentKey, MAX_SERVICE_CIDRS, ServiceClient};
+use cni_ebpf_common::{
+    FragmentKey, MAX_SERVICE_CIDRS, ServiceClient,
+    ip_proto::{TCP, UDP},
+};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::{
-    csum::{self, TCP, UDP},
-    fragments, hostport,
-};
+use crate::{csum, fragments, hostport};
 
 /// Pod sockets with Service connections remembered at once; the least recently used
 /// goes first (a forgotten one only loses its replies' way through the stack while its

@@ -10,7 +10,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    DropReason, FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, endpoint_flags, tcp_state,
+    DropReason, FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, Way, endpoint_flags,
+    flow::{next_state, opening_state},
+    ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
+    tcp_flags,
 };
 use network_types::{
     eth::{EthHdr, EtherType},
@@ -18,10 +21,7 @@ use network_types::{
 };
 
 use crate::{
-    csum::{
-        self, DCCP, EthIpv4, ICMP, ICMP_ECHO_REQUEST, IP_SRC, IcmpErrorSide, L4Csum, TCP, UDP,
-        UDPLITE,
-    },
+    csum::{self, EthIpv4, ICMP_ECHO_REQUEST, IP_SRC, IcmpErrorSide, L4Csum},
     endpoints, fragments, hostport, metrics,
     nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
 };
@@ -42,11 +42,6 @@ const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 /// An entry's timestamp is refreshed at most this often, to spare map writes on the
 /// fast path.
 pub const REFRESH_NS: u64 = 1_000_000_000;
-
-pub const TCP_FIN: u8 = 0x01;
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_RST: u8 = 0x04;
-pub const TCP_ACK: u8 = 0x10;
 
 /// Translates a packet leaving by the uplink `ifindex`.
 pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
@@ -74,7 +69,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // Other protocols than TCP, UDP and ICMP have no checksum over the addresses.
     let l4_csum = L4Csum::of(ip.proto, l4).unwrap_or(L4Csum::NONE);
     // The pod-side port (or echo identifier) and where it sits.
-    let (pod_port, remote_port, port_at, tcp_flags) = match ip.proto {
+    let (pod_port, remote_port, port_at, flags) = match ip.proto {
         TCP | UDP => {
             let (pod_port, remote_port, flags) = csum::ports_and_flags(ctx, ip.proto, l4)?;
             // A pod's reply on a hostPort connection leaves with the host address and
@@ -131,7 +126,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
             let state = if key.proto == TCP {
-                next_state(entry.state, tcp_flags, Way::Out)
+                next_state(entry.state, flags, Way::Out)
             } else {
                 entry.state
             };
@@ -152,8 +147,8 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             // An answer on a flow a host outside opened to the pod's own address (a
             // pod's SYN opens a connection of its own: no lookup on that hot path).
-            let syn = key.proto == TCP && tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0;
-            if !syn && nat_maps::opened_from_outside(&key, tcp_flags, &config, now) {
+            let syn = key.proto == TCP && tcp_flags::opens(flags);
+            if !syn && nat_maps::opened_from_outside(&key, flags, &config, now) {
                 fragments::left(&ip, ip.src_addr);
                 return Ok(TC_ACT_OK);
             }
@@ -162,7 +157,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             if !has_address {
                 return Ok(metrics::drop_packet(DropReason::NatNoAddress));
             }
-            let state = opening_state(key.proto, tcp_flags);
+            let state = opening_state(key.proto, flags);
             let port = if rewrites_port(key.proto) {
                 allocate(&key, &config, node_addr, now, state)
             } else {
@@ -497,54 +492,4 @@ fn claim(flow: &NewFlow, port: u16) -> bool {
         }
     }
     true
-}
-
-/// Which way a packet of a flow goes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Way {
-    Out,
-    In,
-}
-
-/// The state of a flow of `proto` at its first packet, with TCP `flags` (0 for other
-/// protocols): a SYN opens it, a RST finds it closed (a stray RST takes a node port for
-/// the closed timeout only, not the established one), anything else picks it up
-/// mid-stream (an entry evicted, a connection older than the daemon).
-#[inline(always)]
-pub fn opening_state(proto: u8, flags: u8) -> u8 {
-    match proto {
-        TCP if flags & TCP_RST != 0 => tcp_state::CLOSED,
-        TCP if flags & TCP_SYN != 0 && flags & TCP_ACK == 0 => tcp_state::SYN_SENT,
-        TCP => tcp_state::ESTABLISHED,
-        _ => 0,
-    }
-}
-
-/// TCP state after a packet with `flags` going `way` (non-TCP flows stay 0).
-#[inline(always)]
-pub fn next_state(state: u8, flags: u8, way: Way) -> u8 {
-    if state == 0 {
-        return 0;
-    }
-    if flags & TCP_RST != 0 {
-        return tcp_state::CLOSED;
-    }
-    if flags & TCP_FIN != 0 {
-        // A FIN each way closes the flow; the first one only starts closing it.
-        return match (way, state) {
-            (Way::Out, tcp_state::REMOTE_CLOSING) => tcp_state::CLOSED,
-            (Way::In, tcp_state::CLOSING) => tcp_state::POD_CLOSED,
-            (_, tcp_state::CLOSED | tcp_state::POD_CLOSED) => state,
-            (Way::Out, _) => tcp_state::CLOSING,
-            (Way::In, _) => tcp_state::REMOTE_CLOSING,
-        };
-    }
-    if way == Way::Out && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
-        // The pod opens the same 4-tuple again (after a close).
-        tcp_state::SYN_SENT
-    } else if state == tcp_state::SYN_SENT && way == Way::In && flags & TCP_ACK != 0 {
-        tcp_state::ESTABLISHED
-    } else {
-        state
-    }
 }

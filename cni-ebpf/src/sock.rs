@@ -13,12 +13,12 @@ use aya_ebpf::{
     maps::{Array, LruHashMap},
     programs::SockAddrContext,
 };
-use cni_ebpf_common::{HostPortFlow, SockConfig, SockRevKey};
-
-use crate::{
-    csum::{TCP, UDP},
-    hostport,
+use cni_ebpf_common::{
+    HostPortFlow, SockConfig, SockRevKey,
+    ip_proto::{TCP, UDP},
 };
+
+use crate::hostport;
 
 /// Sockets remembered at once; the LRU forgets the oldest.
 const MAX_SOCKETS: u32 = 65536;
@@ -76,8 +76,8 @@ fn to_pod(ctx: &SockAddrContext) {
     // readable and writable in connect4 and sendmsg4.
     let addr = unsafe { &mut *ctx.sock_addr };
     let proto = match addr.protocol {
-        6 => TCP,
-        17 => UDP,
+        p if p == u32::from(TCP) => TCP,
+        p if p == u32::from(UDP) => UDP,
         _ => return,
     };
     let host_addr = addr.user_ip4.to_ne_bytes();
