@@ -10,17 +10,14 @@ use std::{fs, io, path::Path};
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
 use aya::programs::TcAttachType;
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, Uplinks, map_names, program_names, tcp_state, udp_state,
+    NatConfig, NatEntry, NatKey, Uplinks, ip_proto, map_names, program_names, tcp_state, udp_state,
 };
 
 use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
     pod::{attach_pinned, pin_error},
 };
-use crate::{
-    api::Attachment,
-    nat::{NatMaps, expiry::IPPROTO_TCP},
-};
+use crate::{api::Attachment, nat::NatMaps};
 
 /// The two uplink programs: where they attach; their pins are named after them.
 const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
@@ -125,7 +122,7 @@ pub(super) fn take_resized(
 
 /// The state an earlier release's flow of `key` comes over with: answered.
 fn answered(key: &NatKey) -> u8 {
-    if key.proto == IPPROTO_TCP {
+    if key.proto == ip_proto::TCP {
         tcp_state::ESTABLISHED
     } else {
         udp_state::REPLIED

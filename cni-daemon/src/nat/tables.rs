@@ -454,7 +454,7 @@ fn expired(
             .get(&reverse)
             .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
         let decided = *expiry::latest(entry, pair);
-        if gone(&decided) || expiry::is_expired(&decided, key.proto, now_ns, timeouts) {
+        if gone(&decided) || timeouts.expired(&decided, key.proto, now_ns) {
             removals.push(Removal::Flow {
                 key: *key,
                 reverse: pair.map(|_| reverse),
@@ -466,7 +466,7 @@ fn expired(
         let paired = out
             .get(&reverse.forward(entry))
             .is_some_and(|out| out.node_port == reverse.node_port);
-        if !paired && (gone(entry) || expiry::is_expired(entry, reverse.proto, now_ns, timeouts)) {
+        if !paired && (gone(entry) || timeouts.expired(entry, reverse.proto, now_ns)) {
             removals.push(Removal::Orphan {
                 reverse: *reverse,
                 entry: *entry,
@@ -488,8 +488,7 @@ fn expired_notes<'a>(
     table
         .iter()
         .filter(move |(key, entry)| {
-            !pods.contains(&entry.pod_addr)
-                || expiry::is_expired(entry, key.proto, now_ns, timeouts)
+            !pods.contains(&entry.pod_addr) || timeouts.expired(entry, key.proto, now_ns)
         })
         .map(|(key, entry)| (*key, *entry))
 }
