@@ -10,55 +10,23 @@
 //! - from the node's own processes, at the socket level (`crate::sock`), which uses
 //!   [`local_mapping`].
 
-use aya_ebpf::{
-    macros::map,
-    maps::{Array, HashMap, LruHashMap},
-    programs::TcContext,
-};
+use aya_ebpf::programs::TcContext;
 use cni_ebpf_common::{
-    HAIRPIN_ADDR, HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, TARGET_COUNT, TARGET_WORDS,
-    flow,
+    HAIRPIN_ADDR, HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, TARGET_COUNT, flow,
     ip_proto::{TCP, UDP},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    csum::{self, IP_CSUM, IP_DST, IP_SRC, L4Csum},
-    endpoints, forward, fragments, nat_maps,
+    conntrack, fragments,
+    primitives::{
+        clock,
+        csum::{self, L4Csum},
+        deliver,
+        maps::{self, HOSTPORT_FLOWS, HOSTPORT_TARGETS, HOSTPORTS, is_node_addr},
+        packet::{self, IP_CSUM, IP_DST, IP_SRC},
+    },
 };
-
-/// Mappings per node: 5,000 must fit with room to spare.
-const MAX_MAPPINGS: u32 = 16384;
-/// Connections followed at once, unless the daemon asks for another size (it gives this
-/// table the NAT tables' size, `--nat-max-flows`).
-const MAX_FLOWS: u32 = 262_144;
-
-#[map(name = "HOSTPORTS")]
-static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPINGS, 0);
-
-/// The connections through a mapping, keyed from the pod's side: a [`NatEntry`] whose
-/// node address and port are the host address and port the client reached, its state
-/// following TCP (or whether the pod answered) as the notes of connections opened from
-/// outside do (`nat_maps::saw_inbound`), and swept by the daemon as they are (idle past
-/// their timeout, closed, or their pod gone). A bare LRU record before, a busy mapping's
-/// closed connections crowded a live idle one out (at 1,000 connections a second the
-/// 65,536 entries turned over in a minute), and its pod's next packet left translated to
-/// a node port the client never dialled, which reset the connection.
-#[map(name = "HOSTPORT_FLOWS")]
-pub static HOSTPORT_FLOWS: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
-
-#[map(name = "NODE_ADDRS")]
-static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(256, 0);
-
-#[map(name = "HOSTPORT_TARGETS")]
-static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS + 1, 0);
-
-/// Whether `addr` is one of the node's own addresses.
-#[inline(always)]
-pub fn is_node_addr(addr: [u8; 4]) -> bool {
-    // SAFETY: only the presence is read.
-    unsafe { NODE_ADDRS.get(&addr) }.is_some()
-}
 
 /// The mapping of (`proto`, `addr`, `port`) when `addr` is a node address: for exactly
 /// that address, else a mapping without hostIP.
@@ -127,7 +95,7 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
 /// went through another mapping, opens anew.
 #[inline(always)]
 fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
-    let now = nat_maps::now_ns();
+    let now = clock::now_ns();
     if let Some(slot) = HOSTPORT_FLOWS.get_ptr_mut(flow) {
         // SAFETY: a pointer into the map value, valid for the program run; copied at once.
         let entry = unsafe { *slot };
@@ -136,7 +104,7 @@ fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
             && !is_expired(&entry, flow.proto, now)
         {
             let state = flow::inbound_state(flow.proto, entry.state, flags, false);
-            nat_maps::touch(slot, &entry, state, now);
+            conntrack::touch(slot, &entry, state, now);
             return;
         }
     }
@@ -152,7 +120,7 @@ fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
 /// daemon wrote no timeouts).
 #[inline(always)]
 fn is_expired(entry: &NatEntry, proto: u8, now: u64) -> bool {
-    nat_maps::timeouts().is_some_and(|config| nat_maps::expired(entry, proto, &config, now))
+    maps::timeouts().is_some_and(|config| conntrack::expired(entry, proto, &config, now))
 }
 
 /// A TCP/UDP packet arriving on the uplink for a mapped host port: rewritten to the pod
@@ -166,11 +134,11 @@ pub fn inbound(
     l4_csum: L4Csum,
 ) -> Result<Option<i32>, i64> {
     let proto = ip.proto as u8;
-    let (client_port, host_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
+    let (client_port, host_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
     let Some(target) = mapping(proto, ip.dst_addr, host_port) else {
         return Ok(None);
     };
-    let Some(pod) = endpoints::lookup(target.pod_addr) else {
+    let Some(pod) = maps::endpoint(target.pod_addr) else {
         return Ok(None);
     };
     let flow = flow_to(&target, ip.src_addr, client_port, proto);
@@ -180,7 +148,7 @@ pub fn inbound(
     // The fragments after a first one follow it (`deliver` hands it over above TTL 1).
     fragments::arrived(ip, target.pod_addr, ip.ttl > 1);
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    forward::deliver(ctx, eth, &ip, &pod).map(Some)
+    deliver::deliver(ctx, eth, &ip, &pod).map(Some)
 }
 
 /// The pod address and port behind a hostPort connection, from what an ICMP error
@@ -209,13 +177,13 @@ pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
     let slot = HOSTPORT_FLOWS.get_ptr_mut(flow)?;
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let entry = unsafe { *slot };
-    let now = nat_maps::now_ns();
+    let now = clock::now_ns();
     if is_expired(&entry, flow.proto, now) {
         return None;
     }
     if let Some(flags) = flags {
         let state = flow::inbound_state(flow.proto, entry.state, flags, true);
-        nat_maps::touch(slot, &entry, state, now);
+        conntrack::touch(slot, &entry, state, now);
     }
     Some(HostPortFlow {
         host_addr: entry.node_addr,
@@ -276,7 +244,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(None);
     };
-    let (src_port, dst_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
+    let (src_port, dst_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
     if ip.dst_addr == HAIRPIN_ADDR {
         let flow = NatKey {
             pod_addr: ip.src_addr,
@@ -289,20 +257,20 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
         let Some(host) = host_of(&flow, Some(flags)) else {
             return Ok(None);
         };
-        let Some(pod) = endpoints::lookup(ip.src_addr) else {
+        let Some(pod) = maps::endpoint(ip.src_addr) else {
             return Ok(None);
         };
         csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, host.host_addr, l4_csum)?;
         csum::set_port(ctx, l4, src_port, host.host_port, l4_csum)?;
         csum::set_addr(ctx, IP_DST, IP_CSUM, HAIRPIN_ADDR, ip.src_addr, l4_csum)?;
         let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-        return forward::deliver(ctx, eth, &ip, &pod).map(Some);
+        return deliver::deliver(ctx, eth, &ip, &pod).map(Some);
     }
     // A node address (checked above): straight to the mappings.
     let Some(target) = lookup(proto, ip.dst_addr, dst_port) else {
         return Ok(None);
     };
-    let Some(pod) = endpoints::lookup(target.pod_addr) else {
+    let Some(pod) = maps::endpoint(target.pod_addr) else {
         return Ok(None);
     };
     let hairpin = target.pod_addr == ip.src_addr;
@@ -315,7 +283,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, dst_port, target.pod_port, l4_csum)?;
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    forward::deliver(ctx, eth, &ip, &pod).map(Some)
+    deliver::deliver(ctx, eth, &ip, &pod).map(Some)
 }
 
 /// A pod's packet for another pod of this node: when it leaves a port some mapping
@@ -332,7 +300,7 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(false);
     };
-    let (pod_port, remote_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
+    let (pod_port, remote_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
     Ok(outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, flags)?.is_some())
 }
 

@@ -6,32 +6,20 @@
 #![no_main]
 
 mod arp;
+mod conntrack;
 mod count_by_source;
-mod csum;
-mod endpoints;
 mod forward;
 mod fragments;
 mod hostport;
-mod metrics;
-mod nat_maps;
 mod pod;
+mod primitives;
 mod rev_nat;
 mod route;
 mod services;
 mod snat;
 mod sock;
-mod stats;
 mod sweep;
 mod uplink;
-mod zeroed;
-
-/// The device a TC program runs on (ingress: where the frame arrived; egress: where it
-/// leaves).
-#[inline(always)]
-fn ifindex(ctx: &aya_ebpf::programs::TcContext) -> u32 {
-    // SAFETY: the context pointer is valid for the whole program run.
-    unsafe { (*ctx.skb.skb).ifindex }
-}
 
 #[cfg(not(test))]
 #[panic_handler]

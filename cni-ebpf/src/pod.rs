@@ -3,7 +3,7 @@
 //! There is no program on the veth's egress (what the node's own stack sends to the
 //! pod): each TCX attach waits for an RCU grace period under the rtnl lock, and a second
 //! one made ADD twice as slow. What the datapath delivers into a pod it counts itself
-//! (`forward::deliver`); what the stack sends is in the veth's kernel TX counters, which
+//! (`deliver`); what the stack sends is in the veth's kernel TX counters, which
 //! the daemon adds in `ebpf-cnid endpoints`.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
@@ -11,7 +11,10 @@ use network_types::eth::{EthHdr, EtherType};
 
 use crate::{
     arp, forward,
-    metrics::{self, Direction},
+    primitives::{
+        counters::{self, Direction},
+        packet,
+    },
 };
 
 #[classifier]
@@ -25,10 +28,10 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 }
 
 fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
-    let ifindex = crate::ifindex(ctx);
-    metrics::count(ifindex, Direction::FromPod, ctx.len());
+    let ifindex = packet::ifindex(ctx);
+    counters::endpoint(ifindex, Direction::FromPod, ctx.len());
     if (ctx.len() as usize) < EthHdr::LEN {
-        return Ok(metrics::drop_packet(
+        return Ok(counters::drop_packet(
             cni_ebpf_common::DropReason::TruncatedFrame,
         ));
     }

@@ -15,22 +15,25 @@ use network_types::{
 };
 
 use crate::{
-    csum::{
-        self, EthIpv4, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST, IcmpErrorSide, L4Csum,
+    conntrack, fragments, hostport,
+    primitives::{
+        clock, counters,
+        csum::{self, IcmpErrorSide, L4Csum},
+        deliver,
+        maps::{self, NAT_IN, NAT_OUT},
+        packet::{self, EthIpv4, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST},
     },
-    endpoints, forward, fragments, hostport,
-    nat_maps::{self, NAT_IN},
-    services, snat,
+    services,
 };
 
 /// Translates back a packet arriving on the uplink `ifindex`.
 pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
     // register on its early-return path, which the verifier refuses.
-    let Some(config) = nat_maps::config() else {
+    let Some(config) = maps::nat_config() else {
         return Ok(TC_ACT_OK);
     };
-    let Some(node_addr) = nat_maps::uplink_addr(ifindex) else {
+    let Some(node_addr) = maps::uplink_addr(ifindex) else {
         return Ok(TC_ACT_OK);
     };
     // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
@@ -52,8 +55,8 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         // A pod's own address (a routed pod network): the stack routes it to the pod,
         // whose answers must keep that address. From inside the cluster ranges (another
         // node's pod) nothing is noted: answers there are never translated.
-        if endpoints::lookup(ip.dst_addr).is_some() {
-            if !nat_maps::in_cluster(ip.src_addr) {
+        if maps::endpoint(ip.dst_addr).is_some() {
+            if !maps::in_cluster(ip.src_addr) {
                 remember_inbound(ctx, &ip, l4, &config)?;
             }
             return Ok(TC_ACT_OK);
@@ -66,17 +69,17 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     }
     let pod_addr = match proto {
         TCP | UDP | DCCP | UDPLITE => {
-            let (remote_port, node_port, flags) = csum::ports_and_flags(ctx, proto, l4)?;
+            let (remote_port, node_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
             let Some(entry) = live_entry(&key, &config, node_addr, Some(flags)) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
                 return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
             };
-            nat_maps::count(NatCounter::TranslatedIn);
+            counters::nat(NatCounter::TranslatedIn);
             // Delivered into the pod (TTL decremented in the same store as the address),
             // or, when the pod is gone, the TTL runs out or the flow is a Service
             // connection (the stack undoes its DNAT), left to the stack translated.
-            let pod = endpoints::lookup(entry.pod_addr).filter(|_| {
+            let pod = maps::endpoint(entry.pod_addr).filter(|_| {
                 ip.ttl > 1 && !services::is_client(entry.pod_addr, entry.pod_port, proto)
             });
             let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
@@ -84,7 +87,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;
             fragments::arrived(&ip, entry.pod_addr, pod.is_some());
             return match pod {
-                Some(pod) => forward::redirect(ctx, &eth, &pod),
+                Some(pod) => deliver::redirect(ctx, &eth, &pod),
                 None => Ok(TC_ACT_OK),
             };
         }
@@ -97,21 +100,21 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 };
                 csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
                 csum::set_port(ctx, l4 + 4, id, entry.pod_port, l4_csum)?;
-                nat_maps::count(NatCounter::TranslatedIn);
+                counters::nat(NatCounter::TranslatedIn);
                 entry.pod_addr
             }
-            icmp_type if csum::is_icmp_error(icmp_type) => {
+            icmp_type if packet::is_icmp_error(icmp_type) => {
                 let Some(pod_addr) = icmp_error(ctx, &ip, l4, &config, node_addr)? else {
                     return Ok(TC_ACT_OK);
                 };
-                nat_maps::count(NatCounter::IcmpErrorsIn);
+                counters::nat(NatCounter::IcmpErrorsIn);
                 pod_addr
             }
             _ => return Ok(TC_ACT_OK),
         },
         // SCTP, its ports kept, and protocols without ports: the address alone.
         _ => {
-            let Some((remote_port, node_port)) = csum::flow_ports(ctx, proto, l4)? else {
+            let Some((remote_port, node_port)) = packet::flow_ports(ctx, proto, l4)? else {
                 return Ok(TC_ACT_OK);
             };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
@@ -119,11 +122,11 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 return Ok(TC_ACT_OK);
             };
             csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
-            nat_maps::count(NatCounter::TranslatedIn);
+            counters::nat(NatCounter::TranslatedIn);
             entry.pod_addr
         }
     };
-    let pod = endpoints::lookup(pod_addr);
+    let pod = maps::endpoint(pod_addr);
     // `deliver` hands the packet over above TTL 1.
     fragments::arrived(&ip, pod_addr, pod.is_some() && ip.ttl > 1);
     let Some(pod) = pod else {
@@ -132,7 +135,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     };
     // Headers as they are now (addresses rewritten), for delivery.
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    forward::deliver(ctx, &eth, &ip, &pod)
+    deliver::deliver(ctx, &eth, &ip, &pod)
 }
 
 /// A fragment after the first of a datagram (no ports): it gets the destination its
@@ -143,12 +146,12 @@ fn later_fragment(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<i32, i6
     let Some(first) = fragments::first_of(ip, FragmentKey::ARRIVING) else {
         return Ok(TC_ACT_OK);
     };
-    let pod = endpoints::lookup(first.addr).filter(|_| first.deliver != 0 && ip.ttl > 1);
+    let pod = maps::endpoint(first.addr).filter(|_| first.deliver != 0 && ip.ttl > 1);
     let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
     csum::set_destination(ctx, ip, first.addr, ttl, L4Csum::NONE)?;
-    nat_maps::count(NatCounter::FragmentsIn);
+    counters::nat(NatCounter::FragmentsIn);
     match pod {
-        Some(pod) => forward::redirect(ctx, eth, &pod),
+        Some(pod) => deliver::redirect(ctx, eth, &pod),
         None => Ok(TC_ACT_OK),
     }
 }
@@ -172,7 +175,7 @@ fn host_port_or_stack(
 }
 
 /// Notes the flow of `ip`, arriving from outside for a pod's own address (see
-/// `nat_maps::opened_from_outside`). ICMP needs nothing: a pod's echo replies and errors
+/// `conntrack::opened_from_outside`). ICMP needs nothing: a pod's echo replies and errors
 /// open no translated flow.
 #[inline(always)]
 fn remember_inbound(
@@ -182,16 +185,16 @@ fn remember_inbound(
     config: &NatConfig,
 ) -> Result<(), i64> {
     let proto = ip.proto as u8;
-    let Some((remote_port, pod_port)) = csum::flow_ports(ctx, proto, l4)? else {
+    let Some((remote_port, pod_port)) = packet::flow_ports(ctx, proto, l4)? else {
         return Ok(());
     };
     let flags = if proto == TCP {
-        csum::ports_and_flags(ctx, proto, l4)?.2
+        packet::ports_and_flags(ctx, proto, l4)?.2
     } else {
         0
     };
     let flow = NatKey::new((ip.dst_addr, pod_port), (ip.src_addr, remote_port), proto);
-    nat_maps::saw_inbound(&flow, flags, config, nat_maps::now_ns());
+    conntrack::saw_inbound(&flow, flags, config, clock::now_ns());
     Ok(())
 }
 
@@ -218,14 +221,14 @@ fn live_entry(
     node_addr: [u8; 4],
     reply: Option<u8>,
 ) -> Option<NatEntry> {
-    let now = nat_maps::now_ns();
+    let now = clock::now_ns();
     let slot = NAT_IN.get_ptr_mut(key)?;
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let entry = unsafe { *slot };
     if entry.node_addr != node_addr && entry.node_addr != [0; 4] {
         return None;
     }
-    if nat_maps::expired(&entry, key.proto, config, now) {
+    if conntrack::expired(&entry, key.proto, config, now) {
         return None;
     }
     let state = match (key.proto, reply) {
@@ -235,9 +238,9 @@ fn live_entry(
         // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
         (_, Some(_)) => udp_state::REPLIED,
     };
-    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > snat::REFRESH_NS {
+    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > conntrack::REFRESH_NS {
         let forward = key.forward(&entry);
-        nat_maps::refresh(slot, &nat_maps::NAT_OUT, &forward, now, state, node_addr);
+        conntrack::refresh(slot, &NAT_OUT, &forward, now, state, node_addr);
     }
     Some(entry)
 }
@@ -271,7 +274,7 @@ fn icmp_error(
         let id = u16::from_be_bytes(ctx.load(inner_l4 + 4)?);
         (inner_l4 + 4, reverse(inner_ip.dst_addr, id, 0, ICMP))
     } else {
-        let Some((node_port, remote_port)) = csum::flow_ports(ctx, inner_proto, inner_l4)? else {
+        let Some((node_port, remote_port)) = packet::flow_ports(ctx, inner_proto, inner_l4)? else {
             return Ok(None);
         };
         let key = reverse(inner_ip.dst_addr, node_port, remote_port, inner_proto);

@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::{forward, nat_maps, zeroed::Words};
+use crate::primitives::{deliver, maps, zeroed::Words};
 
 const AF_INET: u8 = 2;
 
@@ -35,7 +35,7 @@ pub fn to_uplink(
     ip: &Ipv4Hdr,
     ingress_ifindex: u32,
 ) -> Result<i32, i64> {
-    if nat_maps::config().is_none() || ip.ttl <= 1 {
+    if maps::nat_config().is_none() || ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
     // A plain C struct of integers; all-zero is its "unset" state.
@@ -59,15 +59,13 @@ pub fn to_uplink(
     };
     // Anything but a resolved route out of an uplink (local addresses, no neighbour
     // yet, forwarding off, other devices) is the stack's business.
-    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS)
-        || nat_maps::uplink_addr(params.ifindex).is_none()
-    {
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || maps::uplink_addr(params.ifindex).is_none() {
         return Ok(TC_ACT_OK);
     }
     if !segments_fit(ctx, params.ifindex) {
         return Ok(TC_ACT_OK);
     }
-    forward::decrement_ttl(ctx, ip)?;
+    deliver::decrement_ttl(ctx, ip)?;
     let rewritten = EthHdr {
         dst_addr: params.dmac,
         src_addr: params.smac,

@@ -21,9 +21,13 @@ use network_types::{
 };
 
 use crate::{
-    csum::{self, EthIpv4, ICMP_ECHO_REQUEST, IP_SRC, IcmpErrorSide, L4Csum},
-    endpoints, fragments, hostport, metrics,
-    nat_maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
+    conntrack, fragments, hostport,
+    primitives::{
+        clock, counters,
+        csum::{self, IcmpErrorSide, L4Csum},
+        maps::{self, CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
+        packet::{self, EthIpv4, ICMP_ECHO_REQUEST, IP_SRC},
+    },
 };
 
 /// Ports probed for a new flow before giving up (see `allocate`).
@@ -39,20 +43,17 @@ const LINEAR_PROBES: u32 = 8;
 /// ports, and a new flow was dropped as "ports exhausted" when those 500 ports were
 /// held, however much of the range was free.
 const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
-/// An entry's timestamp is refreshed at most this often, to spare map writes on the
-/// fast path.
-pub const REFRESH_NS: u64 = 1_000_000_000;
 
 /// Translates a packet leaving by the uplink `ifindex`.
 pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
     // register on its early-return path, which the verifier refuses.
-    let Some(config) = nat_maps::config() else {
+    let Some(config) = maps::nat_config() else {
         return Ok(TC_ACT_OK);
     };
     // What leaves by this device takes its address (a device no longer an uplink, whose
     // programs are on their way off, translates nothing).
-    let Some(node_addr) = nat_maps::uplink_addr(ifindex) else {
+    let Some(node_addr) = maps::uplink_addr(ifindex) else {
         return Ok(TC_ACT_OK);
     };
     let has_address = NatConfig::is_address(node_addr);
@@ -71,7 +72,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     // The pod-side port (or echo identifier) and where it sits.
     let (pod_port, remote_port, port_at, flags) = match ip.proto {
         TCP | UDP => {
-            let (pod_port, remote_port, flags) = csum::ports_and_flags(ctx, ip.proto, l4)?;
+            let (pod_port, remote_port, flags) = packet::ports_and_flags(ctx, ip.proto, l4)?;
             // A pod's reply on a hostPort connection leaves with the host address and
             // port.
             if let Some(host_addr) =
@@ -88,7 +89,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 let id: [u8; 2] = ctx.load(l4 + 4)?;
                 (u16::from_be_bytes(id), 0, l4 + 4, 0)
             }
-            icmp_type if csum::is_icmp_error(icmp_type) => {
+            icmp_type if packet::is_icmp_error(icmp_type) => {
                 return icmp_error(ctx, &ip, l4, &config, has_address);
             }
             // Other ICMP from a pod (an echo reply to a host that reached it) stays as it
@@ -97,7 +98,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         },
         // DCCP and UDP-Lite, translated as UDP is; SCTP keeps its ports; protocols
         // without ports (GRE, ESP, IP in IP...) change address alone (see `keep_port`).
-        _ => match csum::flow_ports(ctx, ip.proto, l4)? {
+        _ => match packet::flow_ports(ctx, ip.proto, l4)? {
             Some((pod_port, remote_port)) => (pod_port, remote_port, l4, 0),
             None => return Ok(TC_ACT_OK),
         },
@@ -110,17 +111,17 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         proto: ip.proto as u8,
         pad: [0, 0, 0],
     };
-    let now = nat_maps::now_ns();
+    let now = clock::now_ns();
     // A flow in the table was found to need translation when it began: its packets
     // skip the endpoint and cluster-range lookups (two more maps to touch per packet).
     let found = NAT_OUT.get_ptr_mut(&key);
     let existing = found.filter(|entry| {
         // SAFETY: a pointer into the map value, valid for the program run.
-        !nat_maps::expired(unsafe { &**entry }, key.proto, &config, now)
+        !conntrack::expired(unsafe { &**entry }, key.proto, &config, now)
     });
     let node_port = match existing {
         Some(_) if !has_address => {
-            return Ok(metrics::drop_packet(DropReason::NatNoAddress));
+            return Ok(counters::drop_packet(DropReason::NatNoAddress));
         }
         Some(slot) => {
             // SAFETY: as above; copied at once.
@@ -134,10 +135,10 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // `Nat::follow_uplink` in the daemon).
             if state != entry.state
                 || entry.node_addr != node_addr
-                || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS
+                || now.saturating_sub(entry.last_seen_ns) > conntrack::REFRESH_NS
             {
                 let reverse = key.reverse(entry.node_port);
-                nat_maps::refresh(slot, &NAT_IN, &reverse, now, state, node_addr);
+                conntrack::refresh(slot, &NAT_IN, &reverse, now, state, node_addr);
             }
             entry.node_port
         }
@@ -148,14 +149,14 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // An answer on a flow a host outside opened to the pod's own address (a
             // pod's SYN opens a connection of its own: no lookup on that hot path).
             let syn = key.proto == TCP && tcp_flags::opens(flags);
-            if !syn && nat_maps::opened_from_outside(&key, flags, &config, now) {
+            if !syn && conntrack::opened_from_outside(&key, flags, &config, now) {
                 fragments::left(&ip, ip.src_addr);
                 return Ok(TC_ACT_OK);
             }
             // No address to give it: dropped before a port is taken (see
             // `NatConfig::NO_ADDRESS`).
             if !has_address {
-                return Ok(metrics::drop_packet(DropReason::NatNoAddress));
+                return Ok(counters::drop_packet(DropReason::NatNoAddress));
             }
             let state = opening_state(key.proto, flags);
             let port = if rewrites_port(key.proto) {
@@ -164,8 +165,8 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 keep_port(&key, &config, node_addr, now)
             };
             let Some(port) = port else {
-                nat_maps::count(NatCounter::AllocationFailures);
-                return Ok(metrics::drop_packet(DropReason::NatPortsExhausted));
+                counters::nat(NatCounter::AllocationFailures);
+                return Ok(counters::drop_packet(DropReason::NatPortsExhausted));
             };
             let entry = flow_entry(&key, port, node_addr, now, state);
             match found {
@@ -177,7 +178,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                     let _ = NAT_OUT.insert(&key, &entry, BPF_ANY as u64);
                 }
             }
-            nat_maps::count(NatCounter::NewFlows);
+            counters::nat(NatCounter::NewFlows);
             port
         }
     };
@@ -187,7 +188,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         csum::set_port(ctx, port_at, pod_port, node_port, l4_csum)?;
     }
     fragments::left(&ip, node_addr);
-    nat_maps::count(NatCounter::TranslatedOut);
+    counters::nat(NatCounter::TranslatedOut);
     Ok(TC_ACT_OK)
 }
 
@@ -212,7 +213,7 @@ fn icmp_error(
     }
     let inner_l4 = inner + inner_ip.ihl() as usize;
     let proto = inner_ip.proto as u8;
-    let Some((remote_port, pod_port)) = csum::flow_ports(ctx, proto, inner_l4)? else {
+    let Some((remote_port, pod_port)) = packet::flow_ports(ctx, proto, inner_l4)? else {
         return Ok(TC_ACT_OK);
     };
     let flow = NatKey::new(
@@ -220,11 +221,11 @@ fn icmp_error(
         (inner_ip.src_addr, remote_port),
         proto,
     );
-    let now = nat_maps::now_ns();
+    let now = clock::now_ns();
     // SAFETY: the value is copied at once.
     let translated = unsafe { NAT_OUT.get(&flow) }
         .copied()
-        .filter(|entry| !nat_maps::expired(entry, proto, config, now));
+        .filter(|entry| !conntrack::expired(entry, proto, config, now));
     let (addr, port) = match translated {
         Some(entry) if entry.node_addr != [0; 4] => (entry.node_addr, entry.node_port),
         // Written by an earlier datapath, without the address it left with.
@@ -235,7 +236,7 @@ fn icmp_error(
         },
     };
     if !has_address || !NatConfig::is_address(addr) {
-        return Ok(metrics::drop_packet(DropReason::NatNoAddress));
+        return Ok(counters::drop_packet(DropReason::NatNoAddress));
     }
     let pod_side = IcmpErrorSide {
         icmp: l4,
@@ -248,7 +249,7 @@ fn icmp_error(
         port: pod_port,
     };
     csum::translate_icmp_error(ctx, &pod_side, addr, port)?;
-    nat_maps::count(NatCounter::TranslatedOut);
+    counters::nat(NatCounter::TranslatedOut);
     Ok(TC_ACT_OK)
 }
 
@@ -260,10 +261,10 @@ fn later_fragment(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<i32, i64> {
     match fragments::first_of(ip, FragmentKey::LEAVING) {
         Some(first) => {
             csum::set_source(ctx, ip, first.addr, L4Csum::NONE)?;
-            nat_maps::count(NatCounter::FragmentsOut);
+            counters::nat(NatCounter::FragmentsOut);
             Ok(TC_ACT_OK)
         }
-        None if to_translate(ip) => Ok(metrics::drop_packet(DropReason::NatFragment)),
+        None if to_translate(ip) => Ok(counters::drop_packet(DropReason::NatFragment)),
         None => Ok(TC_ACT_OK),
     }
 }
@@ -271,8 +272,8 @@ fn later_fragment(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<i32, i64> {
 /// Whether `ip` is a masqueraded pod's packet for outside the cluster ranges.
 #[inline(always)]
 fn to_translate(ip: &Ipv4Hdr) -> bool {
-    endpoints::lookup(ip.src_addr).is_some_and(|pod| pod.flags & endpoint_flags::MASQUERADE != 0)
-        && !nat_maps::in_cluster(ip.dst_addr)
+    maps::endpoint(ip.src_addr).is_some_and(|pod| pod.flags & endpoint_flags::MASQUERADE != 0)
+        && !maps::in_cluster(ip.dst_addr)
 }
 
 /// Finds a free node port for `key` (same remote address, port and protocol) and claims
@@ -422,7 +423,7 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
         search.port = port;
         return 1;
     }
-    nat_maps::count(NatCounter::PortProbes);
+    counters::nat(NatCounter::PortProbes);
     0
 }
 
@@ -484,7 +485,7 @@ fn claim(flow: &NewFlow, port: u16) -> bool {
             // This very flow already holds the port (its NAT_OUT entry was evicted or
             // had expired): it keeps it.
             let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
-            if !same_flow && !nat_maps::expired(&old, key.proto, config, now) {
+            if !same_flow && !conntrack::expired(&old, key.proto, config, now) {
                 return false;
             }
             // SAFETY: as above; the port changes hands in place.

@@ -9,28 +9,21 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::{cgroup_sock_addr, map},
-    maps::{Array, LruHashMap},
+    macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use cni_ebpf_common::{
-    HostPortFlow, SockConfig, SockRevKey,
+    HostPortFlow, SockRevKey,
     ip_proto::{TCP, UDP},
 };
 
-use crate::hostport;
-
-/// Sockets remembered at once; the LRU forgets the oldest.
-const MAX_SOCKETS: u32 = 65536;
+use crate::{
+    hostport,
+    primitives::maps::{SOCK_CONFIG, SOCK_REV},
+};
 
 /// The hooks' verdict: 1 lets the call go on (0 would fail it with EPERM).
 const ALLOW: i32 = 1;
-
-#[map(name = "SOCK_CONFIG")]
-static SOCK_CONFIG: Array<SockConfig> = Array::pinned(1, 0);
-
-#[map(name = "SOCK_REV")]
-static SOCK_REV: LruHashMap<SockRevKey, HostPortFlow> = LruHashMap::pinned(MAX_SOCKETS, 0);
 
 #[cgroup_sock_addr(connect4)]
 pub fn hostport_connect4(ctx: SockAddrContext) -> i32 {

@@ -11,7 +11,7 @@
 //! delete are still two steps (no map operation deletes on a condition): a datapath
 //! rewrite in the few hundred nanoseconds between them is lost, and that flow's replies
 //! go to the node's stack until a later packet out restores its entry
-//! (`nat_maps::refresh`). From user space that window was microseconds wide.
+//! (`conntrack::refresh`). From user space that window was microseconds wide.
 
 use aya_ebpf::{
     bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, macros::classifier,
@@ -19,10 +19,7 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{NatEntry, SweepItem, sweep};
 
-use crate::{
-    hostport::HOSTPORT_FLOWS,
-    nat_maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
-};
+use crate::primitives::maps::{HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT};
 
 #[classifier]
 pub fn nat_sweep(ctx: TcContext) -> i32 {

@@ -3,11 +3,11 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 
-use crate::{rev_nat, snat};
+use crate::{primitives::packet, rev_nat, snat};
 
 #[classifier]
 pub fn uplink_egress(ctx: TcContext) -> i32 {
-    match snat::egress(&ctx, crate::ifindex(&ctx)) {
+    match snat::egress(&ctx, packet::ifindex(&ctx)) {
         Ok(verdict) => verdict,
         // A frame too short for the headers it announces, or a helper failure: not a
         // flow we translate; the packet goes on as it is.
@@ -17,7 +17,7 @@ pub fn uplink_egress(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn uplink_ingress(ctx: TcContext) -> i32 {
-    match rev_nat::ingress(&ctx, crate::ifindex(&ctx)) {
+    match rev_nat::ingress(&ctx, packet::ifindex(&ctx)) {
         Ok(verdict) => verdict,
         Err(_) => TC_ACT_OK,
     }

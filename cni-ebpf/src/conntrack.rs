@@ -1,107 +1,19 @@
-//! The NAT tables, configuration and counters (types in `cni_ebpf_common::nat`).
+//! Connection tracking on the flow tables: a flow's entries refreshed as its packets
+//! pass, the notes of flows opened from outside, and when an entry has expired. The
+//! states and the timeout rule are `cni_ebpf_common::flow`'s, which the daemon's sweep
+//! follows too.
 
-use aya_ebpf::{
-    helpers::generated::bpf_ktime_get_coarse_ns,
-    macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
-};
+use aya_ebpf::maps::LruHashMap;
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Timeouts, Uplinks,
+    NatConfig, NatEntry, NatKey, Timeouts,
     flow::{inbound_state, opening_state},
 };
 
-use crate::snat;
+use crate::primitives::maps::NAT_INBOUND;
 
-/// Flows tracked at once, unless the daemon asks for another size (`--nat-max-flows`,
-/// set at load); the LRU evicts the oldest when full.
-const MAX_FLOWS: u32 = 262_144;
-const MAX_CIDRS: u32 = 256;
-
-#[map(name = "NAT_OUT")]
-pub static NAT_OUT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
-
-#[map(name = "NAT_IN")]
-pub static NAT_IN: LruHashMap<NatReverseKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
-
-/// log2 of the number of per-destination port cursors (see `snat::allocate`).
-pub const CURSOR_BITS: u32 = 10;
-
-/// Per CPU, per destination hash: the next node port's offset in the range, plus one (0:
-/// not used yet).
-#[map(name = "NAT_CURSORS")]
-pub static NAT_CURSORS: PerCpuArray<u32> = PerCpuArray::pinned(1 << CURSOR_BITS, 0);
-
-#[map(name = "NAT_CONFIG")]
-static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
-
-#[map(name = "UPLINKS")]
-static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
-
-#[map(name = "CLUSTER_CIDRS")]
-static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
-
-/// Flows a host outside opened to a pod's own address (a routed pod network), keyed
-/// from the pod's side as `NAT_OUT` is: their TCP state (or whether the pod answered)
-/// and when a packet of theirs last passed, in a [`NatEntry`] that "translates" the pod
-/// to itself (see [`opened_from_outside`]). As many as the NAT tables hold (resized
-/// with them at load, `--nat-max-flows`), swept with them by the daemon.
-#[map(name = "NAT_INBOUND")]
-pub static NAT_INBOUND: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
-
-#[map(name = "NAT_STATS")]
-static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
-
-/// The daemon's NAT configuration, when NAT is enabled.
-#[inline(always)]
-pub fn config() -> Option<NatConfig> {
-    NAT_CONFIG
-        .get(0)
-        .copied()
-        .filter(|config| config.node_addr != [0; 4])
-}
-
-/// The timeouts the daemon wrote, whether or not NAT is on (hostPort connections expire
-/// by them too, see `hostport`); `None` while there are none (NAT off writes zeros, and
-/// then nothing sweeps either).
-#[inline(always)]
-pub fn timeouts() -> Option<NatConfig> {
-    NAT_CONFIG.get(0).copied().filter(NatConfig::has_timeouts)
-}
-
-/// The address of the uplink `ifindex` (`NatConfig::NO_ADDRESS` while it has none), or
-/// `None` when `ifindex` is no uplink.
-#[inline(always)]
-pub fn uplink_addr(ifindex: u32) -> Option<[u8; 4]> {
-    UPLINKS.get(0)?.find(ifindex)
-}
-
-/// Whether `addr` is inside the cluster's pod ranges (kept untranslated).
-#[inline(always)]
-pub fn in_cluster(addr: [u8; 4]) -> bool {
-    CLUSTER_CIDRS.get(Key::new(32, addr)).is_some()
-}
-
-#[inline(always)]
-pub fn count(counter: NatCounter) {
-    add(counter, 1);
-}
-
-#[inline(always)]
-pub fn add(counter: NatCounter, amount: u64) {
-    if let Some(slot) = NAT_STATS.get_ptr_mut(counter as u32) {
-        // SAFETY: a valid pointer into this CPU's slot.
-        unsafe { *slot += amount };
-    }
-}
-
-/// CLOCK_MONOTONIC at the last tick (the timestamps the daemon and `expired` compare
-/// with): timeouts are whole seconds, and the coarse clock is a memory read where the
-/// precise one reads the clock source (in a VM, a paravirtual clock read per packet).
-#[inline(always)]
-pub fn now_ns() -> u64 {
-    // SAFETY: a helper without arguments.
-    unsafe { bpf_ktime_get_coarse_ns() }
-}
+/// An entry's timestamp is refreshed at most this often, to spare map writes on the
+/// fast path.
+pub const REFRESH_NS: u64 = 1_000_000_000;
 
 /// Refreshes a flow in both tables, in place: `this` (the entry just looked up) and the
 /// other table's entry at `other`, with the time, the TCP state and the address the
@@ -197,7 +109,7 @@ pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u6
 /// since it was stamped.
 #[inline(always)]
 pub fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
-    if state != note.state || now.saturating_sub(note.last_seen_ns) > snat::REFRESH_NS {
+    if state != note.state || now.saturating_sub(note.last_seen_ns) > REFRESH_NS {
         // SAFETY: a pointer into the map value, valid for the program run.
         unsafe {
             (*slot).last_seen_ns = now;
