@@ -11,13 +11,12 @@ use cni_ebpf_common::DropReason;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    hostport,
+    features::{hostport, route, services},
     primitives::{
         counters,
         deliver::{self, deliver, switch},
         maps,
     },
-    route, services,
 };
 
 /// Handles an IPv4 frame that left a pod.
@@ -32,7 +31,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
     }
     match maps::endpoint(ip.dst_addr) {
         Some(destination) => {
-            if hostport::reply_to_pod(ctx, &ip)? {
+            if hostport::pods::reply_to_pod(ctx, &ip)? {
                 // Source rewritten: deliver with the headers as they are now.
                 let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
                 return deliver(ctx, eth, &ip, &destination);
@@ -46,7 +45,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
             }
             deliver(ctx, eth, &ip, &destination)
         }
-        None => match hostport::from_pod(ctx, eth, &ip)? {
+        None => match hostport::pods::from_pod(ctx, eth, &ip)? {
             Some(verdict) => Ok(verdict),
             // A Service (kube-proxy's DNAT is in the stack).
             None if services::to_service(ctx, &ip)? => Ok(deliver::to_stack(ctx)),

@@ -5,18 +5,11 @@
 #![no_std]
 #![no_main]
 
-mod arp;
-mod conntrack;
 mod count_by_source;
+mod features;
 mod forward;
-mod fragments;
-mod hostport;
 mod pod;
 mod primitives;
-mod rev_nat;
-mod route;
-mod services;
-mod snat;
 mod sock;
 mod sweep;
 mod uplink;

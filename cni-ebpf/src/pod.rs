@@ -10,7 +10,8 @@ use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use network_types::eth::{EthHdr, EtherType};
 
 use crate::{
-    arp, forward,
+    features::arp,
+    forward,
     primitives::{
         counters::{self, Direction},
         packet,

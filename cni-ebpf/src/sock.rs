@@ -1,26 +1,11 @@
-//! hostPort for the node's own processes, at the socket level (cgroup sock_addr hooks):
-//! a socket of the daemon's network namespace that connects or sends to a node address
-//! or 127.0.0.0/8 and a host port is pointed at the pod's address and port before any
-//! packet exists, so no packet is ever translated and loopback needs no
-//! `route_localnet`. recvmsg4 and getpeername4 give the socket back the address it
-//! dialled. Sockets of other namespaces (pods, other nodes simulated on the machine)
-//! are left alone: the hooks compare the socket's netns cookie with the daemon's.
+//! The cgroup sock_addr entries: hostPort for the node's own processes
+//! (`hostport::sock`). connect4 and sendmsg4 point a socket that dials a host port at
+//! the pod; recvmsg4 and getpeername4 show it the address it dialled. The hooks never
+//! refuse a call.
 
-use aya_ebpf::{
-    EbpfContext,
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::cgroup_sock_addr,
-    programs::SockAddrContext,
-};
-use cni_ebpf_common::{
-    HostPortFlow, SockRevKey,
-    ip_proto::{TCP, UDP},
-};
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
-use crate::{
-    hostport,
-    primitives::maps::{SOCK_CONFIG, SOCK_REV},
-};
+use crate::features::hostport::sock::{as_dialled, to_pod};
 
 /// The hooks' verdict: 1 lets the call go on (0 would fail it with EPERM).
 const ALLOW: i32 = 1;
@@ -47,74 +32,4 @@ pub fn hostport_recvmsg4(ctx: SockAddrContext) -> i32 {
 pub fn hostport_getpeername4(ctx: SockAddrContext) -> i32 {
     as_dialled(&ctx);
     ALLOW
-}
-
-/// Whether the socket lives in the daemon's network namespace.
-#[inline(always)]
-fn in_node_netns(ctx: &SockAddrContext) -> bool {
-    let Some(config) = SOCK_CONFIG.get(0) else {
-        return false;
-    };
-    // SAFETY: the helper only reads the context.
-    config.netns_cookie != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == config.netns_cookie
-}
-
-/// connect4 / sendmsg4: a host port's address becomes the pod's, remembered per socket.
-#[inline(always)]
-fn to_pod(ctx: &SockAddrContext) {
-    if !in_node_netns(ctx) {
-        return;
-    }
-    // SAFETY: the kernel hands a valid context for the whole run; these fields are
-    // readable and writable in connect4 and sendmsg4.
-    let addr = unsafe { &mut *ctx.sock_addr };
-    let proto = match addr.protocol {
-        p if p == u32::from(TCP) => TCP,
-        p if p == u32::from(UDP) => UDP,
-        _ => return,
-    };
-    let host_addr = addr.user_ip4.to_ne_bytes();
-    let host_port = u16::from_be(addr.user_port as u16);
-    let Some(target) = hostport::local_mapping(proto, host_addr, host_port) else {
-        return;
-    };
-    addr.user_ip4 = u32::from_ne_bytes(target.pod_addr);
-    addr.user_port = u32::from(target.pod_port.to_be());
-    let key = SockRevKey {
-        // SAFETY: the helper only reads the context.
-        socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        pod_addr: target.pod_addr,
-        pod_port: target.pod_port,
-        pad: [0, 0],
-    };
-    let dialled = HostPortFlow {
-        host_addr,
-        host_port,
-        pad: [0, 0],
-    };
-    let _ = SOCK_REV.insert(&key, &dialled, 0);
-}
-
-/// recvmsg4 / getpeername4: the pod's address shown as the one the socket dialled.
-#[inline(always)]
-fn as_dialled(ctx: &SockAddrContext) {
-    if !in_node_netns(ctx) {
-        return;
-    }
-    // SAFETY: as in `to_pod`; user_ip4 and user_port are writable in recvmsg4 and
-    // getpeername4.
-    let addr = unsafe { &mut *ctx.sock_addr };
-    let key = SockRevKey {
-        // SAFETY: the helper only reads the context.
-        socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        pod_addr: addr.user_ip4.to_ne_bytes(),
-        pod_port: u16::from_be(addr.user_port as u16),
-        pad: [0, 0],
-    };
-    // SAFETY: the value is copied at once.
-    let Some(dialled) = (unsafe { SOCK_REV.get(&key) }).copied() else {
-        return;
-    };
-    addr.user_ip4 = u32::from_ne_bytes(dialled.host_addr);
-    addr.user_port = u32::from(dialled.host_port.to_be());
 }

@@ -3,7 +3,10 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 
-use crate::{primitives::packet, rev_nat, snat};
+use crate::{
+    features::{rev_nat, snat},
+    primitives::packet,
+};
 
 #[classifier]
 pub fn uplink_egress(ctx: TcContext) -> i32 {

@@ -3,27 +3,30 @@
 //! unreachable, fragmentation needed, time exceeded) get the pod's address and port back
 //! and go straight into the pod, without crossing the node's stack.
 
+mod icmp_error;
+
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{
-    FragmentKey, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Way, flow,
+    FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
-    udp_state,
 };
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
 };
 
+use self::icmp_error::icmp_error;
 use crate::{
-    conntrack, fragments, hostport,
+    features::{
+        conntrack::{self, live_entry},
+        fragments, hostport, services,
+    },
     primitives::{
         clock, counters,
-        csum::{self, IcmpErrorSide, L4Csum},
-        deliver,
-        maps::{self, NAT_IN, NAT_OUT},
-        packet::{self, EthIpv4, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST},
+        csum::{self, L4Csum},
+        deliver, maps,
+        packet::{self, EthIpv4, ICMP_ECHO_REPLY, IP_CSUM, IP_DST},
     },
-    services,
 };
 
 /// Translates back a packet arriving on the uplink `ifindex`.
@@ -167,7 +170,7 @@ fn host_port_or_stack(
     l4: usize,
     l4_csum: L4Csum,
 ) -> Result<i32, i64> {
-    if let Some(delivered) = hostport::inbound(ctx, eth, ip, l4, l4_csum)? {
+    if let Some(delivered) = hostport::uplink::inbound(ctx, eth, ip, l4, l4_csum)? {
         return Ok(delivered);
     }
     services::from_outside(ctx, ip)?;
@@ -198,6 +201,8 @@ fn remember_inbound(
     Ok(())
 }
 
+/// The `NAT_IN` key of a packet from `remote_addr`:`remote_port` to `node_port`.
+#[inline(always)]
 fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) -> NatReverseKey {
     NatReverseKey {
         remote_addr,
@@ -206,114 +211,4 @@ fn reverse(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8) ->
         proto,
         pad: [0, 0, 0],
     }
-}
-
-/// The live entry of the flow to `node_addr` a packet belongs to, its timestamp and
-/// state refreshed: `reply` holds the TCP flags (0 for other protocols) of a reply of
-/// the flow, and is `None` for an ICMP error about it, which changes no state (as
-/// conntrack's related packets do not). A flow that left with another address (by
-/// another uplink) is not this packet's; an entry without one (written by an earlier
-/// datapath) matches any.
-#[inline(always)]
-fn live_entry(
-    key: &NatReverseKey,
-    config: &NatConfig,
-    node_addr: [u8; 4],
-    reply: Option<u8>,
-) -> Option<NatEntry> {
-    let now = clock::now_ns();
-    let slot = NAT_IN.get_ptr_mut(key)?;
-    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
-    let entry = unsafe { *slot };
-    if entry.node_addr != node_addr && entry.node_addr != [0; 4] {
-        return None;
-    }
-    if conntrack::expired(&entry, key.proto, config, now) {
-        return None;
-    }
-    let state = match (key.proto, reply) {
-        (_, None) => entry.state,
-        (TCP, Some(tcp_flags)) => flow::next_state(entry.state, tcp_flags, Way::In),
-        (ICMP, Some(_)) => entry.state,
-        // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
-        (_, Some(_)) => udp_state::REPLIED,
-    };
-    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > conntrack::REFRESH_NS {
-        let forward = key.forward(&entry);
-        conntrack::refresh(slot, &NAT_OUT, &forward, now, state, node_addr);
-    }
-    Some(entry)
-}
-
-/// An ICMP error about a translated flow, or about a pod's reply on a hostPort
-/// connection: the outer destination and the quoted (inner) source are given back to
-/// the pod, with the outer IP, inner IP and ICMP checksums fixed. Returns the pod's
-/// address, or `None` when the error is not about one of those.
-#[inline(always)]
-fn icmp_error(
-    ctx: &TcContext,
-    ip: &Ipv4Hdr,
-    l4: usize,
-    config: &NatConfig,
-    node_addr: [u8; 4],
-) -> Result<Option<[u8; 4]>, i64> {
-    let inner = l4 + 8;
-    let inner_ip: Ipv4Hdr = ctx.load(inner)?;
-    if inner_ip.frag_offset() != 0 {
-        return Ok(None);
-    }
-    let inner_l4 = inner + inner_ip.ihl() as usize;
-    let inner_proto = inner_ip.proto as u8;
-    // Where the node port (or echo identifier) sits in the quoted header, and the
-    // flow's key. Protocols without ports have none to rewrite (a pod's GRE or ESP
-    // tunnel told the path's MTU).
-    let (port_at, key) = if inner_proto == ICMP {
-        if ctx.load::<u8>(inner_l4)? != ICMP_ECHO_REQUEST {
-            return Ok(None);
-        }
-        let id = u16::from_be_bytes(ctx.load(inner_l4 + 4)?);
-        (inner_l4 + 4, reverse(inner_ip.dst_addr, id, 0, ICMP))
-    } else {
-        let Some((node_port, remote_port)) = packet::flow_ports(ctx, inner_proto, inner_l4)? else {
-            return Ok(None);
-        };
-        let key = reverse(inner_ip.dst_addr, node_port, remote_port, inner_proto);
-        (inner_l4, key)
-    };
-    // A translated flow of a pod's, else a pod's reply on a hostPort connection (PMTU
-    // discovery must reach the pod serving it).
-    let nat = if inner_ip.src_addr == node_addr {
-        live_entry(&key, config, node_addr, None)
-    } else {
-        None
-    };
-    let (pod_addr, pod_port) = match nat {
-        Some(entry) => (entry.pod_addr, entry.pod_port),
-        None if inner_proto == TCP || inner_proto == UDP => {
-            let quoted = hostport::quoted(
-                inner_proto,
-                inner_ip.src_addr,
-                key.node_port,
-                inner_ip.dst_addr,
-                key.remote_port,
-            );
-            let Some(found) = quoted else {
-                return Ok(None);
-            };
-            found
-        }
-        None => return Ok(None),
-    };
-    let node_side = IcmpErrorSide {
-        icmp: l4,
-        inner,
-        outer_at: IP_DST,
-        outer_addr: ip.dst_addr,
-        inner_at: inner + 12,
-        inner_addr: inner_ip.src_addr,
-        port_at,
-        port: key.node_port,
-    };
-    csum::translate_icmp_error(ctx, &node_side, pod_addr, pod_port)?;
-    Ok(Some(pod_addr))
 }

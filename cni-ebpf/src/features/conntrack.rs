@@ -5,11 +5,16 @@
 
 use aya_ebpf::maps::LruHashMap;
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, Timeouts,
-    flow::{inbound_state, opening_state},
+    NatConfig, NatEntry, NatKey, NatReverseKey, Timeouts, Way,
+    flow::{inbound_state, next_state, opening_state},
+    ip_proto::{ICMP, TCP},
+    udp_state,
 };
 
-use crate::primitives::maps::NAT_INBOUND;
+use crate::primitives::{
+    clock,
+    maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
+};
 
 /// An entry's timestamp is refreshed at most this often, to spare map writes on the
 /// fast path.
@@ -55,6 +60,43 @@ pub fn refresh<K>(
             let _ = other_table.insert(other, &entry, 0);
         }
     }
+}
+
+/// The live entry of the flow to `node_addr` a packet belongs to, its timestamp and
+/// state refreshed: `reply` holds the TCP flags (0 for other protocols) of a reply of
+/// the flow, and is `None` for an ICMP error about it, which changes no state (as
+/// conntrack's related packets do not). A flow that left with another address (by
+/// another uplink) is not this packet's; an entry without one (written by an earlier
+/// datapath) matches any.
+#[inline(always)]
+pub fn live_entry(
+    key: &NatReverseKey,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    reply: Option<u8>,
+) -> Option<NatEntry> {
+    let now = clock::now_ns();
+    let slot = NAT_IN.get_ptr_mut(key)?;
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let entry = unsafe { *slot };
+    if entry.node_addr != node_addr && entry.node_addr != [0; 4] {
+        return None;
+    }
+    if expired(&entry, key.proto, config, now) {
+        return None;
+    }
+    let state = match (key.proto, reply) {
+        (_, None) => entry.state,
+        (TCP, Some(tcp_flags)) => next_state(entry.state, tcp_flags, Way::In),
+        (ICMP, Some(_)) => entry.state,
+        // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
+        (_, Some(_)) => udp_state::REPLIED,
+    };
+    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+        let forward = key.forward(&entry);
+        refresh(slot, &NAT_OUT, &forward, now, state, node_addr);
+    }
+    Some(entry)
 }
 
 /// Notes a packet of `flow` (keyed from the pod's side, `flags` its TCP flags, 0 for

@@ -27,7 +27,7 @@ use cni_ebpf_common::{
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    fragments,
+    features::fragments,
     primitives::{
         maps::{self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_PEERS, SERVICE_RANGES},
         packet,
