@@ -1,18 +1,19 @@
-//! The eBPF programs of ebpf-cni.
+//! The eBPF programs of ebpf-cni, in three layers whose imports point only down:
+//! - [`programs`]: one entry file per attach point (pod veth, uplink, sockets, ...),
+//!   each with its own dispatch;
+//! - [`features`]: what the datapath does (ARP, routing, source NAT and its replies,
+//!   connection tracking, hostPort, Services, fragments, the sweep's removals);
+//! - [`primitives`]: what every feature uses (header access and checks, checksums, the
+//!   clock, the maps, delivery, counters).
 //!
-//! Layout (Cilium-like): one entry file per attach point holds the thin `#[classifier]`
-//! functions; each feature has a module with its maps and logic.
+//! What the daemon must agree on (map types, protocol numbers, TCP flags, flow states
+//! and timeouts) is in `cni_ebpf_common`.
 #![no_std]
 #![no_main]
 
-mod count_by_source;
 mod features;
-mod forward;
-mod pod;
 mod primitives;
-mod sock;
-mod sweep;
-mod uplink;
+mod programs;
 
 #[cfg(not(test))]
 #[panic_handler]

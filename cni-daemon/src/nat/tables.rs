@@ -264,7 +264,7 @@ impl Flows {
     /// Both tables are read in batches ([`batch`]: a few syscalls for a whole table) and
     /// the decisions taken on that snapshot ([`expired`], a pure function). The
     /// removals are done in the kernel by the `nat_sweep` program, 64 a syscall
-    /// (`cni-ebpf/src/sweep.rs`), which re-reads each entry just before deleting it and
+    /// (`cni-ebpf/src/features/sweep.rs`), which re-reads each entry just before deleting it and
     /// keeps it if it saw a packet since: the datapath rewrites expired entries in place
     /// (a flow coming back on its old 4-tuple, a new flow taking an expired port over),
     /// and deleting those by a decision even milliseconds old broke connections (a

@@ -8,7 +8,8 @@
 //!   is;
 //! - [`hostport`]: connections to host ports, to the pods behind them;
 //! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
-//! - [`fragments`]: the fragments after a datagram's first one, following it.
+//! - [`fragments`]: the fragments after a datagram's first one, following it;
+//! - [`sweep`]: the removals the daemon's NAT sweep decided.
 //!
 //! A feature uses only features listed after it, never one before: no two import each
 //! other.
@@ -21,3 +22,4 @@ pub mod rev_nat;
 pub mod route;
 pub mod services;
 pub mod snat;
+pub mod sweep;

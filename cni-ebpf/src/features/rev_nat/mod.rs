@@ -10,10 +10,7 @@ use cni_ebpf_common::{
     FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
-use network_types::{
-    eth::{EthHdr, EtherType},
-    ip::Ipv4Hdr,
-};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use self::icmp_error::icmp_error;
 use crate::{
@@ -25,29 +22,19 @@ use crate::{
         clock, counters,
         csum::{self, L4Csum},
         deliver, maps,
-        packet::{self, EthIpv4, ICMP_ECHO_REPLY, IP_CSUM, IP_DST},
+        packet::{self, ICMP_ECHO_REPLY, IP_CSUM, IP_DST},
     },
 };
 
-/// Translates back a packet arriving on the uplink `ifindex`.
-pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
-    // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
-    // register on its early-return path, which the verifier refuses.
-    let Some(config) = maps::nat_config() else {
-        return Ok(TC_ACT_OK);
-    };
-    let Some(node_addr) = maps::uplink_addr(ifindex) else {
-        return Ok(TC_ACT_OK);
-    };
-    // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
-    // packet we translate: the error lets it go on).
-    let EthIpv4 { eth, ip } = ctx.load(0)?;
-    if eth.ether_type != EtherType::Ipv4 as u16 {
-        return Ok(TC_ACT_OK);
-    }
-    if fragments::is_later(&ip) {
-        return later_fragment(ctx, &eth, &ip);
-    }
+/// Translates back `ip` (no later fragment), arriving in `eth` on an uplink whose
+/// address is `node_addr`, under NAT's `config`.
+pub fn ingress(
+    ctx: &TcContext,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+) -> Result<i32, i64> {
     let l4 = EthHdr::LEN + ip.ihl() as usize;
     let proto = ip.proto as u8;
     // Other protocols than TCP, UDP and ICMP have no checksum over the addresses.
@@ -60,13 +47,13 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         // node's pod) nothing is noted: answers there are never translated.
         if maps::endpoint(ip.dst_addr).is_some() {
             if !maps::in_cluster(ip.src_addr) {
-                remember_inbound(ctx, &ip, l4, &config)?;
+                remember_inbound(ctx, ip, l4, config)?;
             }
             return Ok(TC_ACT_OK);
         }
         // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
-            return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
+            return host_port_or_stack(ctx, eth, ip, l4, l4_csum);
         }
         return Ok(TC_ACT_OK);
     }
@@ -74,9 +61,9 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         TCP | UDP | DCCP | UDPLITE => {
             let (remote_port, node_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, &config, node_addr, Some(flags)) else {
+            let Some(entry) = live_entry(&key, config, node_addr, Some(flags)) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
-                return host_port_or_stack(ctx, &eth, &ip, l4, l4_csum);
+                return host_port_or_stack(ctx, eth, ip, l4, l4_csum);
             };
             counters::nat(NatCounter::TranslatedIn);
             // Delivered into the pod (TTL decremented in the same store as the address),
@@ -86,11 +73,11 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 ip.ttl > 1 && !services::is_client(entry.pod_addr, entry.pod_port, proto)
             });
             let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
-            csum::set_destination(ctx, &ip, entry.pod_addr, ttl, l4_csum)?;
+            csum::set_destination(ctx, ip, entry.pod_addr, ttl, l4_csum)?;
             csum::set_port(ctx, l4 + 2, node_port, entry.pod_port, l4_csum)?;
-            fragments::arrived(&ip, entry.pod_addr, pod.is_some());
+            fragments::arrived(ip, entry.pod_addr, pod.is_some());
             return match pod {
-                Some(pod) => deliver::redirect(ctx, &eth, &pod),
+                Some(pod) => deliver::redirect(ctx, eth, &pod),
                 None => Ok(TC_ACT_OK),
             };
         }
@@ -98,7 +85,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             ICMP_ECHO_REPLY => {
                 let id = u16::from_be_bytes(ctx.load(l4 + 4)?);
                 let key = reverse(ip.src_addr, id, 0, ICMP);
-                let Some(entry) = live_entry(&key, &config, node_addr, Some(0)) else {
+                let Some(entry) = live_entry(&key, config, node_addr, Some(0)) else {
                     return Ok(TC_ACT_OK);
                 };
                 csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -107,7 +94,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 entry.pod_addr
             }
             icmp_type if packet::is_icmp_error(icmp_type) => {
-                let Some(pod_addr) = icmp_error(ctx, &ip, l4, &config, node_addr)? else {
+                let Some(pod_addr) = icmp_error(ctx, ip, l4, config, node_addr)? else {
                     return Ok(TC_ACT_OK);
                 };
                 counters::nat(NatCounter::IcmpErrorsIn);
@@ -121,7 +108,7 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 return Ok(TC_ACT_OK);
             };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, &config, node_addr, Some(0)) else {
+            let Some(entry) = live_entry(&key, config, node_addr, Some(0)) else {
                 return Ok(TC_ACT_OK);
             };
             csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -131,21 +118,21 @@ pub fn ingress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     };
     let pod = maps::endpoint(pod_addr);
     // `deliver` hands the packet over above TTL 1.
-    fragments::arrived(&ip, pod_addr, pod.is_some() && ip.ttl > 1);
+    fragments::arrived(ip, pod_addr, pod.is_some() && ip.ttl > 1);
     let Some(pod) = pod else {
         // The pod is gone: the stack answers (or drops) as for any unknown address.
         return Ok(TC_ACT_OK);
     };
     // Headers as they are now (addresses rewritten), for delivery.
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    deliver::deliver(ctx, &eth, &ip, &pod)
+    deliver::deliver(ctx, eth, &ip, &pod)
 }
 
 /// A fragment after the first of a datagram (no ports): it gets the destination its
 /// first fragment was given and goes the same way, into the pod or to the stack.
 /// Without a record (see `fragments`) it is the stack's.
 #[inline(always)]
-fn later_fragment(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<i32, i64> {
+pub fn later_fragment(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<i32, i64> {
     let Some(first) = fragments::first_of(ip, FragmentKey::ARRIVING) else {
         return Ok(TC_ACT_OK);
     };

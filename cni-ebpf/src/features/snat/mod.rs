@@ -15,10 +15,7 @@ use cni_ebpf_common::{
     ip_proto::{ICMP, TCP, UDP},
     tcp_flags,
 };
-use network_types::{
-    eth::{EthHdr, EtherType},
-    ip::Ipv4Hdr,
-};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use self::{
     icmp_error::icmp_error,
@@ -30,32 +27,19 @@ use crate::{
         clock, counters,
         csum::{self, L4Csum},
         maps::{self, NAT_IN, NAT_OUT},
-        packet::{self, EthIpv4, ICMP_ECHO_REQUEST},
+        packet::{self, ICMP_ECHO_REQUEST},
     },
 };
 
-/// Translates a packet leaving by the uplink `ifindex`.
-pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
-    // Parsed inline: a helper returning (config, eth, ip) made LLVM read an unset
-    // register on its early-return path, which the verifier refuses.
-    let Some(config) = maps::nat_config() else {
-        return Ok(TC_ACT_OK);
-    };
-    // What leaves by this device takes its address (a device no longer an uplink, whose
-    // programs are on their way off, translates nothing).
-    let Some(node_addr) = maps::uplink_addr(ifindex) else {
-        return Ok(TC_ACT_OK);
-    };
+/// Translates `ip`, a packet (no later fragment) leaving by an uplink whose address is
+/// `node_addr`, under NAT's `config`.
+pub fn egress(
+    ctx: &TcContext,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    ip: &Ipv4Hdr,
+) -> Result<i32, i64> {
     let has_address = NatConfig::is_address(node_addr);
-    // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
-    // packet we translate: the error lets it go on).
-    let EthIpv4 { eth, ip } = ctx.load(0)?;
-    if eth.ether_type != EtherType::Ipv4 as u16 {
-        return Ok(TC_ACT_OK);
-    }
-    if fragments::is_later(&ip) {
-        return later_fragment(ctx, &ip);
-    }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
     // Other protocols than TCP, UDP and ICMP have no checksum over the addresses.
     let l4_csum = L4Csum::of(ip.proto, l4).unwrap_or(L4Csum::NONE);
@@ -66,9 +50,9 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             // A pod's reply on a hostPort connection leaves with the host address and
             // port.
             if let Some(host_addr) =
-                hostport::outbound(ctx, &ip, l4, l4_csum, pod_port, remote_port, flags)?
+                hostport::outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, flags)?
             {
-                fragments::left(&ip, host_addr);
+                fragments::left(ip, host_addr);
                 return Ok(TC_ACT_OK);
             }
             (pod_port, remote_port, l4, flags)
@@ -80,7 +64,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
                 (u16::from_be_bytes(id), 0, l4 + 4, 0)
             }
             icmp_type if packet::is_icmp_error(icmp_type) => {
-                return icmp_error(ctx, &ip, l4, &config, has_address);
+                return icmp_error(ctx, ip, l4, config, has_address);
             }
             // Other ICMP from a pod (an echo reply to a host that reached it) stays as it
             // is.
@@ -107,7 +91,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
     let found = NAT_OUT.get_ptr_mut(&key);
     let existing = found.filter(|entry| {
         // SAFETY: a pointer into the map value, valid for the program run.
-        !conntrack::expired(unsafe { &**entry }, key.proto, &config, now)
+        !conntrack::expired(unsafe { &**entry }, key.proto, config, now)
     });
     let node_port = match existing {
         Some(_) if !has_address => {
@@ -133,14 +117,14 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             entry.node_port
         }
         None => {
-            if !to_translate(&ip) {
+            if !to_translate(ip) {
                 return Ok(TC_ACT_OK);
             }
             // An answer on a flow a host outside opened to the pod's own address (a
             // pod's SYN opens a connection of its own: no lookup on that hot path).
             let syn = key.proto == TCP && tcp_flags::opens(flags);
-            if !syn && conntrack::opened_from_outside(&key, flags, &config, now) {
-                fragments::left(&ip, ip.src_addr);
+            if !syn && conntrack::opened_from_outside(&key, flags, config, now) {
+                fragments::left(ip, ip.src_addr);
                 return Ok(TC_ACT_OK);
             }
             // No address to give it: dropped before a port is taken (see
@@ -150,9 +134,9 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
             }
             let state = opening_state(key.proto, flags);
             let port = if rewrites_port(key.proto) {
-                allocate(&key, &config, node_addr, now, state)
+                allocate(&key, config, node_addr, now, state)
             } else {
-                keep_port(&key, &config, node_addr, now)
+                keep_port(&key, config, node_addr, now)
             };
             let Some(port) = port else {
                 counters::nat(NatCounter::AllocationFailures);
@@ -173,11 +157,11 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
         }
     };
 
-    csum::set_source(ctx, &ip, node_addr, l4_csum)?;
+    csum::set_source(ctx, ip, node_addr, l4_csum)?;
     if node_port != pod_port {
         csum::set_port(ctx, port_at, pod_port, node_port, l4_csum)?;
     }
-    fragments::left(&ip, node_addr);
+    fragments::left(ip, node_addr);
     counters::nat(NatCounter::TranslatedOut);
     Ok(TC_ACT_OK)
 }
@@ -186,7 +170,7 @@ pub fn egress(ctx: &TcContext, ifindex: u32) -> Result<i32, i64> {
 /// source its first fragment was given. Without a record (see `fragments`) a fragment
 /// to translate is dropped, as it would leak the pod's address.
 #[inline(always)]
-fn later_fragment(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<i32, i64> {
+pub fn later_fragment(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<i32, i64> {
     match fragments::first_of(ip, FragmentKey::LEAVING) {
         Some(first) => {
             csum::set_source(ctx, ip, first.addr, L4Csum::NONE)?;

@@ -1,6 +1,6 @@
-//! The NAT sweep's removals, done in the kernel: `nat_sweep` is never attached; the
-//! daemon runs it with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s it decided on
-//! (`cni-daemon/src/nat/tables.rs`), [`sweep::MAX_ITEMS`] a run.
+//! The NAT sweep's removals, done in the kernel: the `nat_sweep` program, never
+//! attached, which the daemon runs with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s
+//! it decided on (`cni-daemon/src/nat/tables.rs`), [`sweep::MAX_ITEMS`] a run.
 //!
 //! Each entry is read and, unless it saw a packet after the decision, deleted right
 //! after, in the same run: the datapath rewrites expired entries in place (a flow back
@@ -14,15 +14,17 @@
 //! (`conntrack::refresh`). From user space that window was microseconds wide.
 
 use aya_ebpf::{
-    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, macros::classifier,
-    maps::LruHashMap, programs::TcContext,
+    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, maps::LruHashMap,
+    programs::TcContext,
 };
 use cni_ebpf_common::{NatEntry, SweepItem, sweep};
 
 use crate::primitives::maps::{HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT};
 
-#[classifier]
-pub fn nat_sweep(ctx: TcContext) -> i32 {
+/// Removes the frame's items; returns how many of each kind went, packed as
+/// [`sweep`] says.
+#[inline(always)]
+pub fn run(ctx: &TcContext) -> i32 {
     let items = (ctx.len() as usize).saturating_sub(sweep::HEADER) / size_of::<SweepItem>();
     let mut run = Run {
         skb: ctx.skb.skb,
@@ -47,7 +49,7 @@ pub fn nat_sweep(ctx: TcContext) -> i32 {
         | run.hostport << sweep::HOSTPORT_SHIFT) as i32
 }
 
-/// A run of [`nat_sweep`], shared with its [`remove`] callback.
+/// A run of `nat_sweep`, shared with its [`remove`] callback.
 #[repr(C)]
 struct Run {
     skb: *mut __sk_buff,
@@ -60,7 +62,7 @@ struct Run {
 /// Item `index` of a [`Run`]: removed as the daemon's `Flows::sweep` decided. Stops the
 /// loop (1) only on a frame shorter than its items.
 extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes the pointer `nat_sweep` gave it.
+    // SAFETY: bpf_loop passes the pointer `run` gave it.
     let run = unsafe { &mut *run.cast::<Run>() };
     let ctx = TcContext::new(run.skb);
     let at = sweep::HEADER + index as usize * size_of::<SweepItem>();
