@@ -2,15 +2,14 @@
 //! uplink, hand it to the uplink directly (`bpf_redirect` with the neighbour's MAC
 //! from the FIB), skipping the node's IP stack. The uplink's egress program then
 //! source-NATs it. The FIB lookup honours the node's forwarding setting: with
-//! forwarding off it answers "not forwarded" and the stack decides, as before.
+//! forwarding off it answers "not forwarded" and the stack decides.
 //!
 //! MTU: the lookup gets no `tot_len`, so the kernel checks the packet itself against
 //! the uplink's MTU, and a GSO packet (a TCP sender's burst of up to 64 KiB, or more
-//! with BIG TCP) is checked segment by segment with `bpf_check_mtu`. Passing the IPv4
-//! header's total length instead, as before, sent every GSO packet (its total length
-//! is that of the whole burst, or 0 above 64 KiB) to the stack as "fragmentation
-//! needed": bulk transfers never took the redirect. A packet whose segments do not fit
-//! goes to the stack, which answers with ICMP "fragmentation needed" as a router must.
+//! with BIG TCP) is checked segment by segment with `bpf_check_mtu` (the IPv4 header's
+//! total length is the whole burst's, or 0 above 64 KiB: see docs/decisions.md, "The
+//! FIB lookup's MTU check"). A packet whose segments do not fit goes to the stack,
+//! which answers with ICMP "fragmentation needed" as a router must.
 
 use aya_ebpf::{
     bindings::{

@@ -5,13 +5,11 @@
 //! Each entry is read and, unless it saw a packet after the decision, deleted right
 //! after, in the same run: the datapath rewrites expired entries in place (a flow back
 //! on its 4-tuple, a new flow taking an expired port over), so a delete must follow its
-//! check closely. From user space that was a lookup and a delete syscall per entry,
-//! four per flow, most of a sweep's cost (150-170 ms of CPU a sweep at 10,000 new flows
-//! a second; 50-70 ms with this program, one syscall per 64 flows). The check and the
-//! delete are still two steps (no map operation deletes on a condition): a datapath
-//! rewrite in the few hundred nanoseconds between them is lost, and that flow's replies
-//! go to the node's stack until a later packet out restores its entry
-//! (`conntrack::refresh`). From user space that window was microseconds wide.
+//! check closely; here that is one syscall per 64 flows (docs/decisions.md, "The NAT
+//! sweep's removals in the kernel"). The check and the delete are still two steps (no
+//! map operation deletes on a condition): a datapath rewrite in the few hundred
+//! nanoseconds between them is lost, and that flow's replies go to the node's stack
+//! until a later packet out restores its entry (`conntrack::refresh`).
 
 use aya_ebpf::{
     bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, maps::LruHashMap,

@@ -96,7 +96,7 @@ pub static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPING
 /// node address and port are the host address and port the client reached, its state
 /// following TCP (or whether the pod answered) as the notes of `NAT_INBOUND` do, and
 /// swept by the daemon as they are (idle past their timeout, closed, or their pod gone);
-/// as many as the NAT tables hold. See docs/decisions.md, "hostPort connections".
+/// as many as the NAT tables hold (see docs/decisions.md, "hostPort connections").
 #[map(name = "HOSTPORT_FLOWS")]
 pub static HOSTPORT_FLOWS: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
 

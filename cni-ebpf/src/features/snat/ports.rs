@@ -27,10 +27,7 @@ const LINEAR_PROBES: u32 = 8;
 /// golden ratio's 0.618..., whose multiples spread evenly over the range whatever its
 /// size (the 16 blocks of a search land at least 3% of the range apart, none twice in
 /// one place), so any free stretch longer than a tenth of the range is found wherever
-/// the search starts. A fixed jump of 7919 ports, as before, is nearly a quarter of
-/// the default range (31,744 ports): the 16 blocks fell in four clusters of about 120
-/// ports, and a new flow was dropped as "ports exhausted" when those 500 ports were
-/// held, however much of the range was free.
+/// the search starts (see docs/decisions.md, "Node ports for new flows").
 const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 
 /// Finds a free node port for `key` (same remote address, port and protocol) and claims
@@ -43,11 +40,9 @@ const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 /// without a connection to that same destination, and the ports of closed flows, which
 /// stay held a little while (`tcp_state::POD_CLOSED`), are the ones right behind the
 /// cursor, so at a high connection rate to one service the next port is nearly always
-/// free at the first lookup. Decision: the pod's own source port is not kept, as with
-/// the `--random-fully` MASQUERADE rules Kubernetes writes. Keeping it when free (what
-/// this did before, as Linux NAT does by default) made flows collide: a pod's ports
-/// inside the range and those folded into it from outside land on each other, and a
-/// benchmark pod needed 0.86 extra lookups per new flow, each a cache miss.
+/// free at the first lookup. The pod's own source port is not kept, as with the
+/// `--random-fully` MASQUERADE rules Kubernetes writes: a pod's ports inside the range
+/// and those folded into it from outside would land on each other.
 ///
 /// Cursors are per CPU (no atomics, no contention), in 2^[`CURSOR_BITS`] slots chosen by
 /// a hash of the destination. On a held port the next one is tried; after
@@ -139,10 +134,9 @@ pub(super) fn keep_port(
 
 /// A port search of [`allocate`], shared with its [`probe`] callback.
 ///
-/// The search runs under `bpf_loop`, whose callback the verifier checks once: as a
-/// plain loop, it was walked once per iteration and per path into it, and
-/// `uplink_egress` hit the verifier's million-instruction limit whenever the loop or
-/// what leads to it changed.
+/// The search runs under `bpf_loop`, whose callback the verifier checks once: a plain
+/// loop is walked once per iteration and per path into it, which puts `uplink_egress`
+/// at the verifier's million-instruction limit.
 #[repr(C)]
 struct Search {
     flow: NewFlow,
@@ -224,14 +218,12 @@ pub(super) fn flow_entry(
 /// one space for all uplinks (`NAT_IN` is keyed without the node address): a remote
 /// reached by two uplinks never sees the same node port from both.
 ///
-/// Decision: an expired flow's `NAT_OUT` entry stays when its port is taken over, for
-/// the daemon's sweep to remove (it pairs entries by pod address and port, so it leaves
-/// the new holder alone). Looking that entry up and deleting it here cost a SYN two
-/// more cold hash-bucket walks and an LRU list update, ~130 ns per packet of
-/// `uplink_egress` on average in the connection-rate benchmark (bpf_stats), for no
-/// change in behaviour: the stale entry is expired, so a packet on the old flow's
-/// 4-tuple opens a new flow (rewriting the entry in place) and never takes the port it
-/// lost.
+/// An expired flow's `NAT_OUT` entry stays when its port is taken over, for the
+/// daemon's sweep to remove (it pairs entries by pod address and port, so it leaves the
+/// new holder alone): the stale entry is expired, so a packet on the old flow's 4-tuple
+/// opens a new flow (rewriting the entry in place) and never takes the port it lost.
+/// Deleting it here would cost each SYN two more cold bucket walks (docs/decisions.md,
+/// "Node ports for new flows").
 #[inline(always)]
 fn claim(flow: &NewFlow, port: u16) -> bool {
     let (key, config, now) = (&flow.key, &flow.config, flow.now);
