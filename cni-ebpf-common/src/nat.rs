@@ -17,7 +17,7 @@ pub struct NatKey {
     pub pod_port: u16,
     /// TCP/UDP destination port; 0 for ICMP.
     pub remote_port: u16,
-    /// IP protocol number (6, 17, 1).
+    /// IP protocol number ([`crate::ip_proto`]).
     pub proto: u8,
     pub pad: [u8; 3],
 }
