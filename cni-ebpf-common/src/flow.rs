@@ -99,6 +99,20 @@ pub const fn next_state(state: u8, flags: u8, way: Way) -> u8 {
     }
 }
 
+/// The state of a flow the pod opened (translated: `NAT_OUT` and `NAT_IN`) after a
+/// packet going `way` with TCP `flags` (0 for other protocols): TCP follows
+/// [`next_state`]; another protocol's flow becomes [`udp_state::REPLIED`] at a reply,
+/// except ICMP echo flows, which have no state.
+#[inline(always)]
+#[must_use]
+pub const fn state_after(proto: u8, state: u8, flags: u8, way: Way) -> u8 {
+    match (proto, way) {
+        (TCP, _) => next_state(state, flags, way),
+        (ICMP, _) | (_, Way::Out) => state,
+        (_, Way::In) => udp_state::REPLIED,
+    }
+}
+
 /// The state of a flow a host outside opened (to a pod's own address, or through a
 /// hostPort) after a packet with TCP `flags`, from the pod or from the host outside.
 /// TCP follows [`next_state`] with the ways mirrored (the host outside opened the flow),

@@ -116,6 +116,26 @@ fn a_rst_either_way_closes_and_a_new_syn_reopens() {
 }
 
 #[test]
+fn a_translated_flow_follows_tcp_and_becomes_replied_at_its_first_reply_otherwise() {
+    assert_eq!(
+        state_after(TCP, tcp_state::SYN_SENT, SYN | ACK, Way::In),
+        tcp_state::ESTABLISHED
+    );
+    assert_eq!(
+        state_after(TCP, tcp_state::ESTABLISHED, FIN, Way::Out),
+        tcp_state::CLOSING
+    );
+    assert_eq!(state_after(UDP, 0, 0, Way::Out), 0);
+    assert_eq!(state_after(UDP, 0, 0, Way::In), udp_state::REPLIED);
+    assert_eq!(state_after(SCTP, 0, 0, Way::In), udp_state::REPLIED);
+    assert_eq!(
+        state_after(ICMP, 0, 0, Way::In),
+        0,
+        "echo flows have no state"
+    );
+}
+
+#[test]
 fn a_flow_opened_from_outside_follows_tcp_with_the_ways_mirrored() {
     // The host outside sends the SYN, the pod answers.
     let syn = opening_state(TCP, SYN);

@@ -6,9 +6,7 @@
 use aya_ebpf::maps::LruHashMap;
 use cni_ebpf_common::{
     NatConfig, NatEntry, NatKey, NatReverseKey, Timeouts, Way,
-    flow::{inbound_state, next_state, opening_state},
-    ip_proto::{ICMP, TCP},
-    udp_state,
+    flow::{inbound_state, opening_state, state_after},
 };
 
 use crate::primitives::{
@@ -85,12 +83,10 @@ pub fn live_entry(
     if expired(&entry, key.proto, config, now) {
         return None;
     }
-    let state = match (key.proto, reply) {
-        (_, None) => entry.state,
-        (TCP, Some(tcp_flags)) => next_state(entry.state, tcp_flags, Way::In),
-        (ICMP, Some(_)) => entry.state,
+    let state = match reply {
+        None => entry.state,
         // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
-        (_, Some(_)) => udp_state::REPLIED,
+        Some(flags) => state_after(key.proto, entry.state, flags, Way::In),
     };
     if state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
         let forward = key.forward(&entry);

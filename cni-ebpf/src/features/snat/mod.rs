@@ -8,10 +8,13 @@
 mod icmp_error;
 mod ports;
 
-use aya_ebpf::{bindings::BPF_ANY, bindings::TC_ACT_OK, programs::TcContext};
+use aya_ebpf::{
+    bindings::{BPF_ANY, TC_ACT_OK},
+    programs::TcContext,
+};
 use cni_ebpf_common::{
     DropReason, FragmentKey, NatConfig, NatCounter, NatKey, Way, endpoint_flags,
-    flow::{next_state, opening_state},
+    flow::{opening_state, state_after},
     ip_proto::{ICMP, TCP, UDP},
     tcp_flags,
 };
@@ -100,11 +103,7 @@ pub fn egress(
         Some(slot) => {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
-            let state = if key.proto == TCP {
-                next_state(entry.state, flags, Way::Out)
-            } else {
-                entry.state
-            };
+            let state = state_after(key.proto, entry.state, flags, Way::Out);
             // A flow goes on from its uplink's address as it is now (see
             // `Nat::follow_uplink` in the daemon).
             if state != entry.state
