@@ -137,9 +137,9 @@ pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
 }
 
 /// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, TCP `flags`, L4 header at
-/// `l4`) leaving by the uplink on a hostPort connection: source set back to the host
-/// address and port, the connection's state moved on. Returns the host address when it
-/// was one.
+/// `l4`) on a hostPort connection, leaving by the uplink or for another pod of the node
+/// ([`pods::reply_to_pod`]): source set back to the host address and port, the
+/// connection's state moved on. Returns the host address when it was one.
 #[inline(always)]
 pub fn outbound(
     ctx: &TcContext,
