@@ -9,7 +9,10 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, MapData, MapError};
-use cni_ebpf_common::{PortKey, PortTarget, TARGET_COUNT};
+use cni_ebpf_common::{
+    PortKey, PortTarget, TARGET_COUNT,
+    ip_proto::{TCP, UDP},
+};
 
 use cni_api::{Endpoint, PortMapping};
 
@@ -115,8 +118,8 @@ impl HostPorts {
 /// and UDP).
 pub fn ip_proto(protocol: &str) -> Option<u8> {
     match protocol {
-        "tcp" => Some(6),
-        "udp" => Some(17),
+        "tcp" => Some(TCP),
+        "udp" => Some(UDP),
         _ => None,
     }
 }

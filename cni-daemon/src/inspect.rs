@@ -14,7 +14,7 @@ use cni_api::{Endpoint, LinkCounters, Status};
 
 use crate::{
     bpffs, hostports,
-    nat::{self, Timeouts, expiry},
+    nat::{self, Timeouts},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -285,7 +285,7 @@ pub fn hostport_connections(bpf_dir: &Path) -> Result<Vec<(NatKey, NatEntry)>, I
     for (key, connection) in nat::tables::snapshot(&table)? {
         let expired = timeouts
             .as_ref()
-            .is_some_and(|timeouts| expiry::is_expired(&connection, key.proto, now_ns, timeouts));
+            .is_some_and(|timeouts| timeouts.expired(&connection, key.proto, now_ns));
         if !expired {
             live.push((key, connection));
         }

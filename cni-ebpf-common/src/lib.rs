@@ -1,18 +1,24 @@
-//! Types that cross the kernel boundary: every BPF map key and value, and the constants
-//! both sides agree on.
+//! What the kernel and user space must agree on: every BPF map key and value, the
+//! constants of the wire (protocol numbers, TCP flags), and the flow state machine with
+//! its idle-timeout rule, which the datapath and the daemon's sweep both apply.
 //!
 //! Rules (see STYLE.md): `#[repr(C)]`, fixed-width integers only, no implicit padding, and a
-//! compile-time size assert per type so the kernel and user space cannot drift apart.
+//! compile-time size assert per type so the kernel and user space cannot drift apart;
+//! functions both sides call are `const fn`s the eBPF programs can inline, with host
+//! unit tests.
 #![no_std]
 
 pub mod endpoint;
+pub mod flow;
 pub mod hostport;
 pub mod metrics;
 pub mod nat;
+pub mod protocol;
 pub mod services;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
+pub use flow::{Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
     HAIRPIN_ADDR, HostPortFlow, PortKey, PortTarget, SockConfig, SockRevKey, TARGET_COUNT,
     TARGET_WORDS,
@@ -20,8 +26,9 @@ pub use hostport::{
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{
     CidrKey, FragmentKey, FragmentTarget, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey,
-    NatReverseKey, SweepItem, Uplinks, sweep, tcp_state, udp_state,
+    NatReverseKey, SweepItem, Uplinks, sweep,
 };
+pub use protocol::{ip_proto, tcp_flags};
 pub use services::{MAX_SERVICE_CIDRS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};
 

@@ -17,7 +17,7 @@ pub struct NatKey {
     pub pod_port: u16,
     /// TCP/UDP destination port; 0 for ICMP.
     pub remote_port: u16,
-    /// IP protocol number (6, 17, 1).
+    /// IP protocol number ([`crate::ip_proto`]).
     pub proto: u8,
     pub pad: [u8; 3],
 }
@@ -44,7 +44,8 @@ pub struct NatEntry {
     pub pod_addr: [u8; 4],
     pub pod_port: u16,
     pub node_port: u16,
-    /// [`tcp_state`] for TCP; 0 for ICMP; [`udp_state`] otherwise.
+    /// [`tcp_state`](crate::tcp_state) for TCP; 0 for ICMP;
+    /// [`udp_state`](crate::udp_state) otherwise (see [`crate::flow`]).
     pub state: u8,
     pub pad: [u8; 3],
     /// The address the flow leaves with (its uplink's when the flow began or last left
@@ -118,37 +119,6 @@ impl NatReverseKey {
             pad: [0, 0, 0],
         }
     }
-}
-
-/// TCP states the timeouts follow.
-pub mod tcp_state {
-    /// A SYN went out, no reply yet.
-    pub const SYN_SENT: u8 = 1;
-    /// The remote answered: the connection is up.
-    pub const ESTABLISHED: u8 = 2;
-    /// The pod sent a FIN: the flow is ending.
-    pub const CLOSING: u8 = 3;
-    /// Both sides sent a FIN, or either sent a RST: the port can soon serve another
-    /// flow (the short "closed" timeout).
-    pub const CLOSED: u8 = 4;
-    /// The remote sent a FIN first.
-    pub const REMOTE_CLOSING: u8 = 5;
-    /// The pod sent the first FIN and the remote's FIN followed: the pod holds the
-    /// TIME_WAIT, the remote none, so the node port is free for another flow once
-    /// [`POD_CLOSED_SECS`] (or the closed timeout, if shorter) have passed without a
-    /// retransmitted FIN. Holding it for the full closed timeout made a pod opening
-    /// thousands of short connections a second to one service run out of node ports.
-    pub const POD_CLOSED: u8 = 6;
-    /// Seconds a [`POD_CLOSED`] flow keeps its node port: a few retransmission timeouts
-    /// of the remote's FIN, should the pod's last ACK be lost.
-    pub const POD_CLOSED_SECS: u32 = 2;
-}
-
-/// [`NatEntry::state`] of a UDP flow, and of SCTP and protocols without ports.
-pub mod udp_state {
-    /// A reply came: the flow is a stream both ways, which keeps its translation the
-    /// longer "stream" timeout (as conntrack's assured UDP flows do).
-    pub const REPLIED: u8 = 1;
 }
 
 /// Uplinks source NAT translates on at most.
@@ -228,7 +198,7 @@ pub struct NatConfig {
     pub uplink_ifindex: u32,
     /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
     pub tcp_closed_secs: u32,
-    /// A UDP flow that has seen a reply ([`udp_state::REPLIED`]); `udp_secs` is for one
+    /// A UDP flow that has seen a reply ([`crate::udp_state::REPLIED`]); `udp_secs` is for one
     /// that has not. Added after the first release: a pinned `NAT_CONFIG` of the
     /// earlier size is replaced at start (the daemon writes the map whole at every
     /// start, so nothing is lost).

@@ -1,37 +1,19 @@
-//! The eBPF programs of ebpf-cni.
+//! The eBPF programs of ebpf-cni, in three layers whose imports point only down:
+//! - [`programs`]: one entry file per attach point (pod veth, uplink, sockets, ...),
+//!   each with its own dispatch;
+//! - [`features`]: what the datapath does (ARP, routing, source NAT and its replies,
+//!   connection tracking, hostPort, Services, fragments, the sweep's removals);
+//! - [`primitives`]: what every feature uses (header access and checks, checksums, the
+//!   clock, the maps, delivery, counters).
 //!
-//! Layout (Cilium-like): one entry file per attach point holds the thin `#[classifier]`
-//! functions; each feature has a module with its maps and logic.
+//! What the daemon must agree on (map types, protocol numbers, TCP flags, flow states
+//! and timeouts) is in `cni_ebpf_common`.
 #![no_std]
 #![no_main]
 
-mod arp;
-mod count_by_source;
-mod csum;
-mod endpoints;
-mod forward;
-mod fragments;
-mod hostport;
-mod metrics;
-mod nat_maps;
-mod pod;
-mod rev_nat;
-mod route;
-mod services;
-mod snat;
-mod sock;
-mod stats;
-mod sweep;
-mod uplink;
-mod zeroed;
-
-/// The device a TC program runs on (ingress: where the frame arrived; egress: where it
-/// leaves).
-#[inline(always)]
-fn ifindex(ctx: &aya_ebpf::programs::TcContext) -> u32 {
-    // SAFETY: the context pointer is valid for the whole program run.
-    unsafe { (*ctx.skb.skb).ifindex }
-}
+mod features;
+mod primitives;
+mod programs;
 
 #[cfg(not(test))]
 #[panic_handler]

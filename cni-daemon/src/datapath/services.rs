@@ -1,6 +1,6 @@
 //! Service ranges (`--service-cidr`): the destinations the datapath hands to the node's
 //! stack, where kube-proxy (iptables or nftables mode) DNATs Services. See the eBPF
-//! side, `cni-ebpf/src/services.rs`.
+//! side, `cni-ebpf/src/features/services.rs`.
 
 use std::collections::BTreeSet;
 

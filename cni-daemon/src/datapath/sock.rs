@@ -17,13 +17,13 @@ use aya::{
     maps::{Array, HashMap, MapData},
     programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink},
 };
+use cni_api::Attachment;
 use cni_ebpf_common::{SockConfig, map_names, program_names};
 
 use super::{
     Datapath, DatapathError,
     links::{pin_error, remove_pin},
 };
-use cni_api::Attachment;
 
 /// The maps the node's hostPort code keeps: node addresses, the bitmap of target ports,
 /// and the socket hooks' configuration.

@@ -9,17 +9,17 @@ use std::{fs, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
 use aya::programs::TcAttachType;
+use cni_api::Attachment;
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, Uplinks, map_names, program_names, tcp_state, udp_state,
+    NatConfig, NatEntry, NatKey, Uplinks, ip_proto, map_names, program_names, tcp_state, udp_state,
 };
 
 use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
     links::{attach_pinned, pin_error, remove_pin},
 };
-use cni_api::Attachment;
 
-use crate::nat::{NatMaps, expiry::IPPROTO_TCP};
+use crate::nat::NatMaps;
 
 /// The two uplink programs: where they attach; their pins are named after them.
 const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
@@ -124,7 +124,7 @@ pub(super) fn take_resized(
 
 /// The state an earlier release's flow of `key` comes over with: answered.
 fn answered(key: &NatKey) -> u8 {
-    if key.proto == IPPROTO_TCP {
+    if key.proto == ip_proto::TCP {
         tcp_state::ESTABLISHED
     } else {
         udp_state::REPLIED

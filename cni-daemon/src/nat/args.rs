@@ -2,8 +2,11 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use cni_ebpf_common::NatConfig;
 use serde::Serialize;
+
+/// Idle timeouts in seconds, per kind of flow: defined with the rule that applies them,
+/// which the datapath shares.
+pub use cni_ebpf_common::Timeouts;
 
 /// Source NAT of pod traffic leaving the node (flattened into `run`).
 #[derive(Debug, Clone, clap::Args)]
@@ -128,35 +131,6 @@ impl NatArgs {
 
     pub fn gc_interval(&self) -> Duration {
         Duration::from_secs(self.nat_gc_interval)
-    }
-}
-
-/// Idle timeouts in seconds, per kind of flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Timeouts {
-    pub tcp_established: u32,
-    /// SYN sent, or a FIN one way.
-    pub tcp_transitory: u32,
-    /// FIN each way, or RST.
-    pub tcp_closed: u32,
-    /// UDP without a reply yet.
-    pub udp: u32,
-    /// UDP that has had a reply.
-    pub udp_stream: u32,
-    pub icmp: u32,
-}
-
-impl Timeouts {
-    /// The timeouts the daemon wrote into `NAT_CONFIG`.
-    pub fn from_config(config: &NatConfig) -> Self {
-        Self {
-            tcp_established: config.tcp_established_secs,
-            tcp_transitory: config.tcp_transitory_secs,
-            tcp_closed: config.tcp_closed_secs,
-            udp: config.udp_secs,
-            udp_stream: config.udp_stream_secs,
-            icmp: config.icmp_secs,
-        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! - turns on IPv4 forwarding in its network namespace ([`sysctl`]);
 //! - keeps `CLUSTER_CIDRS` equal to the union of the endpoints' cluster ranges
 //!   ([`cidrs`]);
-//! - sweeps flows idle longer than their timeout ([`expiry`], [`tables`]);
+//! - sweeps flows idle longer than their timeout ([`tables`], by the rule the datapath
+//!   applies too: `cni_ebpf_common::Timeouts`), and says how long each has left ([`expiry`]);
 //! - shows flows and counters ([`view`]).
 
 pub mod args;

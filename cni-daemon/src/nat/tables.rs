@@ -7,6 +7,7 @@ use aya::{
     maps::{Array, HashMap, IterableMap, MapData, MapError},
     programs::ProgramFd,
 };
+use cni_api::Endpoint;
 use cni_ebpf_common::{
     EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, Uplinks,
     sweep,
@@ -19,7 +20,6 @@ use super::{
     cidrs::{self, ClusterCidrs},
     expiry, uplink,
 };
-use cni_api::Endpoint;
 
 use crate::datapath::Datapath;
 
@@ -266,7 +266,7 @@ impl Flows {
     /// Both tables are read in batches ([`batch`]: a few syscalls for a whole table) and
     /// the decisions taken on that snapshot ([`expired`], a pure function). The
     /// removals are done in the kernel by the `nat_sweep` program, 64 a syscall
-    /// (`cni-ebpf/src/sweep.rs`), which re-reads each entry just before deleting it and
+    /// (`cni-ebpf/src/features/sweep.rs`), which re-reads each entry just before deleting it and
     /// keeps it if it saw a packet since: the datapath rewrites expired entries in place
     /// (a flow coming back on its old 4-tuple, a new flow taking an expired port over),
     /// and deleting those by a decision even milliseconds old broke connections (a
@@ -456,7 +456,7 @@ fn expired(
             .get(&reverse)
             .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
         let decided = *expiry::latest(entry, pair);
-        if gone(&decided) || expiry::is_expired(&decided, key.proto, now_ns, timeouts) {
+        if gone(&decided) || timeouts.expired(&decided, key.proto, now_ns) {
             removals.push(Removal::Flow {
                 key: *key,
                 reverse: pair.map(|_| reverse),
@@ -468,7 +468,7 @@ fn expired(
         let paired = out
             .get(&reverse.forward(entry))
             .is_some_and(|out| out.node_port == reverse.node_port);
-        if !paired && (gone(entry) || expiry::is_expired(entry, reverse.proto, now_ns, timeouts)) {
+        if !paired && (gone(entry) || timeouts.expired(entry, reverse.proto, now_ns)) {
             removals.push(Removal::Orphan {
                 reverse: *reverse,
                 entry: *entry,
@@ -490,8 +490,7 @@ fn expired_notes<'a>(
     table
         .iter()
         .filter(move |(key, entry)| {
-            !pods.contains(&entry.pod_addr)
-                || expiry::is_expired(entry, key.proto, now_ns, timeouts)
+            !pods.contains(&entry.pod_addr) || timeouts.expired(entry, key.proto, now_ns)
         })
         .map(|(key, entry)| (*key, *entry))
 }

@@ -9,8 +9,10 @@ use std::{
 
 use aya::maps::{Array, HashMap, IterableMap, Map, PerCpuArray};
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks, map_names, tcp_state,
-    udp_state,
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks,
+    flow::idle_ns,
+    ip_proto::{ESP, GRE, ICMP, IPIP, SCTP, TCP, UDP},
+    map_names, tcp_state, udp_state,
 };
 use serde::Serialize;
 
@@ -186,28 +188,28 @@ pub fn flow_view(
         node: SocketAddrV4::new(node_addr, out.node_port),
         remote: SocketAddrV4::new(key.remote_addr.into(), key.remote_port),
         state: state_name(key.proto, entry.state),
-        idle_secs: expiry::idle_ns(entry.last_seen_ns, now_ns) / 1_000_000_000,
+        idle_secs: idle_ns(entry.last_seen_ns, now_ns) / 1_000_000_000,
         expires_in_secs: expiry::expires_in_secs(entry, key.proto, now_ns, timeouts),
     }
 }
 
 pub fn proto_name(proto: u8) -> String {
     match proto {
-        expiry::IPPROTO_TCP => "tcp".to_owned(),
-        expiry::IPPROTO_UDP => "udp".to_owned(),
-        expiry::IPPROTO_ICMP => "icmp".to_owned(),
-        4 => "ipip".to_owned(),
-        47 => "gre".to_owned(),
-        50 => "esp".to_owned(),
-        132 => "sctp".to_owned(),
+        TCP => "tcp".to_owned(),
+        UDP => "udp".to_owned(),
+        ICMP => "icmp".to_owned(),
+        IPIP => "ipip".to_owned(),
+        GRE => "gre".to_owned(),
+        ESP => "esp".to_owned(),
+        SCTP => "sctp".to_owned(),
         other => other.to_string(),
     }
 }
 
 pub fn state_name(proto: u8, state: u8) -> &'static str {
     match proto {
-        expiry::IPPROTO_TCP => {}
-        expiry::IPPROTO_ICMP => return "-",
+        TCP => {}
+        ICMP => return "-",
         _ if state == udp_state::REPLIED => return "replied",
         _ => return "-",
     }
@@ -294,7 +296,7 @@ mod tests {
             remote_addr: [198, 18, 0, 9],
             pod_port: 40000,
             remote_port: 443,
-            proto: expiry::IPPROTO_TCP,
+            proto: TCP,
             pad: [0; 3],
         };
         let now = 5_000 * 1_000_000_000;
@@ -344,7 +346,7 @@ mod tests {
             remote_addr: [198, 18, 0, 9],
             pod_port: 40000,
             remote_port: 5000,
-            proto: expiry::IPPROTO_UDP,
+            proto: UDP,
             pad: [0; 3],
         };
         let now = 5_000 * 1_000_000_000;

@@ -2,15 +2,14 @@
 //! uplink, hand it to the uplink directly (`bpf_redirect` with the neighbour's MAC
 //! from the FIB), skipping the node's IP stack. The uplink's egress program then
 //! source-NATs it. The FIB lookup honours the node's forwarding setting: with
-//! forwarding off it answers "not forwarded" and the stack decides, as before.
+//! forwarding off it answers "not forwarded" and the stack decides.
 //!
 //! MTU: the lookup gets no `tot_len`, so the kernel checks the packet itself against
 //! the uplink's MTU, and a GSO packet (a TCP sender's burst of up to 64 KiB, or more
-//! with BIG TCP) is checked segment by segment with `bpf_check_mtu`. Passing the IPv4
-//! header's total length instead, as before, sent every GSO packet (its total length
-//! is that of the whole burst, or 0 above 64 KiB) to the stack as "fragmentation
-//! needed": bulk transfers never took the redirect. A packet whose segments do not fit
-//! goes to the stack, which answers with ICMP "fragmentation needed" as a router must.
+//! with BIG TCP) is checked segment by segment with `bpf_check_mtu` (the IPv4 header's
+//! total length is the whole burst's, or 0 above 64 KiB: see docs/decisions.md, "The
+//! FIB lookup's MTU check"). A packet whose segments do not fit goes to the stack,
+//! which answers with ICMP "fragmentation needed" as a router must.
 
 use aya_ebpf::{
     bindings::{
@@ -22,7 +21,7 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::{forward, nat_maps, zeroed::Words};
+use crate::primitives::{deliver, maps, zeroed::Words};
 
 const AF_INET: u8 = 2;
 
@@ -35,7 +34,7 @@ pub fn to_uplink(
     ip: &Ipv4Hdr,
     ingress_ifindex: u32,
 ) -> Result<i32, i64> {
-    if nat_maps::config().is_none() || ip.ttl <= 1 {
+    if maps::nat_config().is_none() || ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
     // A plain C struct of integers; all-zero is its "unset" state.
@@ -59,15 +58,13 @@ pub fn to_uplink(
     };
     // Anything but a resolved route out of an uplink (local addresses, no neighbour
     // yet, forwarding off, other devices) is the stack's business.
-    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS)
-        || nat_maps::uplink_addr(params.ifindex).is_none()
-    {
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || maps::uplink_addr(params.ifindex).is_none() {
         return Ok(TC_ACT_OK);
     }
     if !segments_fit(ctx, params.ifindex) {
         return Ok(TC_ACT_OK);
     }
-    forward::decrement_ttl(ctx, ip)?;
+    deliver::decrement_ttl(ctx, ip)?;
     let rewritten = EthHdr {
         dst_addr: params.dmac,
         src_addr: params.smac,

@@ -1,59 +1,33 @@
 //! hostPort for the node's own processes, at the socket level (cgroup sock_addr hooks):
 //! a socket of the daemon's network namespace that connects or sends to a node address
 //! or 127.0.0.0/8 and a host port is pointed at the pod's address and port before any
-//! packet exists, so no packet is ever translated and loopback needs no
-//! `route_localnet`. recvmsg4 and getpeername4 give the socket back the address it
-//! dialled. Sockets of other namespaces (pods, other nodes simulated on the machine)
-//! are left alone: the hooks compare the socket's netns cookie with the daemon's.
+//! packet exists ([`to_pod`]), so no packet is ever translated and loopback needs no
+//! `route_localnet`; receiving and asking for its peer, the socket gets back the
+//! address it dialled ([`as_dialled`]). Sockets of other namespaces (pods, other nodes
+//! simulated on the machine) are left alone: the hooks compare the socket's netns
+//! cookie with the daemon's.
 
 use aya_ebpf::{
     EbpfContext,
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::{cgroup_sock_addr, map},
-    maps::{Array, LruHashMap},
     programs::SockAddrContext,
 };
-use cni_ebpf_common::{HostPortFlow, SockConfig, SockRevKey};
-
-use crate::{
-    csum::{TCP, UDP},
-    hostport,
+use cni_ebpf_common::{
+    HostPortFlow, PortTarget, SockRevKey,
+    ip_proto::{TCP, UDP},
 };
 
-/// Sockets remembered at once; the LRU forgets the oldest.
-const MAX_SOCKETS: u32 = 65536;
+use super::lookup;
+use crate::primitives::maps::{SOCK_CONFIG, SOCK_REV, is_node_addr};
 
-/// The hooks' verdict: 1 lets the call go on (0 would fail it with EPERM).
-const ALLOW: i32 = 1;
-
-#[map(name = "SOCK_CONFIG")]
-static SOCK_CONFIG: Array<SockConfig> = Array::pinned(1, 0);
-
-#[map(name = "SOCK_REV")]
-static SOCK_REV: LruHashMap<SockRevKey, HostPortFlow> = LruHashMap::pinned(MAX_SOCKETS, 0);
-
-#[cgroup_sock_addr(connect4)]
-pub fn hostport_connect4(ctx: SockAddrContext) -> i32 {
-    to_pod(&ctx);
-    ALLOW
-}
-
-#[cgroup_sock_addr(sendmsg4)]
-pub fn hostport_sendmsg4(ctx: SockAddrContext) -> i32 {
-    to_pod(&ctx);
-    ALLOW
-}
-
-#[cgroup_sock_addr(recvmsg4)]
-pub fn hostport_recvmsg4(ctx: SockAddrContext) -> i32 {
-    as_dialled(&ctx);
-    ALLOW
-}
-
-#[cgroup_sock_addr(getpeername4)]
-pub fn hostport_getpeername4(ctx: SockAddrContext) -> i32 {
-    as_dialled(&ctx);
-    ALLOW
+/// Like `mapping` for the node's own sockets, where loopback addresses (127.0.0.0/8)
+/// count as node addresses too.
+#[inline(always)]
+fn local_mapping(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
+    if addr[0] != 127 && !is_node_addr(addr) {
+        return None;
+    }
+    lookup(proto, addr, port)
 }
 
 /// Whether the socket lives in the daemon's network namespace.
@@ -68,7 +42,7 @@ fn in_node_netns(ctx: &SockAddrContext) -> bool {
 
 /// connect4 / sendmsg4: a host port's address becomes the pod's, remembered per socket.
 #[inline(always)]
-fn to_pod(ctx: &SockAddrContext) {
+pub fn to_pod(ctx: &SockAddrContext) {
     if !in_node_netns(ctx) {
         return;
     }
@@ -76,13 +50,13 @@ fn to_pod(ctx: &SockAddrContext) {
     // readable and writable in connect4 and sendmsg4.
     let addr = unsafe { &mut *ctx.sock_addr };
     let proto = match addr.protocol {
-        6 => TCP,
-        17 => UDP,
+        p if p == u32::from(TCP) => TCP,
+        p if p == u32::from(UDP) => UDP,
         _ => return,
     };
     let host_addr = addr.user_ip4.to_ne_bytes();
     let host_port = u16::from_be(addr.user_port as u16);
-    let Some(target) = hostport::local_mapping(proto, host_addr, host_port) else {
+    let Some(target) = local_mapping(proto, host_addr, host_port) else {
         return;
     };
     addr.user_ip4 = u32::from_ne_bytes(target.pod_addr);
@@ -104,7 +78,7 @@ fn to_pod(ctx: &SockAddrContext) {
 
 /// recvmsg4 / getpeername4: the pod's address shown as the one the socket dialled.
 #[inline(always)]
-fn as_dialled(ctx: &SockAddrContext) {
+pub fn as_dialled(ctx: &SockAddrContext) {
     if !in_node_netns(ctx) {
         return;
     }

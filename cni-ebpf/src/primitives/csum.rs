@@ -5,85 +5,10 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use cni_ebpf_common::ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE};
+use network_types::ip::Ipv4Hdr;
 
-/// Offsets of the (outer) IPv4 TTL (the protocol and the header checksum follow it) and
-/// header checksum.
-pub const IP_TTL: usize = EthHdr::LEN + 8;
-pub const IP_CSUM: usize = EthHdr::LEN + 10;
-pub const IP_SRC: usize = EthHdr::LEN + 12;
-pub const IP_DST: usize = EthHdr::LEN + 16;
-
-pub const TCP: u8 = 6;
-pub const UDP: u8 = 17;
-pub const ICMP: u8 = 1;
-/// Its CRC32c covers its ports and chunks, not the IP addresses (no pseudo header).
-pub const SCTP: u8 = 132;
-pub const ICMP_ECHO_REPLY: u8 = 0;
-pub const ICMP_ECHO_REQUEST: u8 = 8;
-pub const ICMP_DEST_UNREACHABLE: u8 = 3;
-pub const ICMP_TIME_EXCEEDED: u8 = 11;
-pub const ICMP_PARAMETER_PROBLEM: u8 = 12;
-
-/// Whether an ICMP message of `icmp_type` is an error quoting the packet that caused it
-/// (one that NAT translates along with its flow).
-#[inline(always)]
-pub fn is_icmp_error(icmp_type: u8) -> bool {
-    matches!(
-        icmp_type,
-        ICMP_DEST_UNREACHABLE | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
-    )
-}
-
-/// Both have their ports where UDP has them, and a checksum over a pseudo header with
-/// the addresses where UDP has its checksum (always set, unlike UDP's): translated as
-/// UDP is.
-pub const DCCP: u8 = 33;
-pub const UDPLITE: u8 = 136;
-
-/// The Ethernet and IPv4 headers, read together (one helper call where two were).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct EthIpv4 {
-    pub eth: EthHdr,
-    pub ip: Ipv4Hdr,
-}
-
-/// The ports of a TCP or UDP header at `l4` (as on the wire: source, then destination),
-/// and for TCP its flags: one read for TCP (the flags sit 13 bytes in), the 4 bytes of
-/// ports for UDP (a short datagram may have nothing after its 8-byte header).
-#[inline(always)]
-pub fn ports_and_flags(ctx: &TcContext, proto: u8, l4: usize) -> Result<(u16, u16, u8), i64> {
-    let (ports, flags) = if proto == TCP {
-        let head: [u8; 14] = ctx.load(l4)?;
-        ([head[0], head[1], head[2], head[3]], head[13])
-    } else {
-        (ctx.load::<[u8; 4]>(l4)?, 0)
-    };
-    Ok((
-        u16::from_be_bytes([ports[0], ports[1]]),
-        u16::from_be_bytes([ports[2], ports[3]]),
-        flags,
-    ))
-}
-
-/// The (source, destination) ports of a packet of `proto` whose L4 header is at `l4`, as
-/// a NAT flow is keyed: TCP, UDP, SCTP, DCCP and UDP-Lite have them where UDP does,
-/// protocols without ports give (0, 0). `None` for ICMP (keyed by its echo identifier).
-#[inline(always)]
-pub fn flow_ports(ctx: &TcContext, proto: u8, l4: usize) -> Result<Option<(u16, u16)>, i64> {
-    Ok(match proto {
-        TCP | UDP | SCTP | DCCP | UDPLITE => {
-            let ports: [u8; 4] = ctx.load(l4)?;
-            Some((
-                u16::from_be_bytes([ports[0], ports[1]]),
-                u16::from_be_bytes([ports[2], ports[3]]),
-            ))
-        }
-        ICMP => None,
-        _ => Some((0, 0)),
-    })
-}
+use super::packet::{IP_CSUM, IP_TTL};
 
 /// Where a packet's L4 checksum is, and how it reacts to address changes.
 #[derive(Clone, Copy)]
@@ -104,7 +29,8 @@ impl L4Csum {
         flags: 0,
     };
 
-    /// The checksum of a `proto` header starting at `l4`, if we translate that protocol.
+    /// The checksum of a `proto` header starting at `l4`, if we translate that protocol
+    /// (DCCP and UDP-Lite as UDP, their checksum always set).
     #[inline(always)]
     pub fn of(proto: u8, l4: usize) -> Option<Self> {
         match proto {

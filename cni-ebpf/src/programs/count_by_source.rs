@@ -8,7 +8,7 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::stats::{self, Counted};
+use crate::primitives::counters::{self, Counted};
 
 /// Verdict of an observer: hand the packet to the next program, then the stack. It must
 /// be TC_ACT_UNSPEC (TCX_NEXT): TCX stops its chain at any other value (TC_ACT_PIPE
@@ -34,7 +34,7 @@ fn try_count_by_source(ctx: &TcContext) -> Result<i32, i64> {
     }
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     let key = SourceKey { addr: ip.src_addr };
-    if let Counted::NewSource = stats::count(&key, u64::from(ctx.len()))? {
+    if let Counted::NewSource = counters::source(&key, u64::from(ctx.len()))? {
         info!(ctx, "counting a new source {:i}", ip.src_addr);
     }
     Ok(CONTINUE)

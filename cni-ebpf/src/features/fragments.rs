@@ -19,23 +19,16 @@
 //! fragments in order, so that happens only when its first fragment was itself dropped.
 //! Records expire after [`FRAGMENT_SECS`] or when the LRU needs room.
 
-use aya_ebpf::{macros::map, maps::LruHashMap};
 use cni_ebpf_common::{FragmentKey, FragmentTarget};
 use network_types::ip::Ipv4Hdr;
 
-use crate::nat_maps;
+use crate::primitives::{clock, maps::NAT_FRAGMENTS};
 
-/// Fragmented datagrams tracked at once (each record is 28 bytes of key and value).
-const MAX_DATAGRAMS: u32 = 16384;
 /// How long the fragments of a datagram follow its first one: Linux's reassembly
 /// timeout (`net.ipv4.ipfrag_time`), after which the receiver gives the datagram up.
 pub const FRAGMENT_SECS: u64 = 30;
 /// The "more fragments" bit of the IPv4 flags.
 const MORE_FRAGMENTS: u8 = 1;
-
-#[map(name = "NAT_FRAGMENTS")]
-static NAT_FRAGMENTS: LruHashMap<FragmentKey, FragmentTarget> =
-    LruHashMap::pinned(MAX_DATAGRAMS, 0);
 
 /// Whether `ip` is a fragment after the first of its datagram (it carries no L4 header).
 #[inline(always)]
@@ -62,7 +55,7 @@ fn record(ip: &Ipv4Hdr, way: u8, addr: [u8; 4], deliver: bool) {
         return;
     }
     let target = FragmentTarget {
-        seen_ns: nat_maps::now_ns(),
+        seen_ns: clock::now_ns(),
         addr,
         deliver: u8::from(deliver),
         pad: [0; 3],
@@ -97,6 +90,6 @@ pub fn went_to_stack(ip: &Ipv4Hdr) {
 pub fn first_of(ip: &Ipv4Hdr, way: u8) -> Option<FragmentTarget> {
     // SAFETY: the value is copied out at once.
     let target = unsafe { NAT_FRAGMENTS.get(&key(ip, way)) }.copied()?;
-    let age = nat_maps::now_ns().saturating_sub(target.seen_ns);
+    let age = clock::now_ns().saturating_sub(target.seen_ns);
     (age <= FRAGMENT_SECS * 1_000_000_000).then_some(target)
 }

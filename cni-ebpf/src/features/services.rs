@@ -17,38 +17,22 @@
 //! Without ranges each check is one array read.
 
 use aya_ebpf::{
-    bindings::TC_ACT_OK,
-    helpers::generated::bpf_skb_change_type,
-    macros::map,
-    maps::{Array, LpmTrie, LruHashMap, lpm_trie::Key},
+    maps::{LruHashMap, lpm_trie::Key},
     programs::TcContext,
 };
-use cni_ebpf_common::{FragmentKey, MAX_SERVICE_CIDRS, ServiceClient};
+use cni_ebpf_common::{
+    FragmentKey, ServiceClient,
+    ip_proto::{TCP, UDP},
+};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    csum::{self, TCP, UDP},
-    fragments, hostport,
+    features::fragments,
+    primitives::{
+        maps::{self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_PEERS, SERVICE_RANGES},
+        packet,
+    },
 };
-
-/// Pod sockets with Service connections remembered at once; the least recently used
-/// goes first (a forgotten one only loses its replies' way through the stack while its
-/// next packet out is still to come).
-const MAX_CLIENTS: u32 = 65536;
-/// `skb->pkt_type` of a frame addressed to this host.
-const PACKET_HOST: u32 = 0;
-
-#[map(name = "SERVICE_CIDRS")]
-static SERVICE_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_SERVICE_CIDRS, 0);
-
-#[map(name = "SERVICE_RANGES")]
-static SERVICE_RANGES: Array<u32> = Array::pinned(1, 0);
-
-#[map(name = "SERVICE_CLIENTS")]
-static SERVICE_CLIENTS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
-
-#[map(name = "SERVICE_PEERS")]
-static SERVICE_PEERS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
 
 /// Whether Service ranges are configured.
 #[inline(always)]
@@ -74,14 +58,14 @@ fn ports(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16)>, i64> {
         return Ok(None);
     }
     let l4 = EthHdr::LEN + ip.ihl() as usize;
-    let (source, destination, _) = csum::ports_and_flags(ctx, proto, l4)?;
+    let (source, destination, _) = packet::ports_and_flags(ctx, proto, l4)?;
     Ok(Some((source, destination)))
 }
 
 /// Whether `addr` is a Service's: in a Service range, or a node address (NodePorts).
 #[inline(always)]
 fn is_service_addr(addr: [u8; 4]) -> bool {
-    SERVICE_CIDRS.get(Key::new(32, addr)).is_some() || hostport::is_node_addr(addr)
+    SERVICE_CIDRS.get(Key::new(32, addr)).is_some() || maps::is_node_addr(addr)
 }
 
 /// Whether `ip`, a pod's packet for no local pod, is for a Service (a Service range or a
@@ -174,15 +158,4 @@ pub fn is_client(addr: [u8; 4], port: u16, proto: u8) -> bool {
 fn is_remembered(addr: [u8; 4], port: u16, proto: u8) -> bool {
     // SAFETY: only the presence is read.
     unsafe { SERVICE_CLIENTS.get(&client(addr, port, proto)) }.is_some()
-}
-
-/// Hands a pod's frame to the node's stack as one addressed to the node: a frame the pod
-/// addressed to another pod's MAC (see `arp`) would otherwise be dropped there as not
-/// the host's.
-#[inline(always)]
-pub fn to_stack(ctx: &TcContext) -> i32 {
-    // SAFETY: a plain helper call on the program's context. It fails only for types a
-    // TC program may not set; PACKET_HOST is allowed.
-    unsafe { bpf_skb_change_type(ctx.skb.skb.cast(), PACKET_HOST) };
-    TC_ACT_OK
 }

@@ -1,31 +1,28 @@
-//! The NAT sweep's removals, done in the kernel: `nat_sweep` is never attached; the
-//! daemon runs it with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s it decided on
-//! (`cni-daemon/src/nat/tables.rs`), [`sweep::MAX_ITEMS`] a run.
+//! The NAT sweep's removals, done in the kernel: the `nat_sweep` program, never
+//! attached, which the daemon runs with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s
+//! it decided on (`cni-daemon/src/nat/tables.rs`), [`sweep::MAX_ITEMS`] a run.
 //!
 //! Each entry is read and, unless it saw a packet after the decision, deleted right
 //! after, in the same run: the datapath rewrites expired entries in place (a flow back
 //! on its 4-tuple, a new flow taking an expired port over), so a delete must follow its
-//! check closely. From user space that was a lookup and a delete syscall per entry,
-//! four per flow, most of a sweep's cost (150-170 ms of CPU a sweep at 10,000 new flows
-//! a second; 50-70 ms with this program, one syscall per 64 flows). The check and the
-//! delete are still two steps (no map operation deletes on a condition): a datapath
-//! rewrite in the few hundred nanoseconds between them is lost, and that flow's replies
-//! go to the node's stack until a later packet out restores its entry
-//! (`nat_maps::refresh`). From user space that window was microseconds wide.
+//! check closely; here that is one syscall per 64 flows (docs/decisions.md, "The NAT
+//! sweep's removals in the kernel"). The check and the delete are still two steps (no
+//! map operation deletes on a condition): a datapath rewrite in the few hundred
+//! nanoseconds between them is lost, and that flow's replies go to the node's stack
+//! until a later packet out restores its entry (`conntrack::refresh`).
 
 use aya_ebpf::{
-    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, macros::classifier,
-    maps::LruHashMap, programs::TcContext,
+    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, maps::LruHashMap,
+    programs::TcContext,
 };
 use cni_ebpf_common::{NatEntry, SweepItem, sweep};
 
-use crate::{
-    hostport::HOSTPORT_FLOWS,
-    nat_maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
-};
+use crate::primitives::maps::{HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT};
 
-#[classifier]
-pub fn nat_sweep(ctx: TcContext) -> i32 {
+/// Removes the frame's items; returns how many of each kind went, packed as
+/// [`sweep`] says.
+#[inline(always)]
+pub fn run(ctx: &TcContext) -> i32 {
     let items = (ctx.len() as usize).saturating_sub(sweep::HEADER) / size_of::<SweepItem>();
     let mut run = Run {
         skb: ctx.skb.skb,
@@ -50,7 +47,7 @@ pub fn nat_sweep(ctx: TcContext) -> i32 {
         | run.hostport << sweep::HOSTPORT_SHIFT) as i32
 }
 
-/// A run of [`nat_sweep`], shared with its [`remove`] callback.
+/// A run of `nat_sweep`, shared with its [`remove`] callback.
 #[repr(C)]
 struct Run {
     skb: *mut __sk_buff,
@@ -63,7 +60,7 @@ struct Run {
 /// Item `index` of a [`Run`]: removed as the daemon's `Flows::sweep` decided. Stops the
 /// loop (1) only on a frame shorter than its items.
 extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes the pointer `nat_sweep` gave it.
+    // SAFETY: bpf_loop passes the pointer `run` gave it.
     let run = unsafe { &mut *run.cast::<Run>() };
     let ctx = TcContext::new(run.skb);
     let at = sweep::HEADER + index as usize * size_of::<SweepItem>();

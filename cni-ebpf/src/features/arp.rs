@@ -4,7 +4,7 @@
 //!
 //! A request for another pod of this node is answered with that pod's own MAC, as a
 //! bridge would let the pod learn it: frames between pods then carry the MACs they
-//! would carry on a bridge, and `forward::deliver` hands them over without writing a
+//! would carry on a bridge, and `deliver::switch` hands them over without writing a
 //! byte (a write costs a copy of the headers, as the sender's TCP still holds the
 //! packet). Anything else (the gateway, addresses of no local pod) gets the host veth's
 //! MAC: the pod's router.
@@ -13,9 +13,9 @@ use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::
 use cni_ebpf_common::DropReason;
 use network_types::{arp::ArpHdr, eth::EthHdr};
 
-use crate::{
-    endpoints,
-    metrics::{self, Direction},
+use crate::primitives::{
+    counters::{self, Direction},
+    maps,
 };
 
 const ARP_REQUEST: u16 = 1;
@@ -27,7 +27,7 @@ const PTYPE_IPV4: u16 = 0x0800;
 #[inline(always)]
 pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
     if (ctx.len() as usize) < EthHdr::LEN + ArpHdr::LEN {
-        return Ok(metrics::drop_packet(DropReason::TruncatedFrame));
+        return Ok(counters::drop_packet(DropReason::TruncatedFrame));
     }
     let mut arp: ArpHdr = ctx.load(EthHdr::LEN)?;
     if arp.htype() != HTYPE_ETHERNET
@@ -35,7 +35,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
         || arp.hlen() != 6
         || arp.plen() != 4
     {
-        return Ok(metrics::drop_packet(DropReason::MalformedArp));
+        return Ok(counters::drop_packet(DropReason::MalformedArp));
     }
     let (sender, target) = (arp.spa(), arp.tpa());
     // Replies (to the node's own requests), probes (sender 0.0.0.0) and gratuitous ARP
@@ -45,11 +45,11 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
     }
     // Only a pod we know, behind this very veth, gets an answer: a pod cannot make us
     // answer for an address that is not its own.
-    let Some(pod) = endpoints::lookup(sender).filter(|pod| pod.host_ifindex == ifindex) else {
+    let Some(pod) = maps::endpoint(sender).filter(|pod| pod.host_ifindex == ifindex) else {
         return Ok(TC_ACT_OK);
     };
 
-    let answer = match endpoints::lookup(target) {
+    let answer = match maps::endpoint(target) {
         Some(neighbour) => neighbour.pod_mac,
         None => pod.host_mac,
     };
@@ -65,7 +65,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
     arp.set_spa(target);
     ctx.store(0, &reply_eth, 0)?;
     ctx.store(EthHdr::LEN, &arp, 0)?;
-    metrics::count(ifindex, Direction::ToPod, ctx.len());
+    counters::endpoint(ifindex, Direction::ToPod, ctx.len());
     // Out of the same veth: back into the pod.
     // SAFETY: a plain helper call with an ifindex and no flags.
     Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)

@@ -1,0 +1,259 @@
+use super::*;
+use crate::{
+    ip_proto::{SCTP, UDP},
+    tcp_flags::{ACK, FIN, RST, SYN},
+};
+
+const TIMEOUTS: Timeouts = Timeouts {
+    tcp_established: 3600,
+    tcp_transitory: 120,
+    tcp_closed: 10,
+    udp: 30,
+    udp_stream: 120,
+    icmp: 20,
+};
+const SEC: u64 = NANOS_PER_SEC;
+/// A monotonic "now" far from zero, as on a machine that has been up a while.
+const NOW: u64 = 100_000 * SEC;
+
+fn entry(idle_secs: u64, state: u8) -> NatEntry {
+    NatEntry {
+        last_seen_ns: NOW - idle_secs * SEC,
+        pod_addr: [10, 244, 1, 2],
+        pod_port: 40000,
+        node_port: 61000,
+        state,
+        pad: [0; 3],
+        node_addr: [198, 18, 0, 1],
+    }
+}
+
+/// The states a TCP flow the pod opened goes through, packet by packet.
+fn walk(packets: &[(Way, u8)]) -> u8 {
+    let (first, rest) = packets.split_first().expect("a first packet");
+    assert_eq!(first.0, Way::Out, "the pod opens its flows");
+    rest.iter()
+        .fold(opening_state(TCP, first.1), |state, &(way, flags)| {
+            next_state(state, flags, way)
+        })
+}
+
+#[test]
+fn a_syn_opens_a_flow_and_its_answer_establishes_it() {
+    assert_eq!(walk(&[(Way::Out, SYN)]), tcp_state::SYN_SENT);
+    assert_eq!(
+        walk(&[(Way::Out, SYN), (Way::In, SYN | ACK)]),
+        tcp_state::ESTABLISHED
+    );
+    // Only an answer establishes it: the pod's own retransmissions do not.
+    assert_eq!(
+        walk(&[(Way::Out, SYN), (Way::Out, SYN)]),
+        tcp_state::SYN_SENT
+    );
+}
+
+#[test]
+fn a_flow_picked_up_mid_stream_counts_as_established_and_a_stray_rst_as_closed() {
+    assert_eq!(opening_state(TCP, ACK), tcp_state::ESTABLISHED);
+    assert_eq!(opening_state(TCP, RST | ACK), tcp_state::CLOSED);
+    assert_eq!(opening_state(TCP, SYN | RST), tcp_state::CLOSED);
+}
+
+#[test]
+fn other_protocols_have_no_tcp_state() {
+    assert_eq!(opening_state(UDP, 0), 0);
+    assert_eq!(opening_state(ICMP, SYN), 0);
+    assert_eq!(next_state(0, FIN | RST, Way::In), 0);
+}
+
+#[test]
+fn the_pod_closing_first_ends_in_pod_closed() {
+    let open = [(Way::Out, SYN), (Way::In, SYN | ACK)];
+    let closing = [open[0], open[1], (Way::Out, FIN | ACK)];
+    assert_eq!(walk(&closing), tcp_state::CLOSING);
+    let closed = [closing[0], closing[1], closing[2], (Way::In, FIN | ACK)];
+    assert_eq!(walk(&closed), tcp_state::POD_CLOSED);
+    // A retransmitted FIN leaves it closed.
+    assert_eq!(
+        next_state(tcp_state::POD_CLOSED, FIN, Way::In),
+        tcp_state::POD_CLOSED
+    );
+}
+
+#[test]
+fn the_remote_closing_first_ends_in_closed() {
+    assert_eq!(
+        next_state(tcp_state::ESTABLISHED, FIN | ACK, Way::In),
+        tcp_state::REMOTE_CLOSING
+    );
+    assert_eq!(
+        next_state(tcp_state::REMOTE_CLOSING, FIN | ACK, Way::Out),
+        tcp_state::CLOSED
+    );
+    assert_eq!(
+        next_state(tcp_state::CLOSED, FIN, Way::Out),
+        tcp_state::CLOSED
+    );
+}
+
+#[test]
+fn a_rst_either_way_closes_and_a_new_syn_reopens() {
+    for way in [Way::Out, Way::In] {
+        assert_eq!(
+            next_state(tcp_state::ESTABLISHED, RST, way),
+            tcp_state::CLOSED
+        );
+    }
+    assert_eq!(
+        next_state(tcp_state::CLOSED, SYN, Way::Out),
+        tcp_state::SYN_SENT
+    );
+    // A SYN from the remote on a closed flow does not reopen it.
+    assert_eq!(
+        next_state(tcp_state::CLOSED, SYN, Way::In),
+        tcp_state::CLOSED
+    );
+}
+
+#[test]
+fn a_translated_flow_follows_tcp_and_becomes_replied_at_its_first_reply_otherwise() {
+    assert_eq!(
+        state_after(TCP, tcp_state::SYN_SENT, SYN | ACK, Way::In),
+        tcp_state::ESTABLISHED
+    );
+    assert_eq!(
+        state_after(TCP, tcp_state::ESTABLISHED, FIN, Way::Out),
+        tcp_state::CLOSING
+    );
+    assert_eq!(state_after(UDP, 0, 0, Way::Out), 0);
+    assert_eq!(state_after(UDP, 0, 0, Way::In), udp_state::REPLIED);
+    assert_eq!(state_after(SCTP, 0, 0, Way::In), udp_state::REPLIED);
+    assert_eq!(
+        state_after(ICMP, 0, 0, Way::In),
+        0,
+        "echo flows have no state"
+    );
+}
+
+#[test]
+fn a_flow_opened_from_outside_follows_tcp_with_the_ways_mirrored() {
+    // The host outside sends the SYN, the pod answers.
+    let syn = opening_state(TCP, SYN);
+    assert_eq!(syn, tcp_state::SYN_SENT);
+    assert_eq!(
+        inbound_state(TCP, syn, SYN | ACK, true),
+        tcp_state::ESTABLISHED
+    );
+    // The opener closing first: the whole closed timeout, never POD_CLOSED's short one.
+    let closing = inbound_state(TCP, tcp_state::ESTABLISHED, FIN | ACK, false);
+    assert_eq!(closing, tcp_state::CLOSING);
+    assert_eq!(
+        inbound_state(TCP, closing, FIN | ACK, true),
+        tcp_state::CLOSED
+    );
+}
+
+#[test]
+fn a_flow_opened_from_outside_without_tcp_is_replied_at_the_pods_first_answer() {
+    assert_eq!(inbound_state(UDP, 0, 0, false), 0);
+    assert_eq!(inbound_state(UDP, 0, 0, true), udp_state::REPLIED);
+    assert_eq!(
+        inbound_state(SCTP, udp_state::REPLIED, 0, false),
+        udp_state::REPLIED
+    );
+}
+
+#[test]
+fn each_proto_and_tcp_state_has_its_timeout() {
+    assert_eq!(TIMEOUTS.secs(TCP, tcp_state::ESTABLISHED), 3600);
+    assert_eq!(TIMEOUTS.secs(TCP, tcp_state::SYN_SENT), 120);
+    assert_eq!(TIMEOUTS.secs(TCP, tcp_state::CLOSING), 120);
+    assert_eq!(TIMEOUTS.secs(TCP, tcp_state::REMOTE_CLOSING), 120);
+    assert_eq!(TIMEOUTS.secs(TCP, 0), 120);
+    assert_eq!(TIMEOUTS.secs(UDP, 0), 30);
+    assert_eq!(
+        TIMEOUTS.secs(UDP, udp_state::REPLIED),
+        120,
+        "a UDP flow that had a reply is a stream"
+    );
+    assert_eq!(
+        TIMEOUTS.secs(SCTP, udp_state::REPLIED),
+        120,
+        "so is an SCTP association"
+    );
+    assert_eq!(TIMEOUTS.secs(SCTP, 0), 30);
+    assert_eq!(TIMEOUTS.secs(ICMP, 0), 20);
+    // The state byte means nothing else outside TCP.
+    assert_eq!(TIMEOUTS.secs(UDP, tcp_state::ESTABLISHED), 30);
+}
+
+#[test]
+fn established_tcp_lives_its_whole_timeout_of_idleness() {
+    let fresh = entry(3599, tcp_state::ESTABLISHED);
+    let stale = entry(3601, tcp_state::ESTABLISHED);
+    assert!(!TIMEOUTS.expired(&fresh, TCP, NOW));
+    assert!(TIMEOUTS.expired(&stale, TCP, NOW));
+}
+
+#[test]
+fn opening_and_closing_tcp_expire_after_the_transitory_timeout() {
+    for state in [tcp_state::SYN_SENT, tcp_state::CLOSING] {
+        assert!(!TIMEOUTS.expired(&entry(119, state), TCP, NOW));
+        assert!(TIMEOUTS.expired(&entry(121, state), TCP, NOW));
+    }
+}
+
+#[test]
+fn a_flow_the_pod_closed_first_frees_its_port_sooner_than_one_the_remote_closed() {
+    // The remote keeps no TIME_WAIT when the pod closed first.
+    assert!(!TIMEOUTS.expired(&entry(1, tcp_state::POD_CLOSED), TCP, NOW));
+    assert!(TIMEOUTS.expired(&entry(3, tcp_state::POD_CLOSED), TCP, NOW));
+    assert!(!TIMEOUTS.expired(&entry(9, tcp_state::CLOSED), TCP, NOW));
+    assert!(TIMEOUTS.expired(&entry(11, tcp_state::CLOSED), TCP, NOW));
+    // A closed timeout set below the grace wins.
+    let short = Timeouts {
+        tcp_closed: 1,
+        ..TIMEOUTS
+    };
+    assert_eq!(short.secs(TCP, tcp_state::POD_CLOSED), 1);
+}
+
+#[test]
+fn udp_and_icmp_expire_after_their_own_timeouts() {
+    assert!(!TIMEOUTS.expired(&entry(29, 0), UDP, NOW));
+    assert!(TIMEOUTS.expired(&entry(31, 0), UDP, NOW));
+    assert!(!TIMEOUTS.expired(&entry(19, 0), ICMP, NOW));
+    assert!(TIMEOUTS.expired(&entry(21, 0), ICMP, NOW));
+}
+
+#[test]
+fn a_packet_seen_after_now_was_read_is_not_idle() {
+    let mut future = entry(0, 0);
+    future.last_seen_ns = NOW + SEC;
+    assert_eq!(idle_ns(future.last_seen_ns, NOW), 0);
+    assert!(!TIMEOUTS.expired(&future, UDP, NOW));
+}
+
+#[test]
+fn the_timeouts_are_those_the_config_carries() {
+    let config = NatConfig {
+        tcp_established_secs: 1,
+        tcp_transitory_secs: 2,
+        udp_secs: 3,
+        icmp_secs: 4,
+        tcp_closed_secs: 5,
+        udp_stream_secs: 6,
+        ..NatConfig::default()
+    };
+    assert_eq!(
+        Timeouts::from_config(&config),
+        Timeouts {
+            tcp_established: 1,
+            tcp_transitory: 2,
+            tcp_closed: 5,
+            udp: 3,
+            udp_stream: 6,
+            icmp: 4,
+        }
+    );
+}

@@ -1,0 +1,164 @@
+//! Connection tracking on the flow tables: a flow's entries refreshed as its packets
+//! pass, the notes of flows opened from outside, and when an entry has expired. The
+//! states and the timeout rule are `cni_ebpf_common::flow`'s, which the daemon's sweep
+//! follows too.
+
+use aya_ebpf::maps::LruHashMap;
+use cni_ebpf_common::{
+    NatConfig, NatEntry, NatKey, NatReverseKey, Timeouts, Way,
+    flow::{inbound_state, opening_state, state_after},
+};
+
+use crate::primitives::{
+    clock,
+    maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
+};
+
+/// An entry's timestamp is refreshed at most this often, to spare map writes on the
+/// fast path.
+pub const REFRESH_NS: u64 = 1_000_000_000;
+
+/// Refreshes a flow in both tables, in place: `this` (the entry just looked up) and the
+/// other table's entry at `other`, with the time, the TCP state and the address the
+/// flow leaves with. A map update would allocate a new LRU element and
+/// take the map's locks, twice per TCP state change (about eight times per
+/// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
+/// the same flow at once write the same kind of values: whichever lands is right. An
+/// entry missing from the other table (evicted) is written back whole; one that now
+/// belongs to another flow (its port taken over) is left alone.
+#[inline(always)]
+pub fn refresh<K>(
+    this: *mut NatEntry,
+    other_table: &LruHashMap<K, NatEntry>,
+    other: &K,
+    now: u64,
+    state: u8,
+    node_addr: [u8; 4],
+) {
+    // SAFETY: `this` points into a map value, valid for the program run.
+    let entry = unsafe {
+        (*this).last_seen_ns = now;
+        (*this).state = state;
+        (*this).node_addr = node_addr;
+        *this
+    };
+    match other_table.get_ptr_mut(other) {
+        // SAFETY: as above.
+        Some(twin) => unsafe {
+            let same_flow = (*twin).pod_addr == entry.pod_addr
+                && (*twin).pod_port == entry.pod_port
+                && (*twin).node_port == entry.node_port;
+            if same_flow {
+                (*twin).last_seen_ns = now;
+                (*twin).state = state;
+                (*twin).node_addr = node_addr;
+            }
+        },
+        None => {
+            let _ = other_table.insert(other, &entry, 0);
+        }
+    }
+}
+
+/// The live entry of the flow to `node_addr` a packet belongs to, its timestamp and
+/// state refreshed: `reply` holds the TCP flags (0 for other protocols) of a reply of
+/// the flow, and is `None` for an ICMP error about it, which changes no state (as
+/// conntrack's related packets do not). A flow that left with another address (by
+/// another uplink) is not this packet's; an entry without one (written by an earlier
+/// datapath) matches any.
+#[inline(always)]
+pub fn live_entry(
+    key: &NatReverseKey,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    reply: Option<u8>,
+) -> Option<NatEntry> {
+    let now = clock::now_ns();
+    let slot = NAT_IN.get_ptr_mut(key)?;
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let entry = unsafe { *slot };
+    if entry.node_addr != node_addr && entry.node_addr != [0; 4] {
+        return None;
+    }
+    if expired(&entry, key.proto, config, now) {
+        return None;
+    }
+    let state = match reply {
+        None => entry.state,
+        // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
+        Some(flags) => state_after(key.proto, entry.state, flags, Way::In),
+    };
+    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+        let forward = key.forward(&entry);
+        refresh(slot, &NAT_OUT, &forward, now, state, node_addr);
+    }
+    Some(entry)
+}
+
+/// Notes a packet of `flow` (keyed from the pod's side, `flags` its TCP flags, 0 for
+/// other protocols) arriving from a host outside for the pod's own address: the stack
+/// routes it to the pod, and the pod's answers keep its address (see
+/// [`opened_from_outside`]). A flow whose note expired (or that has none) opens anew.
+/// Written when the state changes, else at most once a second per flow.
+#[inline(always)]
+pub fn saw_inbound(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) {
+    let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
+        let note = NatEntry::from_outside(flow, opening_state(flow.proto, flags), now);
+        let _ = NAT_INBOUND.insert(flow, &note, 0);
+        return;
+    };
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let note = unsafe { *slot };
+    let state = if expired(&note, flow.proto, config, now) {
+        opening_state(flow.proto, flags)
+    } else {
+        inbound_state(flow.proto, note.state, flags, false)
+    };
+    touch(slot, &note, state, now);
+}
+
+/// Whether `flow`, a pod's packet with no translated flow (`flags` its TCP flags),
+/// answers a flow a host outside opened to the pod's own address whose note has not
+/// expired: such answers keep the pod's address, as under MASQUERADE, which translates
+/// only connections that began leaving. The note follows the packet: TCP's state, a
+/// reply for the others (which then keep it the stream timeout, as conntrack's assured
+/// flows do).
+#[inline(always)]
+pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) -> bool {
+    let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
+        return false;
+    };
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let note = unsafe { *slot };
+    if expired(&note, flow.proto, config, now) {
+        return false;
+    }
+    touch(
+        slot,
+        &note,
+        inbound_state(flow.proto, note.state, flags, true),
+        now,
+    );
+    true
+}
+
+/// Writes `state` and `now` into the entry at `slot` (read as `note`: a note of
+/// `NAT_INBOUND` or a hostPort connection) when the state changes or a second has passed
+/// since it was stamped.
+#[inline(always)]
+pub fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
+    if state != note.state || now.saturating_sub(note.last_seen_ns) > REFRESH_NS {
+        // SAFETY: a pointer into the map value, valid for the program run.
+        unsafe {
+            (*slot).last_seen_ns = now;
+            (*slot).state = state;
+        }
+    }
+}
+
+/// Whether `entry` of protocol `proto` has been idle longer than its timeout (the rule
+/// the daemon's sweep applies too, `cni_ebpf_common::Timeouts::expired`).
+#[inline(always)]
+pub fn expired(entry: &NatEntry, proto: u8, config: &NatConfig, now: u64) -> bool {
+    Timeouts::from_config(config).expired(entry, proto, now)
+}

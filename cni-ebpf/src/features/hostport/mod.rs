@@ -1,0 +1,190 @@
+//! hostPort: a connection to a mapped node address and port is handed to the pod
+//! (destination rewritten, delivered with `bpf_redirect_peer`), and the pod's replies get
+//! the node address and port back ([`outbound`]). No iptables DNAT chain: one hash
+//! lookup, whatever the number of mappings. Three ways in:
+//! - from another host, on the uplink's ingress ([`uplink`]);
+//! - from a pod of this node, on its veth ([`pods`]); a pod reaching its own hostPort
+//!   (hairpin) is also given `HAIRPIN_ADDR` as source, else it would receive a packet
+//!   from itself;
+//! - from the node's own processes, at the socket level ([`sock`]).
+//!
+//! This module holds what they share: the mappings, and the connections through them
+//! (`HOSTPORT_FLOWS`), whose state follows TCP as conntrack's notes do.
+
+pub mod pods;
+pub mod sock;
+pub mod uplink;
+
+use aya_ebpf::programs::TcContext;
+use cni_ebpf_common::{HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, TARGET_COUNT, flow};
+use network_types::ip::Ipv4Hdr;
+
+use crate::{
+    features::conntrack,
+    primitives::{
+        clock,
+        csum::{self, L4Csum},
+        maps::{self, HOSTPORT_FLOWS, HOSTPORT_TARGETS, HOSTPORTS, is_node_addr},
+    },
+};
+
+/// The mapping of (`proto`, `addr`, `port`) when `addr` is a node address: for exactly
+/// that address, else a mapping without hostIP.
+#[inline(always)]
+fn mapping(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
+    if !is_node_addr(addr) {
+        return None;
+    }
+    lookup(proto, addr, port)
+}
+
+#[inline(always)]
+fn lookup(proto: u8, addr: [u8; 4], port: u16) -> Option<PortTarget> {
+    let key = PortKey {
+        host_addr: addr,
+        host_port: port,
+        proto,
+        pad: 0,
+    };
+    // SAFETY: values are copied at once.
+    if let Some(target) = unsafe { HOSTPORTS.get(&key) } {
+        return Some(*target);
+    }
+    let any = PortKey {
+        host_addr: [0; 4],
+        ..key
+    };
+    unsafe { HOSTPORTS.get(&any) }.copied()
+}
+
+/// Whether `port` is a host port of `proto` on the node address (source NAT skips it).
+/// On a node without mappings, an array read instead of two hash lookups per port a
+/// new flow tries.
+#[inline(always)]
+pub fn is_host_port(proto: u8, port: u16, node_addr: [u8; 4]) -> bool {
+    any_mapping() && lookup(proto, node_addr, port).is_some()
+}
+
+/// The flow of a connection from `client_addr`:`client_port` to the pod behind `target`,
+/// keyed from the pod's side as `HOSTPORT_FLOWS` is.
+#[inline(always)]
+fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u8) -> NatKey {
+    NatKey {
+        pod_addr: target.pod_addr,
+        remote_addr: client_addr,
+        pod_port: target.pod_port,
+        remote_port: client_port,
+        proto,
+        pad: [0, 0, 0],
+    }
+}
+
+/// Notes a packet of `flow` from its client (TCP `flags`, 0 for UDP) through the
+/// mapping `host_addr`:`host_port`: the connection's state moves on, in place (no map
+/// update: that takes the bucket's lock and recycles an LRU node); one that expired, or
+/// went through another mapping, opens anew.
+#[inline(always)]
+fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
+    let now = clock::now_ns();
+    if let Some(slot) = HOSTPORT_FLOWS.get_ptr_mut(flow) {
+        // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+        let entry = unsafe { *slot };
+        if entry.node_addr == host_addr
+            && entry.node_port == host_port
+            && !is_expired(&entry, flow.proto, now)
+        {
+            let state = flow::inbound_state(flow.proto, entry.state, flags, false);
+            conntrack::touch(slot, &entry, state, now);
+            return;
+        }
+    }
+    let entry = NatEntry {
+        node_addr: host_addr,
+        node_port: host_port,
+        ..NatEntry::from_outside(flow, flow::opening_state(flow.proto, flags), now)
+    };
+    let _ = HOSTPORT_FLOWS.insert(flow, &entry, 0);
+}
+
+/// Whether the connection `entry` of `proto` idled past its timeout (never while the
+/// daemon wrote no timeouts).
+#[inline(always)]
+fn is_expired(entry: &NatEntry, proto: u8, now: u64) -> bool {
+    maps::timeouts().is_some_and(|config| conntrack::expired(entry, proto, &config, now))
+}
+
+/// The host address and port of the live hostPort connection `flow` (keyed from the
+/// pod's side), if there is one. A packet of the pod's on it (`flags`: its TCP flags)
+/// moves its state on; an ICMP error's quote of it (`None`) only reads it.
+#[inline(always)]
+pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
+    let slot = HOSTPORT_FLOWS.get_ptr_mut(flow)?;
+    // SAFETY: a pointer into the map value, valid for the program run; copied at once.
+    let entry = unsafe { *slot };
+    let now = clock::now_ns();
+    if is_expired(&entry, flow.proto, now) {
+        return None;
+    }
+    if let Some(flags) = flags {
+        let state = flow::inbound_state(flow.proto, entry.state, flags, true);
+        conntrack::touch(slot, &entry, state, now);
+    }
+    Some(HostPortFlow {
+        host_addr: entry.node_addr,
+        host_port: entry.node_port,
+        pad: [0, 0],
+    })
+}
+
+/// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, TCP `flags`, L4 header at
+/// `l4`) on a hostPort connection, leaving by the uplink or for another pod of the node
+/// ([`pods::reply_to_pod`]): source set back to the host address and port, the
+/// connection's state moved on. Returns the host address when it was one.
+#[inline(always)]
+pub fn outbound(
+    ctx: &TcContext,
+    ip: &Ipv4Hdr,
+    l4: usize,
+    l4_csum: L4Csum,
+    pod_port: u16,
+    remote_port: u16,
+    flags: u8,
+) -> Result<Option<[u8; 4]>, i64> {
+    // Most packets (every source-NATed one) leave other ports: one array read, no hash.
+    if !is_target_port(pod_port) {
+        return Ok(None);
+    }
+    let flow = NatKey {
+        pod_addr: ip.src_addr,
+        remote_addr: ip.dst_addr,
+        pod_port,
+        remote_port,
+        proto: ip.proto as u8,
+        pad: [0, 0, 0],
+    };
+    let Some(host) = host_of(&flow, Some(flags)) else {
+        return Ok(None);
+    };
+    csum::set_source(ctx, ip, host.host_addr, l4_csum)?;
+    csum::set_port(ctx, l4, pod_port, host.host_port, l4_csum)?;
+    Ok(Some(host.host_addr))
+}
+
+/// Whether any mapping exists on the node (an array read the verifier inlines).
+#[inline(always)]
+fn any_mapping() -> bool {
+    HOSTPORT_TARGETS
+        .get(TARGET_COUNT)
+        .is_some_and(|count| *count != 0)
+}
+
+/// Whether some mapping leads to container port `port` (the `HOSTPORT_TARGETS` bitmap):
+/// only packets leaving such a port can be hostPort replies.
+#[inline(always)]
+fn is_target_port(port: u16) -> bool {
+    let word = HOSTPORT_TARGETS
+        .get(u32::from(port) / 32)
+        .copied()
+        .unwrap_or(0);
+    word & (1 << (port % 32)) != 0
+}

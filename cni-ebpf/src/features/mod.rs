@@ -1,0 +1,25 @@
+//! What the datapath does, one module per feature, each with its logic over the
+//! primitives (the maps it reads and writes are declared in `primitives::maps`):
+//! - [`arp`]: answering the pods' ARP requests;
+//! - [`route`]: a pod's packet for outside the node, straight to its uplink;
+//! - [`snat`] and [`rev_nat`]: source NAT on the uplink's egress, and its replies (and
+//!   ICMP errors) back to the pods on its ingress;
+//! - [`services`]: Service traffic handed to the node's stack, where kube-proxy's DNAT
+//!   is;
+//! - [`hostport`]: connections to host ports, to the pods behind them;
+//! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
+//! - [`fragments`]: the fragments after a datagram's first one, following it;
+//! - [`sweep`]: the removals the daemon's NAT sweep decided.
+//!
+//! A feature uses only features listed after it, never one before: no two import each
+//! other.
+
+pub mod arp;
+pub mod conntrack;
+pub mod fragments;
+pub mod hostport;
+pub mod rev_nat;
+pub mod route;
+pub mod services;
+pub mod snat;
+pub mod sweep;

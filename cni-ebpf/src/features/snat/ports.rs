@@ -1,0 +1,256 @@
+//! Node ports for new flows: a search per destination from a per-CPU cursor, each port
+//! claimed in `NAT_IN`; or, for protocols whose port is not rewritten, the pod's own.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    cty::c_void,
+    helpers::generated::{bpf_get_prandom_u32, bpf_loop},
+};
+use cni_ebpf_common::{
+    NatConfig, NatCounter, NatEntry, NatKey,
+    ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
+};
+
+use crate::{
+    features::{conntrack, hostport},
+    primitives::{
+        counters,
+        maps::{CURSOR_BITS, NAT_CURSORS, NAT_IN},
+    },
+};
+
+/// Ports probed for a new flow before giving up (see `allocate`).
+const MAX_PROBES: u32 = 128;
+/// Consecutive ports tried before the search jumps ahead.
+const LINEAR_PROBES: u32 = 8;
+/// How far the search jumps, as a fraction of the range in 32-bit fixed point: the
+/// golden ratio's 0.618..., whose multiples spread evenly over the range whatever its
+/// size (the 16 blocks of a search land at least 3% of the range apart, none twice in
+/// one place), so any free stretch longer than a tenth of the range is found wherever
+/// the search starts (see docs/decisions.md, "Node ports for new flows").
+const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
+
+/// Finds a free node port for `key` (same remote address, port and protocol) and claims
+/// it in `NAT_IN`. A port whose flow has expired is taken over.
+///
+/// Ports are handed out in sequence per destination, from a cursor that starts at a
+/// random port (after RFC 6056's double-hash selection, which Linux uses for its own
+/// ports: a table of counters indexed by a hash of the destination, here with random
+/// starts in place of a keyed offset): an off-path host cannot guess the next port
+/// without a connection to that same destination, and the ports of closed flows, which
+/// stay held a little while (`tcp_state::POD_CLOSED`), are the ones right behind the
+/// cursor, so at a high connection rate to one service the next port is nearly always
+/// free at the first lookup. The pod's own source port is not kept, as with the
+/// `--random-fully` MASQUERADE rules Kubernetes writes: a pod's ports inside the range
+/// and those folded into it from outside would land on each other.
+///
+/// Cursors are per CPU (no atomics, no contention), in 2^[`CURSOR_BITS`] slots chosen by
+/// a hash of the destination. On a held port the next one is tried; after
+/// [`LINEAR_PROBES`] in a row the search jumps ahead (block k starts k times
+/// [`GOLDEN_STRIDE`] of the range past the first port tried), so a block of ports held
+/// by long-lived flows (which a cursor hands out in a row) is not walked port by port.
+/// Each probe is a lookup, which takes no lock; only a port that looks free is claimed,
+/// with an insert that fails if another CPU claimed it meanwhile.
+#[inline(always)]
+pub(super) fn allocate(
+    key: &NatKey,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    now: u64,
+    state: u8,
+) -> Option<u16> {
+    let size = u32::from(config.port_max.checked_sub(config.port_min)?) + 1;
+    let cursor = NAT_CURSORS.get_ptr_mut(cursor_slot(key))?;
+    // SAFETY: a pointer into this CPU's slot, valid for the program run.
+    let start = match unsafe { *cursor } {
+        // Not used yet: a random start.
+        // SAFETY: a helper without arguments.
+        0 => unsafe { bpf_get_prandom_u32() },
+        next => next - 1,
+    } % size;
+    let mut search = Search {
+        flow: NewFlow {
+            key: *key,
+            config: *config,
+            node_addr,
+            now,
+            state,
+        },
+        start,
+        size,
+        stride: ((u64::from(size) * GOLDEN_STRIDE) >> 32) as u32,
+        port: 0,
+    };
+    // SAFETY: `probe` has the callback signature bpf_loop expects and reads `search`,
+    // which outlives the call, as the `Search` it is.
+    unsafe {
+        bpf_loop(
+            MAX_PROBES,
+            probe as *mut c_void,
+            (&raw mut search).cast(),
+            0,
+        )
+    };
+    if search.port == 0 {
+        return None;
+    }
+    // SAFETY: as above; the next offset, plus one (0 means "not used yet").
+    unsafe { *cursor = (u32::from(search.port - config.port_min) + 1) % size + 1 };
+    Some(search.port)
+}
+
+/// Whether flows of `proto` get a node port (or identifier) of their own: those whose
+/// port (and checksum over it, if any) is rewritten in place.
+#[inline(always)]
+pub(super) fn rewrites_port(proto: u8) -> bool {
+    matches!(proto, TCP | UDP | ICMP | DCCP | UDPLITE)
+}
+
+/// Claims the pod's own port for `key`, a flow of a protocol whose port is not rewritten
+/// (see below): `None` when another pod's live flow holds it.
+///
+/// Decision: SCTP keeps its ports, since rewriting one means recomputing
+/// the CRC32c over the whole packet, and protocols without ports (GRE, ESP, IP in IP)
+/// are translated by address alone (port 0), as MASQUERADE's generic protocol handling
+/// does: one pod at a time per (remote address, protocol), or per (remote address and
+/// port, pod port) for SCTP; another pod's flow meanwhile is dropped and counted as
+/// `nat_ports_exhausted`.
+#[inline(always)]
+pub(super) fn keep_port(
+    key: &NatKey,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    now: u64,
+) -> Option<u16> {
+    let flow = NewFlow {
+        key: *key,
+        config: *config,
+        node_addr,
+        now,
+        state: 0,
+    };
+    claim(&flow, key.pod_port).then_some(key.pod_port)
+}
+
+/// A port search of [`allocate`], shared with its [`probe`] callback.
+///
+/// The search runs under `bpf_loop`, whose callback the verifier checks once: a plain
+/// loop is walked once per iteration and per path into it, which puts `uplink_egress`
+/// at the verifier's million-instruction limit.
+#[repr(C)]
+struct Search {
+    flow: NewFlow,
+    start: u32,
+    size: u32,
+    /// How far apart blocks of [`LINEAR_PROBES`] start ([`GOLDEN_STRIDE`] of `size`).
+    stride: u32,
+    /// The port claimed; 0 while none (node ports are 1024 and above).
+    port: u16,
+}
+
+/// A new flow claiming a node port (see [`claim`]).
+#[repr(C)]
+struct NewFlow {
+    key: NatKey,
+    config: NatConfig,
+    /// The uplink's address, which the flow leaves with.
+    node_addr: [u8; 4],
+    now: u64,
+    /// Its state in the tables.
+    state: u8,
+}
+
+/// Probe `index` of a [`Search`]: claims its port and stops the loop (1), or counts a
+/// held port and goes on (0).
+extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes the pointer `allocate` gave it.
+    let search = unsafe { &mut *search.cast::<Search>() };
+    if search.size == 0 {
+        // Never so (`allocate` sets one or more); tells the compiler the division
+        // below cannot panic, which would leave the callback without an exit.
+        return 1;
+    }
+    let index = index as u32;
+    // 128 probes: 16 blocks, each offset under 65,536; no overflow.
+    let offset = (search.start + index % LINEAR_PROBES + index / LINEAR_PROBES * search.stride)
+        % search.size;
+    let port = search.flow.config.port_min + offset as u16;
+    if claim(&search.flow, port) {
+        search.port = port;
+        return 1;
+    }
+    counters::nat(NatCounter::PortProbes);
+    0
+}
+
+/// The cursor slot of `key`'s destination (remote address, port and protocol).
+#[inline(always)]
+fn cursor_slot(key: &NatKey) -> u32 {
+    let mixed = u32::from_ne_bytes(key.remote_addr)
+        ^ (u32::from(key.remote_port) << 16)
+        ^ u32::from(key.proto);
+    // Fibonacci hashing: the top bits of the product, spread over the slots.
+    mixed.wrapping_mul(0x9E37_79B1) >> (32 - CURSOR_BITS)
+}
+
+/// The entry of `key`'s flow on node `port` of `node_addr`.
+#[inline(always)]
+pub(super) fn flow_entry(
+    key: &NatKey,
+    port: u16,
+    node_addr: [u8; 4],
+    now: u64,
+    state: u8,
+) -> NatEntry {
+    NatEntry {
+        last_seen_ns: now,
+        pod_addr: key.pod_addr,
+        pod_port: key.pod_port,
+        node_port: port,
+        state,
+        pad: [0, 0, 0],
+        node_addr,
+    }
+}
+
+/// Claims node `port` for `flow` in `NAT_IN` if it is free, held by this
+/// very flow, or held by an expired one (the caller writes `NAT_OUT`). Node ports are
+/// one space for all uplinks (`NAT_IN` is keyed without the node address): a remote
+/// reached by two uplinks never sees the same node port from both.
+///
+/// An expired flow's `NAT_OUT` entry stays when its port is taken over, for the
+/// daemon's sweep to remove (it pairs entries by pod address and port, so it leaves the
+/// new holder alone): the stale entry is expired, so a packet on the old flow's 4-tuple
+/// opens a new flow (rewriting the entry in place) and never takes the port it lost.
+/// Deleting it here would cost each SYN two more cold bucket walks (docs/decisions.md,
+/// "Node ports for new flows").
+#[inline(always)]
+fn claim(flow: &NewFlow, port: u16) -> bool {
+    let (key, config, now) = (&flow.key, &flow.config, flow.now);
+    // Host ports belong to their mappings.
+    if hostport::is_host_port(key.proto, port, flow.node_addr) {
+        return false;
+    }
+    let reverse = key.reverse(port);
+    let entry = flow_entry(key, port, flow.node_addr, now, flow.state);
+    match NAT_IN.get_ptr_mut(&reverse) {
+        None => {
+            if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
+                return false;
+            }
+        }
+        Some(holder) => {
+            // SAFETY: a pointer into the map value, valid for the program run.
+            let old = unsafe { *holder };
+            // This very flow already holds the port (its NAT_OUT entry was evicted or
+            // had expired): it keeps it.
+            let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
+            if !same_flow && !conntrack::expired(&old, key.proto, config, now) {
+                return false;
+            }
+            // SAFETY: as above; the port changes hands in place.
+            unsafe { *holder = entry };
+        }
+    }
+    true
+}

@@ -1,0 +1,85 @@
+//! Handing a frame over: straight into a pod of this node with `bpf_redirect_peer`, as
+//! it is ([`switch`]) or routed ([`deliver`], [`redirect`]), or to the node's stack as
+//! a frame for the host ([`to_stack`]).
+
+use aya_ebpf::{
+    bindings::TC_ACT_OK,
+    helpers::generated::{bpf_redirect_peer, bpf_skb_change_type},
+    programs::TcContext,
+};
+use cni_ebpf_common::EndpointInfo;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use super::{
+    counters::{self, Direction},
+    csum,
+    packet::IP_TTL,
+};
+
+/// `skb->pkt_type` of a frame addressed to this host.
+const PACKET_HOST: u32 = 0;
+
+/// Hands a frame already addressed to the pod `destination`'s MAC (the sender, on its
+/// subnet, learnt it from `arp`) to that pod unchanged, as the bridge the pods believe
+/// in would: no TTL decrement (the pods are on-link neighbours), no byte written, so the
+/// sender's packet is not copied.
+#[inline(always)]
+pub fn switch(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
+    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
+    // SAFETY: a plain helper call with an ifindex and no flags.
+    unsafe { bpf_redirect_peer(destination.host_ifindex, 0) as i32 }
+}
+
+/// Hands an IPv4 frame (headers `eth`, `ip` as read) to the local pod `destination`:
+/// TTL decremented, MACs rewritten, redirected into the pod. An expiring packet goes to
+/// the stack instead, which answers with ICMP time exceeded.
+#[inline(always)]
+pub fn deliver(
+    ctx: &TcContext,
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+    destination: &EndpointInfo,
+) -> Result<i32, i64> {
+    if ip.ttl <= 1 {
+        return Ok(TC_ACT_OK);
+    }
+    decrement_ttl(ctx, ip)?;
+    redirect(ctx, eth, destination)
+}
+
+/// Hands a frame whose IPv4 header is ready (TTL decremented) to the local pod
+/// `destination`: MACs rewritten, redirected into the pod.
+#[inline(always)]
+pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Result<i32, i64> {
+    let rewritten = EthHdr {
+        dst_addr: destination.pod_mac,
+        src_addr: destination.host_mac,
+        ether_type: eth.ether_type,
+    };
+    ctx.store(0, &rewritten, 0)?;
+    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
+    // SAFETY: a plain helper call with an ifindex and no flags.
+    Ok(unsafe { bpf_redirect_peer(destination.host_ifindex, 0) } as i32)
+}
+
+/// Decrements the TTL of `ip` (read from the frame, TTL above 1) with its checksum: TTL,
+/// protocol and checksum in one store.
+#[inline(always)]
+pub fn decrement_ttl(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
+    // The TTL shares a 16-bit checksum word with the protocol.
+    let (old, new) = ([ip.ttl, ip.proto], [ip.ttl - 1, ip.proto]);
+    let check = csum::ipv4_check(ip.check, [old], [new]);
+    ctx.store(IP_TTL, &[new[0], new[1], check[0], check[1]], 0)?;
+    Ok(())
+}
+
+/// Hands a pod's frame to the node's stack as one addressed to the node: a frame the pod
+/// addressed to another pod's MAC (see `arp`) would otherwise be dropped there as not
+/// the host's.
+#[inline(always)]
+pub fn to_stack(ctx: &TcContext) -> i32 {
+    // SAFETY: a plain helper call on the program's context. It fails only for types a
+    // TC program may not set; PACKET_HOST is allowed.
+    unsafe { bpf_skb_change_type(ctx.skb.skb.cast(), PACKET_HOST) };
+    TC_ACT_OK
+}

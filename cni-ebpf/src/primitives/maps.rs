@@ -1,0 +1,176 @@
+//! Every map of the object, declared once: pinned by the daemon under its bpffs folder,
+//! named as `cni_ebpf_common::map_names` lists them, with their key and value types in
+//! `cni_ebpf_common`. The features hold the logic that reads and writes them; the reads
+//! several of them share are here. Sizes are the defaults: the daemon gives the flow
+//! tables theirs at load (`--nat-max-flows`).
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
+};
+use cni_ebpf_common::{
+    DropReason, EndpointCounters, EndpointInfo, EndpointKey, FragmentKey, FragmentTarget,
+    HostPortFlow, MAX_SERVICE_CIDRS, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
+    PortKey, PortTarget, ServiceClient, SockConfig, SockRevKey, SourceKey, TARGET_WORDS,
+    TrafficCounters, Uplinks,
+};
+
+// Endpoints and counters.
+
+/// Pods per node; Kubernetes' default maximum is 110, this leaves room for churn.
+const MAX_ENDPOINTS: u32 = 4096;
+/// Distinct sources counted; a full map stops counting new sources.
+const MAX_SOURCES: u32 = 4096;
+
+/// Pod IPv4 -> host veth, pod MAC and host MAC, written by the daemon.
+#[map(name = "ENDPOINTS")]
+static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+#[map(name = "ENDPOINT_COUNTERS")]
+pub static ENDPOINT_COUNTERS: PerCpuHashMap<u32, EndpointCounters> =
+    PerCpuHashMap::pinned(MAX_ENDPOINTS, 0);
+
+#[map(name = "DROPS")]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::pinned(DropReason::SLOTS, 0);
+
+#[map(name = "SOURCE_STATS")]
+pub static SOURCE_STATS: PerCpuHashMap<SourceKey, TrafficCounters> =
+    PerCpuHashMap::pinned(MAX_SOURCES, 0);
+
+// Source NAT and connection tracking.
+
+/// Flows tracked at once in each flow table; the LRU evicts the oldest when full.
+const MAX_FLOWS: u32 = 262_144;
+const MAX_CIDRS: u32 = 256;
+/// Fragmented datagrams tracked at once (each record is 28 bytes of key and value).
+const MAX_DATAGRAMS: u32 = 16384;
+
+#[map(name = "NAT_OUT")]
+pub static NAT_OUT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+#[map(name = "NAT_IN")]
+pub static NAT_IN: LruHashMap<NatReverseKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+/// Flows a host outside opened to a pod's own address (a routed pod network), keyed
+/// from the pod's side as `NAT_OUT` is: their TCP state (or whether the pod answered)
+/// and when a packet of theirs last passed, in a [`NatEntry`] that "translates" the pod
+/// to itself (see `conntrack::opened_from_outside`). Swept with the NAT tables.
+#[map(name = "NAT_INBOUND")]
+pub static NAT_INBOUND: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+/// log2 of the number of per-destination port cursors (see `snat::ports`).
+pub const CURSOR_BITS: u32 = 10;
+
+/// Per CPU, per destination hash: the next node port's offset in the range, plus one (0:
+/// not used yet).
+#[map(name = "NAT_CURSORS")]
+pub static NAT_CURSORS: PerCpuArray<u32> = PerCpuArray::pinned(1 << CURSOR_BITS, 0);
+
+#[map(name = "NAT_CONFIG")]
+static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
+
+#[map(name = "UPLINKS")]
+static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
+
+#[map(name = "CLUSTER_CIDRS")]
+static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+#[map(name = "NAT_STATS")]
+pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
+
+#[map(name = "NAT_FRAGMENTS")]
+pub static NAT_FRAGMENTS: LruHashMap<FragmentKey, FragmentTarget> =
+    LruHashMap::pinned(MAX_DATAGRAMS, 0);
+
+// hostPort.
+
+/// Mappings per node: 5,000 must fit with room to spare.
+const MAX_MAPPINGS: u32 = 16384;
+/// Sockets of the node's own processes remembered at once; the LRU forgets the oldest.
+const MAX_SOCKETS: u32 = 65536;
+
+#[map(name = "HOSTPORTS")]
+pub static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPINGS, 0);
+
+/// The connections through a mapping, keyed from the pod's side: a [`NatEntry`] whose
+/// node address and port are the host address and port the client reached, its state
+/// following TCP (or whether the pod answered) as the notes of `NAT_INBOUND` do, and
+/// swept by the daemon as they are (idle past their timeout, closed, or their pod gone);
+/// as many as the NAT tables hold (see docs/decisions.md, "hostPort connections").
+#[map(name = "HOSTPORT_FLOWS")]
+pub static HOSTPORT_FLOWS: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+#[map(name = "NODE_ADDRS")]
+static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(256, 0);
+
+#[map(name = "HOSTPORT_TARGETS")]
+pub static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS + 1, 0);
+
+#[map(name = "SOCK_CONFIG")]
+pub static SOCK_CONFIG: Array<SockConfig> = Array::pinned(1, 0);
+
+#[map(name = "SOCK_REV")]
+pub static SOCK_REV: LruHashMap<SockRevKey, HostPortFlow> = LruHashMap::pinned(MAX_SOCKETS, 0);
+
+// Services.
+
+/// Sockets with Service connections remembered at once; the least recently used goes
+/// first (a forgotten one only loses its replies' way through the stack while its next
+/// packet out is still to come).
+const MAX_CLIENTS: u32 = 65536;
+
+#[map(name = "SERVICE_CIDRS")]
+pub static SERVICE_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_SERVICE_CIDRS, 0);
+
+#[map(name = "SERVICE_RANGES")]
+pub static SERVICE_RANGES: Array<u32> = Array::pinned(1, 0);
+
+#[map(name = "SERVICE_CLIENTS")]
+pub static SERVICE_CLIENTS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+
+#[map(name = "SERVICE_PEERS")]
+pub static SERVICE_PEERS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+
+/// The endpoint that owns `addr`, if it is a pod of this node.
+#[inline(always)]
+pub fn endpoint(addr: [u8; 4]) -> Option<EndpointInfo> {
+    // SAFETY: the value is copied out at once, while the program's RCU read lock holds.
+    unsafe { ENDPOINTS.get(&EndpointKey { addr }) }.copied()
+}
+
+/// The daemon's NAT configuration, when NAT is enabled.
+#[inline(always)]
+pub fn nat_config() -> Option<NatConfig> {
+    NAT_CONFIG
+        .get(0)
+        .copied()
+        .filter(|config| config.node_addr != [0; 4])
+}
+
+/// The timeouts the daemon wrote, whether or not NAT is on (hostPort connections expire
+/// by them too); `None` while there are none (NAT off writes zeros, and then nothing
+/// sweeps either).
+#[inline(always)]
+pub fn timeouts() -> Option<NatConfig> {
+    NAT_CONFIG.get(0).copied().filter(NatConfig::has_timeouts)
+}
+
+/// The address of the uplink `ifindex` (`NatConfig::NO_ADDRESS` while it has none), or
+/// `None` when `ifindex` is no uplink.
+#[inline(always)]
+pub fn uplink_addr(ifindex: u32) -> Option<[u8; 4]> {
+    UPLINKS.get(0)?.find(ifindex)
+}
+
+/// Whether `addr` is inside the cluster's pod ranges (kept untranslated).
+#[inline(always)]
+pub fn in_cluster(addr: [u8; 4]) -> bool {
+    CLUSTER_CIDRS.get(Key::new(32, addr)).is_some()
+}
+
+/// Whether `addr` is one of the node's own addresses.
+#[inline(always)]
+pub fn is_node_addr(addr: [u8; 4]) -> bool {
+    // SAFETY: only the presence is read.
+    unsafe { NODE_ADDRS.get(&addr) }.is_some()
+}

@@ -1,0 +1,90 @@
+//! The TC entry on a pod's host-side veth, `from_pod`: its ingress is traffic leaving
+//! the pod. ARP goes to the responder (`arp`). IPv4 for another pod of this node is
+//! handed straight to it with `bpf_redirect_peer`, never crossing the node's IP stack,
+//! netfilter or a bridge: as it is when the sender addressed it to that pod's MAC (an
+//! on-link neighbour, see `arp`), routed (TTL decremented, MACs rewritten) when it was
+//! sent to the gateway. hostPort connections and their replies, Service connections and
+//! traffic for outside the node take their features' ways; anything else goes to the
+//! stack.
+//!
+//! Nothing runs on the veth's egress (what the node's own stack sends to the pod; see
+//! docs/architecture.md, ADD's cost). What the datapath delivers into a pod it counts
+//! itself (`deliver`); what the stack sends is in the veth's kernel TX counters, which
+//! the daemon adds in `ebpf-cnid endpoints`.
+
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use cni_ebpf_common::DropReason;
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
+
+use crate::{
+    features::{arp, hostport, route, services},
+    primitives::{
+        counters::{self, Direction},
+        deliver::{self, deliver, switch},
+        maps, packet,
+    },
+};
+
+#[classifier]
+pub fn from_pod(ctx: TcContext) -> i32 {
+    match try_from_pod(&ctx) {
+        Ok(verdict) => verdict,
+        // A helper failed on a frame we could parse: the stack decides, we never drop
+        // silently.
+        Err(_) => TC_ACT_OK,
+    }
+}
+
+fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
+    let ifindex = packet::ifindex(ctx);
+    counters::endpoint(ifindex, Direction::FromPod, ctx.len());
+    if (ctx.len() as usize) < EthHdr::LEN {
+        return Ok(counters::drop_packet(DropReason::TruncatedFrame));
+    }
+    let eth: EthHdr = ctx.load(0)?;
+    if eth.ether_type == EtherType::Ipv4 as u16 {
+        ipv4(ctx, &eth, ifindex)
+    } else if eth.ether_type == EtherType::Arp as u16 {
+        arp::from_pod(ctx, &eth, ifindex)
+    } else {
+        Ok(TC_ACT_OK)
+    }
+}
+
+/// An IPv4 frame that left the pod behind the host veth `ifindex`.
+#[inline(always)]
+fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
+    if (ctx.len() as usize) < EthHdr::LEN + Ipv4Hdr::LEN {
+        return Ok(counters::drop_packet(DropReason::TruncatedFrame));
+    }
+    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+    if ip.version() != 4 || ip.ihl() < Ipv4Hdr::LEN as u8 {
+        return Ok(counters::drop_packet(DropReason::MalformedIpv4));
+    }
+    match maps::endpoint(ip.dst_addr) {
+        Some(destination) => {
+            if hostport::pods::reply_to_pod(ctx, &ip)? {
+                // Source rewritten: deliver with the headers as they are now.
+                let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
+                return deliver(ctx, eth, &ip, &destination);
+            }
+            // A backend's reply on a Service connection: the stack undoes the DNAT.
+            if services::is_reply(ctx, &ip)? {
+                return Ok(deliver::to_stack(ctx));
+            }
+            if eth.dst_addr == destination.pod_mac {
+                return Ok(switch(ctx, &destination));
+            }
+            deliver(ctx, eth, &ip, &destination)
+        }
+        None => match hostport::pods::from_pod(ctx, eth, &ip)? {
+            Some(verdict) => Ok(verdict),
+            // A Service (kube-proxy's DNAT is in the stack).
+            None if services::to_service(ctx, &ip)? => Ok(deliver::to_stack(ctx)),
+            None => route::to_uplink(ctx, eth, &ip, ifindex),
+        },
+    }
+}

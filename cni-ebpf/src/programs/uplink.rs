@@ -1,0 +1,85 @@
+//! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`),
+//! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`).
+//! Both start alike ([`on_uplink`]); a fragment after its datagram's first one, which
+//! has no ports to find its flow by, follows what its first fragment was given.
+
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use cni_ebpf_common::NatConfig;
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
+
+use crate::{
+    features::{fragments, rev_nat, snat},
+    primitives::{
+        maps,
+        packet::{self, EthIpv4},
+    },
+};
+
+#[classifier]
+pub fn uplink_egress(ctx: TcContext) -> i32 {
+    match try_uplink_egress(&ctx) {
+        Ok(verdict) => verdict,
+        // A frame too short for the headers it announces, or a helper failure: not a
+        // flow we translate; the packet goes on as it is.
+        Err(_) => TC_ACT_OK,
+    }
+}
+
+#[classifier]
+pub fn uplink_ingress(ctx: TcContext) -> i32 {
+    match try_uplink_ingress(&ctx) {
+        Ok(verdict) => verdict,
+        Err(_) => TC_ACT_OK,
+    }
+}
+
+fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
+    on_uplink(ctx, |config, node_addr, _, ip| {
+        if fragments::is_later(ip) {
+            snat::later_fragment(ctx, ip)
+        } else {
+            snat::egress(ctx, config, node_addr, ip)
+        }
+    })
+}
+
+fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
+    on_uplink(ctx, |config, node_addr, eth, ip| {
+        if fragments::is_later(ip) {
+            rev_nat::later_fragment(ctx, eth, ip)
+        } else {
+            rev_nat::ingress(ctx, config, node_addr, eth, ip)
+        }
+    })
+}
+
+/// Runs `translate` on an IPv4 packet crossing the uplink, with NAT's configuration and
+/// the uplink's address; anything else goes on as it is.
+///
+/// `translate` runs inside this call rather than after it: a helper that returns
+/// (config, eth, ip) instead gets LLVM to read an unset register on its early-return
+/// path, which the verifier refuses.
+#[inline(always)]
+fn on_uplink(
+    ctx: &TcContext,
+    translate: impl FnOnce(&NatConfig, [u8; 4], &EthHdr, &Ipv4Hdr) -> Result<i32, i64>,
+) -> Result<i32, i64> {
+    let Some(config) = maps::nat_config() else {
+        return Ok(TC_ACT_OK);
+    };
+    // What crosses this device is translated to or from its address (a device no
+    // longer an uplink, whose programs are on their way off, translates nothing).
+    let Some(node_addr) = maps::uplink_addr(packet::ifindex(ctx)) else {
+        return Ok(TC_ACT_OK);
+    };
+    // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
+    // packet we translate: the error lets it go on).
+    let EthIpv4 { eth, ip } = ctx.load(0)?;
+    if eth.ether_type != EtherType::Ipv4 as u16 {
+        return Ok(TC_ACT_OK);
+    }
+    translate(&config, node_addr, &eth, &ip)
+}
