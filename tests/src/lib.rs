@@ -8,7 +8,8 @@
 //! `frames` holds what the pod program's BPF_PROG_TEST_RUN tests share: the seeded
 //! endpoints, hand-written frames, an independent IPv4 checksum, the checks, and the
 //! random frames with their reference model.
-//! `nat_frames` is its counterpart for the uplink's source NAT programs.
+//! `nat_frames` is its counterpart for the uplink's source NAT programs; `snat` holds
+//! what the source NAT integration tests share.
 //! `runtimes` runs real container runtimes (containerd through the CRI, podman) on a
 //! simulated node, with the real plugin.
 
@@ -23,6 +24,7 @@ pub mod nat_frames;
 pub mod netns;
 pub mod node;
 pub mod runtimes;
+pub mod snat;
 pub mod traffic;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,181 @@
+//! Source NAT's tables across releases and sizes: an earlier release's pinned notes and
+//! config are carried into this release's tables, and a new table size creates them anew
+//! while flows keep going.
+
+use std::{collections::BTreeSet, net::SocketAddr};
+
+use cni_ebpf_common::{NatEntry, NatKey, map_names, tcp_state};
+use ebpf_cni_tests::{
+    daemon::Daemon,
+    nat_frames::{UDP, monotonic_ns, out_key},
+    node::{NODE_ADDR, Node},
+    require_root,
+    snat::{UDP_PORT, external, nat_table, node_ips, notes},
+    traffic::{UdpEcho, udp_round_trip},
+};
+
+#[test]
+fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
+    require_root();
+    let mut node = Node::start("10.244.81.0/24");
+    // Notes of a pod of the node: a sweep removes those of pods gone.
+    let pod = node.add_pod("old-notes");
+    let pod_addr = pod.ip.octets();
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    // An earlier release's NAT_INBOUND: a bare timestamp per flow, 65,536 of them.
+    let tcp_flow = out_key(pod_addr, 8080, 50000, 6);
+    let udp_flow = out_key(pod_addr, 53, 50001, UDP);
+    let seen = monotonic_ns();
+    node.pin_earlier_flows(
+        map_names::NAT_INBOUND,
+        65536,
+        &[(tcp_flow, seen), (udp_flow, seen)],
+    );
+
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(
+        node.pinned_layout(map_names::NAT_INBOUND),
+        (size_of::<NatEntry>(), 262_144),
+        "created anew at this release's layout and the NAT tables' size"
+    );
+    let mut carried = notes(&node);
+    carried.sort_by_key(|(key, _)| key.proto);
+    let summary: Vec<(NatKey, u8, u64, [u8; 4], u16)> = carried
+        .iter()
+        .map(|(key, note)| {
+            (
+                *key,
+                note.state,
+                note.last_seen_ns,
+                note.pod_addr,
+                note.pod_port,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                tcp_flow,
+                tcp_state::ESTABLISHED,
+                seen,
+                [10, 244, 81, 2],
+                8080
+            ),
+            (
+                udp_flow,
+                cni_ebpf_common::udp_state::REPLIED,
+                seen,
+                [10, 244, 81, 2],
+                53
+            ),
+        ],
+        "carried as answered flows, their timestamps kept"
+    );
+    assert!(
+        node.instance
+            .log()
+            .lines()
+            .any(|line| line.contains("its flows are carried over") && line.contains("NAT_INBOUND")),
+        "said in the log"
+    );
+}
+
+#[test]
+fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
+    require_root();
+    let small = ["--nat-max-flows", "4096"];
+    let mut node = Node::start_with("10.244.67.0/24", &[], &small);
+    let pod = node.add_pod("size");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    let sizes = |node: &Node| {
+        [
+            map_names::NAT_OUT,
+            map_names::NAT_IN,
+            map_names::NAT_INBOUND,
+            map_names::HOSTPORT_FLOWS,
+        ]
+        .map(|name| {
+            aya::maps::MapInfo::from_pin(node.instance.bpf_dir.join(name))
+                .expect("a pinned NAT table")
+                .max_entries()
+        })
+    };
+    let flows = |node: &Node| nat_table(node)["entries"].as_array().map_or(0, Vec::len);
+    assert_eq!(sizes(&node), [4096, 4096, 4096, 4096]);
+    assert_eq!(nat_table(&node)["max_flows"], 4096);
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"small").expect("UDP through NAT");
+    assert_eq!(flows(&node), 1);
+
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &small);
+    assert_eq!(
+        flows(&node),
+        1,
+        "the same size keeps the tables and their flows"
+    );
+
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(
+        sizes(&node),
+        [262_144, 262_144, 262_144, 262_144],
+        "the default size"
+    );
+    assert_eq!(flows(&node), 0, "new tables, the old flows gone");
+    assert!(
+        node.instance.log().contains("the NAT tables change size"),
+        "said in the log"
+    );
+    udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"default").expect("UDP through NAT");
+    assert_eq!(flows(&node), 1);
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+}
+
+#[test]
+fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() {
+    require_root();
+    let mut node = Node::start("10.244.79.0/24");
+    let pod = node.add_pod("old-config");
+    let udp = UdpEcho::start(&node.external, UDP_PORT);
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"before").expect("UDP through NAT");
+    let pin = node.instance.bpf_dir.join(map_names::NAT_CONFIG);
+    let value_size = |pin: &std::path::Path| {
+        aya::maps::MapInfo::from_pin(pin)
+            .expect("a pinned NAT_CONFIG")
+            .value_size()
+    };
+    assert_eq!(
+        value_size(&pin) as usize,
+        std::mem::size_of::<cni_ebpf_common::NatConfig>()
+    );
+
+    // An earlier release's NAT_CONFIG: 32 bytes, before `udp_stream_secs`.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.pin_earlier_map(&pin, "array", 4, 32, 1);
+    assert_eq!(value_size(&pin), 32, "test bug: the old size");
+
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(
+        value_size(&pin) as usize,
+        std::mem::size_of::<cni_ebpf_common::NatConfig>(),
+        "created anew at this release's size"
+    );
+    assert!(
+        node.instance
+            .log()
+            .contains("NAT_CONFIG pinned by an earlier release"),
+        "said in the log"
+    );
+    udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"old flow").expect("the old flow");
+    udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"new flow").expect("a new flow");
+    assert_eq!(
+        node_ips(&udp.peers()),
+        BTreeSet::from([NODE_ADDR.to_owned()])
+    );
+    let ports: BTreeSet<u16> = udp.peers().iter().map(SocketAddr::port).collect();
+    assert_eq!(ports.len(), 2, "the old flow kept its node port: {ports:?}");
+}
