@@ -42,17 +42,30 @@ pub enum DropReason {
     NatFragment = 4,
     /// Masqueraded traffic while the uplink has no IPv4 address (`NatConfig::NO_ADDRESS`).
     NatNoAddress = 5,
+    /// A frame from a pod with an 802.1Q or 802.1ad tag (in the frame or already taken
+    /// into the skb by the kernel): pods have no VLANs, and a tag would hop into one.
+    VlanTagged = 6,
+    /// A frame from a pod whose Ethernet source is not the pod's MAC.
+    SpoofedMac = 7,
+    /// IPv4 from a pod whose source is not one of that pod's addresses.
+    SpoofedIpv4Source = 8,
+    /// ARP from a pod whose sender address or MAC is not the pod's own.
+    SpoofedArp = 9,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
         DropReason::NatPortsExhausted,
         DropReason::NatFragment,
         DropReason::NatNoAddress,
+        DropReason::VlanTagged,
+        DropReason::SpoofedMac,
+        DropReason::SpoofedIpv4Source,
+        DropReason::SpoofedArp,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -67,6 +80,10 @@ impl DropReason {
             DropReason::NatPortsExhausted => "nat_ports_exhausted",
             DropReason::NatFragment => "nat_fragment",
             DropReason::NatNoAddress => "nat_no_address",
+            DropReason::VlanTagged => "vlan_tagged",
+            DropReason::SpoofedMac => "spoofed_mac",
+            DropReason::SpoofedIpv4Source => "spoofed_ipv4_source",
+            DropReason::SpoofedArp => "spoofed_arp",
         }
     }
 }

@@ -13,9 +13,12 @@ use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::
 use cni_ebpf_common::DropReason;
 use network_types::{arp::ArpHdr, eth::EthHdr};
 
-use crate::primitives::{
-    counters::{self, Direction},
-    maps,
+use crate::{
+    features::pod_source,
+    primitives::{
+        counters::{self, Direction},
+        maps,
+    },
 };
 
 const ARP_REQUEST: u16 = 1;
@@ -38,16 +41,18 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
         return Ok(counters::drop_packet(DropReason::MalformedArp));
     }
     let (sender, target) = (arp.spa(), arp.tpa());
-    // Replies (to the node's own requests), probes (sender 0.0.0.0) and gratuitous ARP
-    // (sender == target) are the stack's business.
-    if arp.oper() != ARP_REQUEST || sender == [0; 4] || sender == target {
+    // Only ARP about the pod itself, from its own MAC, goes anywhere: a pod cannot
+    // poison the node's or another pod's neighbour table, nor make us answer for an
+    // address that is not its own.
+    let pod = match pod_source::arp(ifindex, eth, sender, arp.sha()) {
+        Ok(pod) => pod,
+        Err(reason) => return Ok(counters::drop_packet(reason)),
+    };
+    // Replies (to the node's own requests) and gratuitous ARP (sender == target) are the
+    // stack's business.
+    if arp.oper() != ARP_REQUEST || sender == target {
         return Ok(TC_ACT_OK);
     }
-    // Only a pod we know, behind this very veth, gets an answer: a pod cannot make us
-    // answer for an address that is not its own.
-    let Some(pod) = maps::endpoint(sender).filter(|pod| pod.host_ifindex == ifindex) else {
-        return Ok(TC_ACT_OK);
-    };
 
     let answer = match maps::endpoint(target) {
         Some(neighbour) => neighbour.pod_mac,

@@ -9,7 +9,8 @@
 //! - [`hostport`]: connections to host ports, to the pods behind them;
 //! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
 //! - [`fragments`]: the fragments after a datagram's first one, following it;
-//! - [`sweep`]: the removals the daemon's NAT sweep decided.
+//! - [`sweep`]: the removals the daemon's NAT sweep decided;
+//! - [`pod_source`]: what a pod may send as (its MAC, its addresses, no VLAN tags).
 //!
 //! A feature uses only features listed after it, never one before: no two import each
 //! other.
@@ -18,6 +19,7 @@ pub mod arp;
 pub mod conntrack;
 pub mod fragments;
 pub mod hostport;
+pub mod pod_source;
 pub mod rev_nat;
 pub mod route;
 pub mod services;

@@ -5,7 +5,10 @@
 
 use aya_ebpf::programs::TcContext;
 use cni_ebpf_common::ip_proto::{DCCP, ICMP, SCTP, TCP, UDP, UDPLITE};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
 
 /// The device a TC program runs on (ingress: where the frame arrived; egress: where it
 /// leaves).
@@ -13,6 +16,21 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 pub fn ifindex(ctx: &TcContext) -> u32 {
     // SAFETY: the context pointer is valid for the whole program run.
     unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Whether the frame carries a VLAN tag: one the kernel already took into the skb
+/// (`vlan_present`, 802.1Q or 802.1ad), or one still in the frame (802.1Q, 802.1ad and
+/// the older QinQ types).
+#[inline(always)]
+pub fn vlan_tagged(ctx: &TcContext, eth: &EthHdr) -> bool {
+    // SAFETY: the context pointer is valid for the whole program run.
+    let accelerated = unsafe { (*ctx.skb.skb).vlan_present } != 0;
+    accelerated
+        || eth.ether_type == EtherType::Ieee8021q as u16
+        || eth.ether_type == EtherType::Ieee8021ad as u16
+        || eth.ether_type == EtherType::Ieee8021QinQ1 as u16
+        || eth.ether_type == EtherType::Ieee8021QinQ2 as u16
+        || eth.ether_type == EtherType::Ieee8021QinQ3 as u16
 }
 
 /// Offsets in the frame of the (outer) IPv4 TTL (the protocol and the header checksum

@@ -1,5 +1,6 @@
 //! The TC entry on a pod's host-side veth, `from_pod`: its ingress is traffic leaving
-//! the pod. ARP goes to the responder (`arp`). IPv4 for another pod of this node is
+//! the pod. Frames with a VLAN tag, and IPv4 or ARP not sent as the pod itself, are
+//! dropped first (`pod_source`). ARP goes to the responder (`arp`). IPv4 for another pod of this node is
 //! handed straight to it with `bpf_redirect_peer`, never crossing the node's IP stack,
 //! netfilter or a bridge: as it is when the sender addressed it to that pod's MAC (an
 //! on-link neighbour, see `arp`), routed (TTL decremented, MACs rewritten) when it was
@@ -20,7 +21,7 @@ use network_types::{
 };
 
 use crate::{
-    features::{arp, hostport, route, services},
+    features::{arp, hostport, pod_source, route, services},
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
@@ -45,6 +46,9 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
         return Ok(counters::drop_packet(DropReason::TruncatedFrame));
     }
     let eth: EthHdr = ctx.load(0)?;
+    if packet::vlan_tagged(ctx, &eth) {
+        return Ok(counters::drop_packet(DropReason::VlanTagged));
+    }
     if eth.ether_type == EtherType::Ipv4 as u16 {
         ipv4(ctx, &eth, ifindex)
     } else if eth.ether_type == EtherType::Arp as u16 {
@@ -63,6 +67,9 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
     if ip.version() != 4 || ip.ihl() < Ipv4Hdr::LEN as u8 {
         return Ok(counters::drop_packet(DropReason::MalformedIpv4));
+    }
+    if let Err(reason) = pod_source::ipv4(ifindex, eth, ip.src_addr) {
+        return Ok(counters::drop_packet(reason));
     }
     match maps::endpoint(ip.dst_addr) {
         Some(destination) => {

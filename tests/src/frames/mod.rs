@@ -43,6 +43,8 @@ pub const IP: usize = 14;
 pub const IP_TTL: usize = IP + 8;
 /// Offset of the IPv4 header checksum.
 pub const IP_CHECK: usize = IP + 10;
+/// Offset of the IPv4 source address.
+pub const IP_SRC: usize = IP + 12;
 /// Offset of the IPv4 destination address.
 pub const IP_DST: usize = IP + 16;
 /// End of an IPv4 header without options.

@@ -4,10 +4,15 @@
 use cni_ebpf_common::DropReason;
 
 use super::{
-    ARP_END, ARP_HLEN, ARP_HTYPE, ARP_OPER, ARP_PTYPE, ARP_SPA, ARP_TPA, ELSEWHERE, ETH_P_ARP,
-    ETH_P_IP, ETH_TYPE, GATEWAY, IP, IP_CHECK, IP_DST, IP_END, IP_TTL, LOOPBACK, PEER, PODS, Pod,
-    SENDER, UNKNOWN, internet_checksum,
+    ARP_END, ARP_HLEN, ARP_HTYPE, ARP_OPER, ARP_PTYPE, ARP_SHA, ARP_SPA, ARP_TPA, ELSEWHERE,
+    ETH_P_ARP, ETH_P_IP, ETH_TYPE, GATEWAY, IP, IP_CHECK, IP_DST, IP_END, IP_SRC, IP_TTL, LOOPBACK,
+    PEER, PODS, Pod, SENDER, UNKNOWN, internet_checksum,
 };
+
+/// The EtherType of an 802.1Q tag.
+const ETH_P_8021Q: u16 = 0x8100;
+/// Where the Ethernet source address is.
+const ETH_SRC: usize = 6;
 
 /// Knuth's MMIX LCG: a fixed seed gives the same frames on every run.
 pub struct Lcg(pub u64);
@@ -44,18 +49,35 @@ fn put(frame: &mut [u8], at: usize, bytes: &[u8]) {
     }
 }
 
-/// 14..=128 random bytes with an IPv4 or ARP EtherType; most get plausible header fields
-/// so that every branch of the program is reached, not just the first length check.
+/// 14..=128 random bytes with an IPv4, ARP or (now and then) 802.1Q EtherType; most get
+/// plausible header fields, most of them the sending pod's own MAC and address, so that
+/// every branch of the program is reached, not just the first checks.
 pub fn random_frame(rng: &mut Lcg) -> Vec<u8> {
     let len = 14 + rng.next() as usize % 115;
     let mut frame: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
     let is_arp = rng.one_in(2);
-    let ether_type = if is_arp { ETH_P_ARP } else { ETH_P_IP };
+    let ether_type = if rng.one_in(16) {
+        ETH_P_8021Q
+    } else if is_arp {
+        ETH_P_ARP
+    } else {
+        ETH_P_IP
+    };
     frame[ETH_TYPE..IP].copy_from_slice(&ether_type.to_be_bytes());
     if rng.one_in(4) {
         return frame;
     }
+    let mac = rng.pick(&[
+        SENDER.info.pod_mac,
+        SENDER.info.pod_mac,
+        SENDER.info.pod_mac,
+        PEER.info.pod_mac,
+    ]);
+    put(&mut frame, ETH_SRC, &mac);
     let addresses = [SENDER.ip, SENDER.ip, PEER.ip, ELSEWHERE.ip, UNKNOWN, [0; 4]];
+    let sources = [
+        SENDER.ip, SENDER.ip, SENDER.ip, SENDER.ip, PEER.ip, UNKNOWN, [0; 4],
+    ];
     if is_arp {
         put(&mut frame, ARP_HTYPE, &[0, rng.pick(&[1, 1, 1, 6])]);
         put(
@@ -69,7 +91,13 @@ pub fn random_frame(rng: &mut Lcg) -> Vec<u8> {
             &[rng.pick(&[6, 6, 6, 8]), rng.pick(&[4, 4, 4, 16])],
         );
         put(&mut frame, ARP_OPER, &[0, rng.pick(&[1, 1, 2, 3])]);
-        put(&mut frame, ARP_SPA, &rng.pick(&addresses));
+        let sha = if rng.one_in(8) {
+            PEER.info.pod_mac
+        } else {
+            mac
+        };
+        put(&mut frame, ARP_SHA, &sha);
+        put(&mut frame, ARP_SPA, &rng.pick(&sources));
         put(
             &mut frame,
             ARP_TPA,
@@ -79,6 +107,7 @@ pub fn random_frame(rng: &mut Lcg) -> Vec<u8> {
         let vihl = rng.pick(&[0x45, 0x45, 0x45, 0x46, 0x4f, 0x44, 0x40, 0x65, 0x05]);
         put(&mut frame, IP, &[vihl]);
         put(&mut frame, IP_TTL, &[rng.pick(&[0, 1, 2, 64, 255])]);
+        put(&mut frame, IP_SRC, &rng.pick(&sources));
         let dst = rng.pick(&addresses);
         put(&mut frame, IP_DST, &dst);
         // Half the frames to a pod are sent to its own MAC, as after the ARP responder's
@@ -115,16 +144,31 @@ fn endpoint(addr: &[u8]) -> Option<&'static Pod> {
     PODS.into_iter().find(|pod| pod.ip == addr)
 }
 
+/// Whether `addr` and `mac` are the sending pod's own: [`SENDER`] is the one endpoint
+/// behind [`LOOPBACK`].
+fn is_sender(addr: &[u8], mac: &[u8]) -> (bool, bool) {
+    let own_addr = endpoint(addr).is_some_and(|pod| pod.info.host_ifindex == LOOPBACK);
+    (own_addr, mac == SENDER.info.pod_mac)
+}
+
 /// The reference model: the outcome the program must reach for `frame` (14 bytes or more)
 /// from [`SENDER`], written from the headers alone.
 pub fn expected_outcome(frame: &[u8]) -> Outcome {
     let ether_type = u16::from_be_bytes([frame[ETH_TYPE], frame[ETH_TYPE + 1]]);
-    if ether_type == ETH_P_IP {
+    let eth_src = &frame[ETH_SRC..ETH_SRC + 6];
+    if ether_type == ETH_P_8021Q {
+        Outcome::Drop(DropReason::VlanTagged)
+    } else if ether_type == ETH_P_IP {
         if frame.len() < IP_END {
             return Outcome::Drop(DropReason::TruncatedFrame);
         }
         if frame[IP] >> 4 != 4 || frame[IP] & 0x0f < 5 {
             return Outcome::Drop(DropReason::MalformedIpv4);
+        }
+        match is_sender(&frame[IP_SRC..IP_SRC + 4], eth_src) {
+            (false, _) => return Outcome::Drop(DropReason::SpoofedIpv4Source),
+            (true, false) => return Outcome::Drop(DropReason::SpoofedMac),
+            (true, true) => {}
         }
         match endpoint(&frame[IP_DST..IP_END]) {
             Some(pod) if frame[..6] == pod.info.pod_mac => Outcome::Switch(pod),
@@ -139,13 +183,16 @@ pub fn expected_outcome(frame: &[u8]) -> Outcome {
             return Outcome::Drop(DropReason::MalformedArp);
         }
         let (spa, tpa) = (&frame[ARP_SPA..ARP_SPA + 4], &frame[ARP_TPA..ARP_TPA + 4]);
+        let sha = &frame[ARP_SHA..ARP_SHA + 6];
+        if sha != eth_src || is_sender(spa, sha) != (true, true) {
+            return Outcome::Drop(DropReason::SpoofedArp);
+        }
         let request = frame[ARP_OPER..ARP_OPER + 2] == [0, 1];
-        match endpoint(spa) {
-            Some(pod) if request && spa != tpa && pod.info.host_ifindex == LOOPBACK => {
-                let answer = endpoint(tpa).map_or(pod.info.host_mac, |target| target.info.pod_mac);
-                Outcome::ArpReply(answer)
-            }
-            _ => Outcome::Stack,
+        if request && spa != tpa {
+            let answer = endpoint(tpa).map_or(SENDER.info.host_mac, |target| target.info.pod_mac);
+            Outcome::ArpReply(answer)
+        } else {
+            Outcome::Stack
         }
     } else {
         Outcome::Stack

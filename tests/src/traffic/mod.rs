@@ -5,10 +5,11 @@
 //!
 //! This module owns the threads (`spawn_in`, `run_in`, `Background`); `tcp` and `udp`
 //! own the traffic itself; `probe` runs the one client that must be a process of its
-//! own (in a cgroup).
+//! own (in a cgroup); `spoof` sends what an attacker in a pod would.
 
 mod probe;
 mod raw;
+pub mod spoof;
 mod tcp;
 mod udp;
 

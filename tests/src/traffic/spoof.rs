@@ -1,0 +1,166 @@
+//! What an attacker in a pod sends with CAP_NET_RAW: UDP datagrams with any IPv4 source
+//! (a raw `IPPROTO_RAW` socket, whose header the sender writes), and whole Ethernet
+//! frames of its choosing (an `AF_PACKET` socket on one interface); and a capture of
+//! every frame a namespace sees, to tell whether any of them arrived.
+//!
+//! The `AF_PACKET` address is written by hand (`libc::sockaddr_ll`): socket2 and nix
+//! have no safe constructor for a link-layer address to send to.
+
+use std::{
+    io,
+    mem::{MaybeUninit, size_of, zeroed},
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::AsRawFd,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::{Background, run_in};
+use crate::netns::Netns;
+
+/// `ETH_P_ALL`: a packet socket of this protocol sees every frame.
+const ETH_P_ALL: u16 = 0x0003;
+/// The longest a capture runs.
+const CAPTURE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Sends one UDP datagram from `netns` claiming `source`, to `to`, routed as the
+/// namespace routes `to`.
+pub fn send_udp_as(
+    netns: &Netns,
+    source: Ipv4Addr,
+    source_port: u16,
+    to: SocketAddrV4,
+    payload: &[u8],
+) -> io::Result<()> {
+    let packet = udp_packet(source, source_port, to, payload);
+    run_in(netns, move || {
+        let socket = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(Protocol::from(libc::IPPROTO_RAW)),
+        )?;
+        socket.send_to(&packet, &SockAddr::from(to)).map(drop)
+    })
+}
+
+/// A UDP datagram from `source` to `to` in an Ethernet frame from `src_mac` to `dst_mac`,
+/// with a VLAN tag when `tag` says so: (`0x8100` for 802.1Q or `0x88a8` for 802.1ad,
+/// the VLAN id). The IPv4 header's checksum is computed, as nothing on the way fills it.
+pub fn udp_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    tag: Option<(u16, u16)>,
+    source: SocketAddrV4,
+    to: SocketAddrV4,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut packet = udp_packet(*source.ip(), source.port(), to, payload);
+    let checksum = crate::frames::internet_checksum(&packet[..20]);
+    packet[10..12].copy_from_slice(&checksum.to_be_bytes());
+    let mut frame = Vec::new();
+    frame.extend(dst_mac);
+    frame.extend(src_mac);
+    if let Some((tag_type, vlan_id)) = tag {
+        frame.extend(tag_type.to_be_bytes());
+        frame.extend(vlan_id.to_be_bytes());
+    }
+    frame.extend(0x0800u16.to_be_bytes());
+    frame.extend(packet);
+    frame
+}
+
+/// Every frame seen in a namespace (on any of its interfaces, either way) while it runs.
+pub struct Capture(Background<Vec<Vec<u8>>>);
+
+impl Capture {
+    pub fn start(netns: &Netns) -> Self {
+        let socket = run_in(netns, || {
+            Socket::new(
+                Domain::PACKET,
+                Type::RAW,
+                Some(Protocol::from(i32::from(ETH_P_ALL.to_be()))),
+            )
+        })
+        .unwrap_or_else(|error| panic!("cannot open a packet socket: {error}"));
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("a read timeout");
+        Self(Background::start(netns, move |stop| {
+            let started = Instant::now();
+            let mut frames = Vec::new();
+            let mut buffer = [MaybeUninit::<u8>::uninit(); 4096];
+            while !stop.load(Ordering::Relaxed) && started.elapsed() < CAPTURE_LIMIT {
+                if let Ok(n) = socket.recv(&mut buffer) {
+                    // SAFETY: the kernel wrote the first `n` bytes.
+                    frames.push(
+                        buffer[..n]
+                            .iter()
+                            .map(|b| unsafe { b.assume_init() })
+                            .collect(),
+                    );
+                }
+            }
+            frames
+        }))
+    }
+
+    /// Stops the capture; how many frames carried `marker` somewhere.
+    pub fn count(mut self, marker: &[u8]) -> usize {
+        self.0
+            .finish()
+            .unwrap_or_default()
+            .iter()
+            .filter(|frame| frame.windows(marker.len()).any(|window| window == marker))
+            .count()
+    }
+}
+
+/// An IPv4 header (checksum left to the kernel, which fills it for `IPPROTO_RAW`) and a
+/// UDP header without a checksum (zero: none, as IPv4 allows).
+fn udp_packet(source: Ipv4Addr, source_port: u16, to: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    let udp_len = u16::try_from(8 + payload.len()).expect("a small payload");
+    let total = 20 + udp_len;
+    let mut packet = vec![0x45, 0];
+    packet.extend(total.to_be_bytes());
+    packet.extend([0, 0, 0x40, 0, 64, 17, 0, 0]);
+    packet.extend(source.octets());
+    packet.extend(to.ip().octets());
+    packet.extend(source_port.to_be_bytes());
+    packet.extend(to.port().to_be_bytes());
+    packet.extend(udp_len.to_be_bytes());
+    packet.extend([0, 0]);
+    packet.extend(payload);
+    packet
+}
+
+/// Sends `frame` (from its Ethernet header on) out of `ifname` in `netns`.
+pub fn send_frame(netns: &Netns, ifname: &str, frame: &[u8]) -> io::Result<()> {
+    let (ifname, frame) = (ifname.to_owned(), frame.to_vec());
+    run_in(netns, move || {
+        let index = nix::net::if_::if_nametoindex(ifname.as_str()).map_err(io::Error::from)?;
+        let socket = Socket::new(Domain::PACKET, Type::RAW, None)?;
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid start.
+        let mut address: libc::sockaddr_ll = unsafe { zeroed() };
+        address.sll_family = libc::AF_PACKET as u16;
+        address.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
+        address.sll_halen = 6;
+        address.sll_addr[..6].copy_from_slice(&frame[..6]);
+        // SAFETY: a valid socket, and an address of the size given that outlives the call.
+        let sent = unsafe {
+            libc::sendto(
+                socket.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                std::ptr::from_ref(&address).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    })
+}
