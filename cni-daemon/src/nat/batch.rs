@@ -59,7 +59,15 @@ struct TestRunAttr {
     flags: u32,
     cpu: u32,
     batch_size: u32,
+    /// The struct's tail padding, as a field so that it is zero: the kernel refuses
+    /// (EINVAL) a command whose bytes after its last field are not all zero, and
+    /// padding is not initialised.
+    pad: u32,
 }
+
+// No implicit padding left: every byte the kernel reads is a field's.
+const _: () = assert!(size_of::<TestRunAttr>() == 80);
+const _: () = assert!(size_of::<BatchAttr>() == 56);
 
 /// Runs `cmd` on `attr`. A batch command writes `count` back (entries done), also when
 /// it fails part way.
