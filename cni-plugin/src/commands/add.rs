@@ -17,7 +17,7 @@ use crate::{
         Invocation, block_on,
         teardown::{self, Failures, setup_error},
     },
-    ipam::Ipam,
+    ipam::{self, Ipam},
     link::{LinkError, LinkInfo, Netlink, VethPair, format_mac},
     naming, netns,
     spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, NetConf, Route},
@@ -37,7 +37,7 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
             format!("{ifname} already exists in {}", netns_path.display()),
         ));
     }
-    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
+    let ipam = inv.ipam()?;
     // The daemon's status also says how large the pod's GSO packets may be (BIG TCP,
     // following the node's uplink: see cni_daemon::big_tcp).
     let gso_max_size = inv.daemon().require_ready()?.pod_gso_max_size;
@@ -127,13 +127,22 @@ fn apply(
             .unwrap_or_else(|_| Err(CniError::internal("the IPAM thread panicked")));
         (addresses, link)
     });
-    applied.ipam = addresses.is_ok();
+    // Released on failure whatever IPAM answered: a delegate that timed out or printed
+    // something unusable may have allocated all the same, and a DEL of an attachment
+    // it has nothing for is harmless.
+    applied.ipam = true;
     link?;
     let mut result = addresses?;
     if result.ips.is_empty() {
         return Err(CniError::new(
             ErrorCode::IpamFailed,
             "the IPAM plugin returned no address",
+        ));
+    }
+    if let Some(refused) = result.ips.iter().find_map(ipam::checks::refusal) {
+        return Err(CniError::new(
+            ErrorCode::IpamFailed,
+            format!("the IPAM plugin gave an address no pod may have: {refused}"),
         ));
     }
 

@@ -5,7 +5,6 @@ use std::net::IpAddr;
 
 use crate::{
     commands::{Invocation, add::pod_link, block_on, teardown::setup_error},
-    ipam::Ipam,
     link::{Netlink, format_mac},
     naming, netns,
     spec::{CniError, CniResult, ErrorCode},
@@ -63,7 +62,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         }
     }
 
-    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
+    let ipam = inv.ipam()?;
     ipam.run(&inv.ipam_env("CHECK"), inv.raw())
 }
 

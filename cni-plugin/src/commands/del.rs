@@ -7,7 +7,6 @@ use crate::{
         Invocation,
         teardown::{self, Failures},
     },
-    ipam::Ipam,
     naming,
     spec::CniError,
 };
@@ -20,11 +19,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         teardown::detach(&inv.daemon(), inv.endpoint_id()?),
     );
     failures.record("veth removal", teardown::delete_host_veth(&host_veth));
-    let ipam_type = inv.conf.ipam_type()?;
-    if let Some(ipam) = failures.record(
-        "IPAM lookup",
-        Ipam::find(ipam_type, &inv.env.path, inv.ipam_versions()),
-    ) {
+    if let Some(ipam) = failures.record("IPAM lookup", inv.ipam()) {
         failures.record("IPAM release", ipam.run(&inv.ipam_env("DEL"), inv.raw()));
     }
     failures.into_result("DEL")

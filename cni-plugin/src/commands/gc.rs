@@ -13,7 +13,7 @@ use crate::{
         Invocation, block_on,
         teardown::{self, Failures, setup_error},
     },
-    ipam::{CallEnv, Ipam},
+    ipam::CallEnv,
     link::Netlink,
     naming,
     spec::{CniError, CniVersion},
@@ -46,11 +46,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         failures.record("veth removal", teardown::delete_host_veth(&name));
     }
 
-    let ipam_type = inv.conf.ipam_type()?;
-    if let Some(ipam) = failures.record(
-        "IPAM lookup",
-        Ipam::find(ipam_type, &inv.env.path, inv.ipam_versions()),
-    ) {
+    if let Some(ipam) = failures.record("IPAM lookup", inv.ipam()) {
         match failures.record("IPAM VERSION", ipam.supports(CniVersion::V1_1_0)) {
             Some(true) => {
                 let env = CallEnv {

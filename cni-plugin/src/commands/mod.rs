@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::{
     daemon::Daemon,
-    ipam::{CallEnv, VersionCache},
+    ipam::{CallEnv, Ipam, VersionCache},
     spec::{self, CniError, Command, Environment, ErrorCode, NetConf},
 };
 
@@ -36,9 +36,15 @@ impl Invocation {
         Daemon::new(self.conf.daemon_socket.clone())
     }
 
-    /// The IPAM plugins' supported versions, cached beside the daemon's socket.
-    pub fn ipam_versions(&self) -> VersionCache {
-        VersionCache::beside_socket(self.conf.daemon_socket.as_deref())
+    /// The IPAM plugin `ipam.type` names, found in CNI_PATH, with its versions cached
+    /// beside the daemon's socket and the configured timeout.
+    pub fn ipam(&self) -> Result<Ipam, CniError> {
+        let versions = VersionCache::beside_socket(self.conf.daemon_socket.as_deref());
+        let ipam = Ipam::find(self.conf.ipam_type()?, &self.env.path, versions)?;
+        Ok(match self.conf.ipam_timeout {
+            Some(secs) => ipam.with_timeout(std::time::Duration::from_secs(secs)),
+            None => ipam,
+        })
     }
 
     /// The environment of an IPAM call for `command` on this attachment. CNI_ARGS that

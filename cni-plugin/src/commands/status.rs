@@ -3,7 +3,7 @@
 
 use crate::{
     commands::Invocation,
-    ipam::{CallEnv, Ipam},
+    ipam::CallEnv,
     spec::{CniError, CniVersion, ErrorCode},
 };
 
@@ -22,7 +22,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         ));
     }
     // The config is validated to have ipam.type: ADD cannot work without it.
-    let ipam = Ipam::find(inv.conf.ipam_type()?, &inv.env.path, inv.ipam_versions())?;
+    let ipam = inv.ipam()?;
     if ipam.supports(CniVersion::V1_1_0)? {
         let env = CallEnv {
             command: "STATUS",

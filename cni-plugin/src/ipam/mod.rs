@@ -15,20 +15,22 @@
 //! that cannot be read only means "ask", and a wrong one only costs the old retry (a code
 //! 1 always asks the plugin afresh).
 
+pub mod checks;
+mod process;
 #[cfg(test)]
 mod tests;
 mod versions;
 
 use std::{
-    io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde_json::Value;
 
 use crate::spec::{self, CniError, CniResult, CniVersion, ErrorCode};
 
+pub use process::DEFAULT_TIMEOUT;
 pub use versions::VersionCache;
 
 /// An IPAM plugin found in CNI_PATH.
@@ -36,6 +38,7 @@ pub struct Ipam {
     plugin: PathBuf,
     name: String,
     versions: VersionCache,
+    timeout: Duration,
 }
 
 /// Environment overrides for one call; everything else is inherited from our own
@@ -73,6 +76,7 @@ impl Ipam {
                 plugin,
                 name: plugin_type.to_owned(),
                 versions,
+                timeout: process::DEFAULT_TIMEOUT,
             })
             .ok_or_else(|| {
                 CniError::new(
@@ -98,6 +102,12 @@ impl Ipam {
             self.failed("printed a result we cannot read")
                 .with_details(error.msg)
         })
+    }
+
+    /// Gives every run `timeout` (kept within 1 s..=10 min) instead of the default.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.clamp(Duration::from_secs(1), Duration::from_secs(600));
+        self
     }
 
     /// Any verb without a result (DEL, CHECK, GC, STATUS).
@@ -165,12 +175,8 @@ impl Ipam {
     fn exec(&self, env: &CallEnv<'_>, config: &Value) -> Result<Option<Value>, CniError> {
         let stdin = serde_json::to_vec(config)
             .map_err(|error| CniError::internal(format!("cannot encode the config: {error}")))?;
-        let mut command = Command::new(&self.plugin);
-        command
-            .env("CNI_COMMAND", env.command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        let mut command = process::command(&self.plugin);
+        command.env("CNI_COMMAND", env.command);
         if env.drop_args {
             command.env_remove("CNI_ARGS");
         }
@@ -183,29 +189,20 @@ impl Ipam {
                 command.env(var, value);
             }
         }
-        let mut child = command
+        let child = command
             .spawn()
             .map_err(|error| self.failed(format!("cannot be started: {error}")))?;
-        if let Some(mut pipe) = child.stdin.take() {
-            // A plugin that exits without reading stdin closes the pipe; its exit status
-            // tells what happened, so a write error here is not the story.
-            let _ = pipe.write_all(&stdin);
-        }
-        let output = child
-            .wait_with_output()
-            .map_err(|error| self.failed(format!("did not finish: {error}")))?;
-        let parsed: Option<Value> = if output.stdout.iter().all(u8::is_ascii_whitespace) {
+        let (status, stdout) =
+            process::run(child, stdin, self.timeout).map_err(|error| self.failed(error))?;
+        let parsed: Option<Value> = if stdout.iter().all(u8::is_ascii_whitespace) {
             None
         } else {
-            Some(serde_json::from_slice(&output.stdout).map_err(|error| {
+            Some(serde_json::from_slice(&stdout).map_err(|error| {
                 self.failed("printed something that is not JSON")
-                    .with_details(format!(
-                        "{error}: {}",
-                        String::from_utf8_lossy(&output.stdout)
-                    ))
+                    .with_details(format!("{error}: {}", String::from_utf8_lossy(&stdout)))
             })?)
         };
-        if output.status.success() {
+        if status.success() {
             return Ok(parsed);
         }
         Err(
@@ -227,10 +224,7 @@ impl Ipam {
                         if error.details.is_empty() { "" } else { ": " },
                         error.details
                     )),
-                None => self.failed(format!(
-                    "failed ({}) without an error result",
-                    output.status
-                )),
+                None => self.failed(format!("failed ({status}) without an error result")),
             },
         )
     }

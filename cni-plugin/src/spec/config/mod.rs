@@ -91,6 +91,9 @@ pub struct NetConf {
     pub cluster_cidrs: Vec<ipnet::Ipv4Net>,
     /// Our own key: where the node daemon listens, when not the default.
     pub daemon_socket: Option<PathBuf>,
+    /// Our own key `ipamTimeout`: seconds one run of the IPAM plugin may take (1 to 600;
+    /// default: `ipam::DEFAULT_TIMEOUT`).
+    pub ipam_timeout: Option<u64>,
     pub runtime_config: RuntimeConfig,
     pub prev_result: Option<Value>,
     /// The GC list: the union of both attachment keys, `None` when neither was sent.
@@ -106,7 +109,7 @@ pub struct NetConf {
 
 /// The top-level keys this plugin reads; a key equal to one of them under Go's case-
 /// insensitive rule (`spec::go_json`) is that key.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "cniVersion",
     "name",
     "type",
@@ -115,6 +118,7 @@ const KEYS: [&str; 12] = [
     "ipMasq",
     "clusterCIDRs",
     "daemonSocket",
+    "ipamTimeout",
     "runtimeConfig",
     "prevResult",
     VALID_ATTACHMENTS_KEY,
@@ -122,12 +126,16 @@ const KEYS: [&str; 12] = [
 ];
 
 /// Whether `command` acts on the top-level `key`. Only ADD reads the pod's settings
-/// (`mtu`, `ipMasq`, `clusterCIDRs`, `runtimeConfig`) and only GC the attachment lists;
+/// (`mtu`, `ipMasq`, `clusterCIDRs`, `runtimeConfig`) strictly, and `ipamTimeout` (the
+/// other verbs fall back to the default when it is unreadable), and only GC the
+/// attachment lists;
 /// everything else is needed by every verb (`daemonSocket` and `ipam` to find the daemon
 /// and the IPAM plugin; `cniVersion`, `name` and `type` are the spec's required keys).
 fn acts_on(command: Command, key: &str) -> bool {
     match key {
-        "mtu" | "ipMasq" | "clusterCIDRs" | "runtimeConfig" => command == Command::Add,
+        "mtu" | "ipMasq" | "clusterCIDRs" | "runtimeConfig" | "ipamTimeout" => {
+            command == Command::Add
+        }
         VALID_ATTACHMENTS_KEY | LEGACY_ATTACHMENTS_KEY => command == Command::Gc,
         _ => true,
     }
@@ -175,6 +183,7 @@ impl NetConf {
             ip_masq: fields.optional("ipMasq")?.unwrap_or(false),
             cluster_cidrs: fields.optional("clusterCIDRs")?.unwrap_or_default(),
             daemon_socket: fields.optional("daemonSocket")?,
+            ipam_timeout: fields.optional("ipamTimeout")?,
             runtime_config: fields.optional("runtimeConfig")?.unwrap_or_default(),
             prev_result: fields.map.remove("prevResult"),
             valid_attachments: union(valid, legacy),

@@ -13,6 +13,8 @@ use crate::spec::version::{CniVersion, parse_version};
 
 /// 68 is the IPv4 minimum (RFC 791); 65535 the largest a 16-bit length field carries.
 const MTU_RANGE: RangeInclusive<u32> = 68..=65535;
+/// Seconds an IPAM run may be given: at least one, at most ten minutes.
+pub const IPAM_TIMEOUT_RANGE: RangeInclusive<u64> = 1..=600;
 
 impl NetConf {
     /// Checks the configuration for `command`:
@@ -22,7 +24,8 @@ impl NetConf {
     /// - `ipam.type` is present and is a bare file name, for every command but VERSION:
     ///   ADD/CHECK/DEL/GC delegate to IPAM, and so does STATUS, since the spec has a
     ///   plugin relay STATUS to the delegates it needs for ADD (code 7);
-    /// - for ADD, the only verb that acts on them: `mtu` is in 68..=65535;
+    /// - for ADD, the only verb that acts on them: `mtu` is in 68..=65535, `ipamTimeout`
+    ///   in 1..=600;
     ///   `runtimeConfig.mac` is a unicast MAC; port mappings have non-zero ports;
     ///   `runtimeConfig.ips` are addresses or CIDRs (code 7). DEL, CHECK and GC do not
     ///   refuse what they do not use (see [`NetConf::parse_for`]);
@@ -105,6 +108,15 @@ impl NetConf {
             return Err(ConfigError::invalid(
                 "mtu",
                 format!("{mtu} is outside 68..=65535"),
+            ));
+        }
+        if let Some(secs) = self
+            .ipam_timeout
+            .filter(|secs| !IPAM_TIMEOUT_RANGE.contains(secs))
+        {
+            return Err(ConfigError::invalid(
+                "ipamTimeout",
+                format!("{secs} is outside 1..=600 seconds"),
             ));
         }
         let rc = &self.runtime_config;
