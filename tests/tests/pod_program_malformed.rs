@@ -124,6 +124,25 @@ fn ipv4_with_a_bad_version_or_header_length_is_dropped_as_malformed() {
 }
 
 #[test]
+fn ipv4_whose_lengths_do_not_fit_is_dropped_as_malformed() {
+    require_root();
+    let object = datapath();
+    let echo = icmp_echo_request();
+    let fits = ipv4(&SENDER, PEER.ip, 64, 1, &echo);
+    let total = u16::try_from(fits.len() - IP).expect("a short packet");
+    for (vihl, total, what) in [
+        (0x46, 20, "a 24-byte header in a 20-byte packet"),
+        (0x45, total + 1, "a total length one byte beyond the frame"),
+        (0x45, 0, "a total length of 0 in a frame of no BIG TCP size"),
+    ] {
+        let mut frame = fits.clone();
+        frame[IP] = vihl;
+        frame[IP + 2..IP + 4].copy_from_slice(&total.to_be_bytes());
+        assert_dropped(&object, &frame, DropReason::MalformedIpv4, what);
+    }
+}
+
+#[test]
 fn arp_shorter_than_its_header_is_dropped_as_truncated() {
     require_root();
     let object = datapath();

@@ -33,6 +33,32 @@ pub fn vlan_tagged(ctx: &TcContext, eth: &EthHdr) -> bool {
         || eth.ether_type == EtherType::Ieee8021QinQ3 as u16
 }
 
+/// Whether `ip`, the IPv4 header of a frame of `frame_len` bytes, is one to act on:
+/// version 4, a header length of at least 20 bytes that fits in the packet's total
+/// length, and a total length the frame holds (Ethernet padding may follow it). A total
+/// length of 0 is a BIG TCP packet's, whose length is the skb's: accepted when the
+/// frame is over 64 KiB.
+#[inline(always)]
+pub fn ipv4_well_formed(ip: &Ipv4Hdr, frame_len: u32) -> bool {
+    let (header, total) = (u32::from(ip.ihl()), u32::from(ip.tot_len()));
+    let packet = frame_len.saturating_sub(EthHdr::LEN as u32);
+    let total_fits = if total == 0 {
+        packet > u32::from(u16::MAX)
+    } else {
+        header <= total && total <= packet
+    };
+    ip.version() == 4 && header >= Ipv4Hdr::LEN as u32 && total_fits
+}
+
+/// Whether `quoted`, the IPv4 header an ICMP error quotes, is one to act on: version 4,
+/// and a header length of at least 20 bytes within its total length. (The quote may be
+/// cut short of that total: only what the header says about itself is checked.)
+#[inline(always)]
+pub fn quoted_ipv4_well_formed(quoted: &Ipv4Hdr) -> bool {
+    let header = u16::from(quoted.ihl());
+    quoted.version() == 4 && header >= Ipv4Hdr::LEN as u16 && header <= quoted.tot_len()
+}
+
 /// Offsets in the frame of the (outer) IPv4 TTL (the protocol and the header checksum
 /// follow it), header checksum, source and destination.
 pub const IP_TTL: usize = EthHdr::LEN + 8;

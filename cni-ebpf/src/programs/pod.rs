@@ -65,7 +65,7 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
         return Ok(counters::drop_packet(DropReason::TruncatedFrame));
     }
     let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    if ip.version() != 4 || ip.ihl() < Ipv4Hdr::LEN as u8 {
+    if !packet::ipv4_well_formed(&ip, ctx.len()) {
         return Ok(counters::drop_packet(DropReason::MalformedIpv4));
     }
     if let Err(reason) = pod_source::ipv4(ifindex, eth, ip.src_addr) {

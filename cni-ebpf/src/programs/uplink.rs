@@ -78,8 +78,13 @@ fn on_uplink(
     // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
     // packet we translate: the error lets it go on).
     let EthIpv4 { eth, ip } = ctx.load(0)?;
-    // A tagged frame belongs to a VLAN, never to a pod's flow: left as it is.
-    if eth.ether_type != EtherType::Ipv4 as u16 || packet::vlan_tagged(ctx, &eth) {
+    // A tagged frame belongs to a VLAN, never to a pod's flow, and a malformed header
+    // is never translated: both are left as they are (pods' malformed packets never get
+    // here: `from_pod` drops them; the stack drops what arrives malformed).
+    if eth.ether_type != EtherType::Ipv4 as u16
+        || packet::vlan_tagged(ctx, &eth)
+        || !packet::ipv4_well_formed(&ip, ctx.len())
+    {
         return Ok(TC_ACT_OK);
     }
     translate(&config, node_addr, &eth, &ip)

@@ -108,6 +108,10 @@ pub fn random_frame(rng: &mut Lcg) -> Vec<u8> {
         put(&mut frame, IP, &[vihl]);
         put(&mut frame, IP_TTL, &[rng.pick(&[0, 1, 2, 64, 255])]);
         put(&mut frame, IP_SRC, &rng.pick(&sources));
+        // Mostly the length the frame holds; now and then one it does not.
+        let fits = u16::try_from(frame.len() - IP).expect("a short frame");
+        let total = rng.pick(&[fits, fits, fits, fits / 2, fits + 1, 10, 0]);
+        put(&mut frame, IP + 2, &total.to_be_bytes());
         let dst = rng.pick(&addresses);
         put(&mut frame, IP_DST, &dst);
         // Half the frames to a pod are sent to its own MAC, as after the ARP responder's
@@ -162,7 +166,16 @@ pub fn expected_outcome(frame: &[u8]) -> Outcome {
         if frame.len() < IP_END {
             return Outcome::Drop(DropReason::TruncatedFrame);
         }
-        if frame[IP] >> 4 != 4 || frame[IP] & 0x0f < 5 {
+        // Version 4, a header of 20 bytes or more within the total length, and a total
+        // length the frame holds (0, BIG TCP's, only in frames over 64 KiB).
+        let header = usize::from(frame[IP] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([frame[IP + 2], frame[IP + 3]]));
+        if frame[IP] >> 4 != 4
+            || header < 20
+            || total == 0
+            || header > total
+            || total > frame.len() - IP
+        {
             return Outcome::Drop(DropReason::MalformedIpv4);
         }
         match is_sender(&frame[IP_SRC..IP_SRC + 4], eth_src) {

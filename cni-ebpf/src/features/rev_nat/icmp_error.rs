@@ -31,7 +31,7 @@ pub(super) fn icmp_error(
 ) -> Result<Option<[u8; 4]>, i64> {
     let inner = l4 + 8;
     let inner_ip: Ipv4Hdr = ctx.load(inner)?;
-    if inner_ip.frag_offset() != 0 {
+    if inner_ip.frag_offset() != 0 || !packet::quoted_ipv4_well_formed(&inner_ip) {
         return Ok(None);
     }
     let inner_l4 = inner + inner_ip.ihl() as usize;

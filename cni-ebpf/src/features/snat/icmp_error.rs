@@ -31,7 +31,10 @@ pub(super) fn icmp_error(
     let inner = l4 + 8;
     let inner_ip: Ipv4Hdr = ctx.load(inner)?;
     // The quote is of a packet the pod received: from the remote, to the pod.
-    if inner_ip.frag_offset() != 0 || inner_ip.dst_addr != ip.src_addr {
+    if inner_ip.frag_offset() != 0
+        || inner_ip.dst_addr != ip.src_addr
+        || !packet::quoted_ipv4_well_formed(&inner_ip)
+    {
         return Ok(TC_ACT_OK);
     }
     let inner_l4 = inner + inner_ip.ihl() as usize;
