@@ -13,7 +13,7 @@ use serde::Serialize;
 use cni_api::{Endpoint, LinkCounters, Status};
 
 use crate::{
-    bpffs, hostports,
+    bpffs, clock, hostports,
     nat::{self, Timeouts},
 };
 
@@ -280,7 +280,7 @@ pub fn hostport_connections(bpf_dir: &Path) -> Result<Vec<(NatKey, NatEntry)>, I
     let timeouts = config
         .has_timeouts()
         .then(|| Timeouts::from_config(&config));
-    let now_ns = nat::monotonic_now_ns().unwrap_or_default();
+    let now_ns = clock::monotonic_now_ns().unwrap_or_default();
     let mut live = Vec::new();
     for (key, connection) in nat::tables::snapshot(&table)? {
         let expired = timeouts

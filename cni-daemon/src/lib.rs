@@ -9,6 +9,7 @@
 pub mod address_watch;
 pub mod big_tcp;
 pub mod bpffs;
+pub mod clock;
 pub mod datapath;
 pub mod endpoints;
 pub mod files;
@@ -19,5 +20,6 @@ mod maps;
 pub mod nat;
 pub mod node;
 pub mod node_addrs;
+mod ranges;
 pub mod run;
 pub mod server;

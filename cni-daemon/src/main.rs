@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use cni_api::{self as api, Request, Response};
 
 use cni_daemon::{
-    bpffs,
+    bpffs, clock,
     datapath::{self, sock, tc_block},
     files, inspect,
     nat::{self, NatArgs},
@@ -193,7 +193,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Nat => {
-            let now = nat::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
+            let now = clock::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
             let view = nat::view::nat_view(&cli.bpf_dir, now)?;
             match cli.output {
                 Output::Json => print_json(&view),

@@ -13,10 +13,10 @@ use tokio::{
 };
 
 use crate::{
-    address_watch, bpffs,
+    address_watch, bpffs, clock,
     datapath::Datapath,
     datapath::sock::cgroup2_mount,
-    nat::{self, Flows, NatArgs, Timeouts},
+    nat::{Flows, NatArgs, Timeouts},
     node::Node,
     server,
 };
@@ -141,7 +141,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             return;
         };
         let swept = tokio::task::spawn_blocking(move || {
-            let outcome = nat::monotonic_now_ns()
+            let outcome = clock::monotonic_now_ns()
                 .context("cannot read CLOCK_MONOTONIC")
                 .and_then(|now| owned.sweep(now, &timeouts).context("NAT sweep failed"));
             (owned, outcome)

@@ -139,7 +139,7 @@ pub(super) fn earlier_note(key: &NatKey, value: [u8; 8]) -> NatEntry {
 /// A connection of `HOSTPORT_FLOWS` from an earlier release's host address and port (a
 /// `HostPortFlow`), which had no timestamp: stamped now.
 pub(super) fn earlier_hostport_flow(key: &NatKey, value: [u8; 8]) -> NatEntry {
-    let now = crate::nat::monotonic_now_ns().unwrap_or_default();
+    let now = crate::clock::monotonic_now_ns().unwrap_or_default();
     NatEntry {
         node_addr: [value[0], value[1], value[2], value[3]],
         node_port: u16::from_ne_bytes([value[4], value[5]]),

@@ -23,7 +23,6 @@ pub mod view;
 use std::{io, net::Ipv4Addr};
 
 use cni_ebpf_common::{MAX_UPLINKS, NatConfig, Uplinks};
-use nix::time::{ClockId, clock_gettime};
 
 pub use self::{
     args::{NatArgs, PortRange, Timeouts},
@@ -235,17 +234,6 @@ pub fn start<'a>(
     Ok(nat)
 }
 
-/// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_coarse_ns` (which reads it
-/// as of the last tick) and so of
-/// `NatEntry::last_seen_ns`.
-pub fn monotonic_now_ns() -> Result<u64, nix::Error> {
-    let now = clock_gettime(ClockId::CLOCK_MONOTONIC)?;
-    // Both are non-negative for CLOCK_MONOTONIC.
-    let secs = u64::try_from(now.tv_sec()).unwrap_or_default();
-    let nanos = u64::try_from(now.tv_nsec()).unwrap_or_default();
-    Ok(secs * 1_000_000_000 + nanos)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,12 +342,5 @@ mod tests {
                 other => panic!("{list}: unexpected outcome {other:?}"),
             }
         }
-    }
-
-    #[test]
-    fn monotonic_clock_moves_forward() {
-        let first = monotonic_now_ns().expect("clock");
-        let second = monotonic_now_ns().expect("clock");
-        assert!(first > 0 && second >= first);
     }
 }

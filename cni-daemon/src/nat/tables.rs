@@ -224,7 +224,7 @@ impl Nat {
         endpoints: impl IntoIterator<Item = &'a Endpoint>,
     ) -> Result<(), MapError> {
         let desired = cidrs::union(endpoints);
-        if cidrs::sync(&mut self.cluster_cidrs, &desired)? {
+        if crate::ranges::sync(&mut self.cluster_cidrs, &desired)? {
             tracing::info!(cidrs = ?desired, "cluster ranges kept untranslated");
         }
         Ok(())
