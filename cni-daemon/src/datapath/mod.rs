@@ -5,6 +5,7 @@
 
 mod clsact;
 mod links;
+pub mod nat_maps;
 mod netlink;
 mod pod;
 mod services;

@@ -1,13 +1,14 @@
-//! The uplink programs (source NAT), attached like the pod programs through links pinned
-//! under `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one
-//! pair per uplink, so translation goes on while the daemon is stopped (without TCX,
-//! as clsact filters at a fixed preference instead, see [`clsact`]); and the NAT maps
-//! they share with the daemon. (A daemon of one uplink pinned them without the device:
-//! such pins go at the next start, see [`Datapath::detach_uplinks_except`].)
+//! The uplink programs (source NAT), attached through TCX links pinned under
+//! `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one pair per
+//! uplink, so translation goes on while the daemon is stopped (without TCX, as clsact
+//! filters at a fixed preference instead, see [`clsact`]); and the NAT tables pinned at
+//! another size, made fit for this release before the load. (A daemon of one uplink
+//! pinned its links without the device: such pins go at the next start, see
+//! [`Datapath::detach_uplinks_except`].)
 
 use std::{fs, path::Path};
 
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
+use aya::maps::{Array, HashMap, Map, MapData, MapInfo};
 use aya::programs::TcAttachType;
 use cni_api::Attachment;
 use cni_ebpf_common::{
@@ -18,8 +19,6 @@ use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
     links::{attach_pinned, pin_error, remove_pin},
 };
-
-use crate::nat::NatMaps;
 
 /// The two uplink programs: where they attach; their pins are named after them.
 const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
@@ -287,46 +286,6 @@ impl Datapath {
             !is_uplink_program(&attachment.program) || keep.contains(&attachment.interface.as_str())
         });
         Ok(())
-    }
-
-    /// Hands the NAT maps to their owner ([`crate::nat::Nat`]).
-    pub fn take_nat_maps(&mut self) -> Result<NatMaps, DatapathError> {
-        let mut take = |name: &'static str| {
-            self.ebpf
-                .take_map(name)
-                .ok_or(DatapathError::MissingMap(name))
-        };
-        let flows_out = take(map_names::NAT_OUT)?;
-        let flows_in = take(map_names::NAT_IN)?;
-        let from_outside = take(map_names::NAT_INBOUND)?;
-        let hostport = take(map_names::HOSTPORT_FLOWS)?;
-        let config = take(map_names::NAT_CONFIG)?;
-        let uplinks = take(map_names::UPLINKS)?;
-        let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
-        let name = program_names::NAT_SWEEP;
-        let program_error = |source| DatapathError::Program {
-            program: name,
-            source,
-        };
-        let sweeper = classifier(&mut self.ebpf, name)?
-            .fd()
-            .map_err(program_error)?
-            .try_clone()
-            .map_err(|error| program_error(error.into()))?;
-        // A second handle on the pinned endpoints map (the node's `Endpoints` owns the
-        // object's), for the sweeps to read.
-        let endpoints = MapData::from_pin(self.bpf_dir.join(map_names::ENDPOINTS))?;
-        Ok(NatMaps {
-            endpoints: HashMap::try_from(Map::HashMap(endpoints))?,
-            flows_out: HashMap::try_from(flows_out)?,
-            flows_in: HashMap::try_from(flows_in)?,
-            from_outside: HashMap::try_from(from_outside)?,
-            hostport: HashMap::try_from(hostport)?,
-            config: Array::try_from(config)?,
-            uplinks: Array::try_from(uplinks)?,
-            cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
-            sweeper,
-        })
     }
 }
 

@@ -3,13 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use aya::maps::{LpmTrie, MapData};
 use ipnet::Ipv4Net;
 
 use cni_api::Endpoint;
-
-/// The LPM trie as user space sees it: (prefix length, address in network order) -> 1.
-pub type ClusterCidrs = LpmTrie<MapData, [u8; 4], u8>;
 
 /// The ranges every endpoint in `endpoints` keeps untranslated, host bits cleared.
 pub fn union<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> BTreeSet<Ipv4Net> {

@@ -26,7 +26,7 @@ use cni_ebpf_common::{MAX_UPLINKS, NatConfig, Uplinks};
 
 pub use self::{
     args::{NatArgs, PortRange, Timeouts},
-    tables::{Flows, Nat, NatMaps, Sweep},
+    tables::{Flows, Nat, Sweep},
 };
 use cni_api::Endpoint;
 

@@ -8,51 +8,21 @@ use aya::{
     programs::ProgramFd,
 };
 use cni_api::Endpoint;
-use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, Uplinks,
-    sweep,
-};
+use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey, SweepItem, Uplinks, sweep};
 
 use super::{
     NatError, NatSettings, Uplink,
     args::{MAX_NAT_FLOWS, Timeouts},
-    batch,
-    cidrs::{self, ClusterCidrs},
-    expiry, uplink,
+    batch, cidrs, expiry, uplink,
 };
 
-use crate::datapath::Datapath;
-
-/// `NAT_OUT`: the pod side of each flow.
-pub type FlowsOut = HashMap<MapData, NatKey, NatEntry>;
-/// `NAT_IN`: the node side of each flow.
-pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
-/// `NAT_INBOUND`: flows a host outside opened to a pod's own address (untranslated),
-/// keyed from the pod's side as `NAT_OUT` is.
-pub type FromOutside = HashMap<MapData, NatKey, NatEntry>;
-/// `HOSTPORT_FLOWS`: connections through hostPort mappings, keyed from the pod's side.
-pub type HostPortFlows = HashMap<MapData, NatKey, NatEntry>;
+use crate::datapath::{
+    Datapath,
+    nat_maps::{ClusterCidrs, Endpoints, FlowsIn, FlowsOut, FromOutside, HostPortFlows, NatMaps},
+};
 
 /// Most entries one sweep reads from a table: as many as the largest tables hold.
 const MAX_SCAN: usize = MAX_NAT_FLOWS as usize;
-
-/// The NAT maps, taken from the loaded object (see `Datapath::take_nat_maps`).
-pub struct NatMaps {
-    pub flows_out: FlowsOut,
-    pub flows_in: FlowsIn,
-    pub from_outside: FromOutside,
-    pub hostport: HostPortFlows,
-    pub config: Array<MapData, NatConfig>,
-    pub uplinks: Array<MapData, Uplinks>,
-    pub cluster_cidrs: ClusterCidrs,
-    /// The `nat_sweep` program, which removes what a sweep decided.
-    pub sweeper: ProgramFd,
-    /// The pinned `ENDPOINTS` map, read by the sweeps: flows of pods no longer there go.
-    pub endpoints: Endpoints,
-}
-
-/// `ENDPOINTS`, the node's pods by address (another handle on the map the node keeps).
-pub type Endpoints = HashMap<MapData, EndpointKey, EndpointInfo>;
 
 /// What one sweep removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
