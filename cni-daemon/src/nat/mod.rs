@@ -8,8 +8,7 @@
 //! - keeps `CLUSTER_CIDRS` equal to the union of the endpoints' cluster ranges
 //!   ([`cidrs`]);
 //! - sweeps flows idle longer than their timeout ([`tables`], by the rule the datapath
-//!   applies too: `cni_ebpf_common::Timeouts`), and says how long each has left ([`expiry`]);
-//! - shows flows and counters ([`view`]).
+//!   applies too: `cni_ebpf_common::Timeouts`), and says how long each has left ([`expiry`]).
 
 pub mod args;
 mod batch;
@@ -18,7 +17,6 @@ pub mod expiry;
 pub mod sysctl;
 pub mod tables;
 pub mod uplink;
-pub mod view;
 
 use std::{io, net::Ipv4Addr};
 
