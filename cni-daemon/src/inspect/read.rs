@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::InspectError;
 use crate::{
     bpffs,
-    nat::{Timeouts, tables as flows},
+    nat::{Timeouts, flows},
 };
 
 /// The map pinned as `name` under `bpf_dir`.
