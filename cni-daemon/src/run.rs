@@ -99,8 +99,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         sweeper.abort();
     }
     address_watch.abort();
-    // The counter programs detach when the datapath drops; pod and uplink programs stay
-    // attached through their pinned links, and maps stay pinned, for the next start.
+    // The counter programs detach when the datapath drops; the pods' TC block and the
+    // uplink and socket programs stay in the kernel, and maps stay pinned, for the next
+    // start.
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome

@@ -1,7 +1,12 @@
-//! Loading the eBPF object and attaching its programs (synchronous core). Pod
-//! programs and their pinned links are in [`pod`], the uplink's (source NAT) in
-//! [`uplink`] (TCX links, or without them filters of [`clsact`]), the socket programs
-//! (hostPorts for the node's processes) in [`sock`].
+//! The datapath, the daemon's lowest layer (synchronous): loading the eBPF object (after
+//! making pins of an earlier release fit it, [`upgrade`]), attaching its programs, and
+//! handing its maps to the modules that keep them. `from_pod` runs in the pods' shared
+//! TC block ([`tc_block`]), to which each pod's veth is bound ([`pod`]); the uplink
+//! programs (source NAT) attach through pinned TCX links, or without them as filters of
+//! [`clsact`] ([`uplink`]); the socket programs (hostPorts for the node's processes) to
+//! a cgroup ([`sock`]). [`services`] writes the Service ranges, [`nat_maps`] hands out
+//! source NAT's maps; netlink requests go through one connection ([`netlink`]). Nothing
+//! here uses the node's model above it (endpoints, NAT, hostPorts).
 
 mod clsact;
 mod links;

@@ -42,7 +42,7 @@ impl Flows {
     }
 }
 
-/// Every entry of `map`, each key once, at most [`MAX_SCAN`], read in batches (a few
+/// Every entry of `map`, each key once, at most `MAX_SCAN`, read in batches (a few
 /// syscalls a table, where aya's iterator takes two an entry).
 pub fn snapshot<K, V>(map: &HashMap<MapData, K, V>) -> Result<StdHashMap<K, V>, MapError>
 where

@@ -18,7 +18,7 @@ pub struct NatSettings {
     /// The devices translated traffic leaves by, as `--uplink` lists them: never empty.
     pub uplinks: Vec<Uplink>,
     /// The uplink is the default route's device (no `--uplink`): it follows the default
-    /// route when that moves to another device (see [`Nat::follow_uplink`]).
+    /// route when that moves to another device (see [`Nat::follow_uplink`](super::Nat::follow_uplink)).
     pub by_default_route: bool,
     pub ports: PortRange,
     pub timeouts: Timeouts,
@@ -30,7 +30,7 @@ pub struct Uplink {
     pub name: String,
     pub ifindex: u32,
     /// Its first IPv4 address: the source of packets translated as they leave by it.
-    /// `None` while it has none, at start or later (see [`Nat::follow_uplink`]).
+    /// `None` while it has none, at start or later (see [`Nat::follow_uplink`](super::Nat::follow_uplink)).
     pub node_addr: Option<Ipv4Addr>,
 }
 
@@ -100,7 +100,7 @@ impl NatArgs {
     /// No uplink at all is not an error: NAT is off (`None`), said at warn. An uplink
     /// without an IPv4 address (yet: a node whose DHCP lease comes after the daemon)
     /// is not one either: NAT starts without its address, dropping what it would
-    /// translate there, and takes the address when it comes ([`Nat::follow_uplink`]).
+    /// translate there, and takes the address when it comes ([`Nat::follow_uplink`](super::Nat::follow_uplink)).
     /// Failing instead left a DaemonSet restarting with back-off, and no pod could be
     /// created meanwhile. A named device that does not exist, a name given twice, an
     /// empty one or more than [`MAX_UPLINKS`] are errors: the flag is wrong.

@@ -53,8 +53,8 @@ impl Flows {
     /// established TCP flow: a new pod given the same address (host-local hands
     /// addresses out again) must not receive the replies of the old pod's connections.
     ///
-    /// Every table is read in batches ([`batch`](super::batch): a few syscalls for a
-    /// whole table) and the decisions taken on that snapshot ([`decide`], pure
+    /// Every table is read in batches (`batch`: a few syscalls for a
+    /// whole table) and the decisions taken on that snapshot (`decide`, pure
     /// functions). The removals are done in the kernel by the `nat_sweep` program, 64 a
     /// syscall (`cni-ebpf/src/features/sweep.rs`), which re-reads each entry just before
     /// deleting it and keeps it if it saw a packet since: the datapath rewrites expired
