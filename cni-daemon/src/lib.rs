@@ -2,13 +2,23 @@
 //! folder, attaches programs, keeps the pods' endpoint records and serves the plugin over
 //! a root-only unix socket.
 //!
-//! A synchronous core (maps, attachments, records: [`datapath`], [`endpoints`], [`nat`],
-//! [`bpffs`], [`inspect`]) sits behind an async front ([`server`], [`run`], [`address_watch`]). The protocol
-//! it serves is the `cni-api` crate, which the plugin links instead of this one.
+//! Its modules are in layers, each using only those below it:
+//! - the front, async where it waits on I/O: [`run`] (signals, lifecycle, the NAT
+//!   sweeper), [`server`] (the unix socket; requests are answered on blocking threads),
+//!   [`address_watch`], [`link_stats`] and [`big_tcp`] (netlink reads for the answers),
+//!   and [`inspect`] (the CLI's views of the pinned maps);
+//! - the node's model, synchronous: [`node`] (what follows keeps in step per request),
+//!   [`endpoints`], [`nat`], [`hostports`], [`node_addrs`];
+//! - the datapath: [`datapath`] (load, attach, the maps handed out), [`bpffs`];
+//! - helpers for every layer: [`clock`], [`files`], `maps`, `ranges`.
+//!
+//! The protocol it serves is the `cni-api` crate, which the plugin links instead of this
+//! one.
 
 pub mod address_watch;
 pub mod big_tcp;
 pub mod bpffs;
+pub mod clock;
 pub mod datapath;
 pub mod endpoints;
 pub mod files;
@@ -19,5 +29,6 @@ mod maps;
 pub mod nat;
 pub mod node;
 pub mod node_addrs;
+mod ranges;
 pub mod run;
 pub mod server;

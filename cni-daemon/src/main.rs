@@ -12,10 +12,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use cni_api::{self as api, Request, Response};
 
 use cni_daemon::{
-    bpffs,
+    bpffs, clock,
     datapath::{self, sock, tc_block},
-    files, inspect,
-    nat::{self, NatArgs},
+    files,
+    inspect::{join, nat as nat_view, read, render},
+    nat::NatArgs,
     node,
     run::{self, RunConfig},
 };
@@ -166,14 +167,14 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
             let bpf_dir = Path::new(&status.bpf_dir);
-            let view = inspect::StatusView {
-                drops: inspect::drops(bpf_dir)?,
-                nat_counters: nat::view::nat_counters(bpf_dir)?,
+            let view = join::StatusView {
+                drops: read::drops(bpf_dir)?,
+                nat_counters: read::nat_counters(bpf_dir)?,
                 status,
             };
             match cli.output {
                 Output::Json => print_json(&view),
-                Output::Table => print(&inspect::status_table(&view)),
+                Output::Table => print(&render::status_table(&view)),
             }
         }
         Command::Endpoints => {
@@ -185,19 +186,19 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                     } => (endpoints, stack_sent),
                     other => bail!("unexpected answer from the daemon: {other:?}"),
                 };
-            let counters = inspect::endpoint_counters(&cli.bpf_dir)?;
-            let views = inspect::endpoint_views(endpoints, &counters, &stack_sent);
+            let counters = read::endpoint_counters(&cli.bpf_dir)?;
+            let views = join::endpoint_views(endpoints, &counters, &stack_sent);
             match cli.output {
                 Output::Json => print_json(&views),
-                Output::Table => print(&inspect::endpoints_table(&views)),
+                Output::Table => print(&render::endpoints_table(&views)),
             }
         }
         Command::Nat => {
-            let now = nat::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
-            let view = nat::view::nat_view(&cli.bpf_dir, now)?;
+            let now = clock::monotonic_now_ns().context("cannot read CLOCK_MONOTONIC")?;
+            let view = nat_view::nat_view(read::nat_tables(&cli.bpf_dir)?, now);
             match cli.output {
                 Output::Json => print_json(&view),
-                Output::Table => print(&nat::view::nat_table(&view)),
+                Output::Table => print(&render::nat_table(&view)),
             }
         }
         Command::Ports => {
@@ -205,18 +206,18 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Endpoints { endpoints, .. } => endpoints,
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
-            let connections = inspect::hostport_connections(&cli.bpf_dir)?;
-            let rows = inspect::port_rows(&endpoints, &connections);
+            let connections = join::live_connections(read::hostport_connections(&cli.bpf_dir)?);
+            let rows = join::port_rows(&endpoints, &connections);
             match cli.output {
                 Output::Json => print_json(&rows),
-                Output::Table => print(&inspect::ports_table(&rows)),
+                Output::Table => print(&render::ports_table(&rows)),
             }
         }
         Command::Counters => {
-            let rows = inspect::source_counters(&cli.bpf_dir)?;
+            let rows = read::source_counters(&cli.bpf_dir)?;
             match cli.output {
                 Output::Json => print_json(&rows),
-                Output::Table => print(&inspect::counters_table(&rows)),
+                Output::Table => print(&render::counters_table(&rows)),
             }
         }
         Command::Uninstall => {

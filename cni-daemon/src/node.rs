@@ -1,7 +1,8 @@
-//! The node's state as requests see it: the datapath, the endpoint records and source
-//! NAT, kept in step (a record exists exactly when its pod programs are attached and its
-//! addresses are in the endpoints map; `CLUSTER_CIDRS` is the union of the records'
-//! cluster ranges).
+//! The node's state as requests see it: the datapath, the endpoint records, source NAT,
+//! hostPorts and the node's addresses, kept in step: every record's veth is bound to the
+//! pods' TC block (a veth is bound before its record exists while the plugin runs IPAM,
+//! see [`Node::prepare`]), its addresses are in the endpoints map and its port mappings
+//! in the hostPort maps; `CLUSTER_CIDRS` is the union of the records' cluster ranges.
 
 use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, sync::Arc};
 
@@ -65,19 +66,20 @@ pub struct Node {
     /// Told after every detach, so that the NAT sweeper forgets the pod's flows at once
     /// (see [`Self::on_detach`]).
     detached: Option<Arc<Notify>>,
-    /// Host veths whose pod program [`Self::prepare`] attached and no endpoint uses yet.
-    /// A plugin that dies in between leaves its name here and its pin in bpffs until
-    /// the next start, whose reconciliation removes pins without a record.
+    /// Host veths [`Self::prepare`] bound to the pods' block that no endpoint uses yet.
+    /// A plugin that dies in between leaves the name here until the daemon stops, and
+    /// the veth bound until it is deleted (a binding goes with its device).
     prepared: BTreeSet<String>,
 }
 
 impl Node {
-    /// Reconciles after a (re)start: records whose veth is gone are dropped with their
-    /// pins, every remaining pod gets this daemon's programs (swapped into its pinned
-    /// links), and pins without a record are removed. Then NAT starts as `nat` says
-    /// (`None`: off), see [`nat::start`]. hostPorts: the mappings of the records, the
-    /// node's addresses, and the socket programs on `cgroup` (`None`: the node's own
-    /// processes do not reach hostPorts).
+    /// Reconciles after a (re)start: this daemon's `from_pod` goes into the pods' TC
+    /// block (replacing the previous daemon's in place), records whose veth is gone are
+    /// dropped with their counters, every remaining pod's veth is bound to the block, and
+    /// the per-veth links an earlier daemon pinned go, with a record or without. Then
+    /// NAT starts as `nat` says (`None`: off), see [`nat::start`]. hostPorts: the
+    /// mappings of the records, the node's addresses, and the socket programs on
+    /// `cgroup` (`None`: the node's own processes do not reach hostPorts).
     pub fn open(
         mut datapath: Datapath,
         state_dir: &Path,
@@ -215,8 +217,9 @@ impl Node {
         Ok(true)
     }
 
-    /// Attaches the pod program (unless [`Self::prepare`] did), records the endpoint
-    /// and adds its cluster ranges; a failure undoes all three.
+    /// Binds the pod's veth to the pods' block (unless [`Self::prepare`] did), records
+    /// the endpoint, adds its cluster ranges and its hostPort mappings; a failure undoes
+    /// them.
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
         // hostPorts are checked before anything changes: a conflict leaves no trace.
         if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {

@@ -13,10 +13,10 @@ use tokio::{
 };
 
 use crate::{
-    address_watch, bpffs,
+    address_watch, bpffs, clock,
     datapath::Datapath,
     datapath::sock::cgroup2_mount,
-    nat::{self, Flows, NatArgs, Timeouts},
+    nat::{Flows, NatArgs, Timeouts},
     node::Node,
     server,
 };
@@ -99,8 +99,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         sweeper.abort();
     }
     address_watch.abort();
-    // The counter programs detach when the datapath drops; pod and uplink programs stay
-    // attached through their pinned links, and maps stay pinned, for the next start.
+    // The counter programs detach when the datapath drops; the pods' TC block and the
+    // uplink and socket programs stay in the kernel, and maps stay pinned, for the next
+    // start.
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome
@@ -141,7 +142,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             return;
         };
         let swept = tokio::task::spawn_blocking(move || {
-            let outcome = nat::monotonic_now_ns()
+            let outcome = clock::monotonic_now_ns()
                 .context("cannot read CLOCK_MONOTONIC")
                 .and_then(|now| owned.sweep(now, &timeouts).context("NAT sweep failed"));
             (owned, outcome)

@@ -1,15 +1,22 @@
-//! Loading the eBPF object and attaching its programs (synchronous core). Pod
-//! programs and their pinned links are in [`pod`], the uplink's (source NAT) in
-//! [`uplink`] (TCX links, or without them filters of [`clsact`]), the socket programs
-//! (hostPorts for the node's processes) in [`sock`].
+//! The datapath, the daemon's lowest layer (synchronous): loading the eBPF object (after
+//! making pins of an earlier release fit it, [`upgrade`]), attaching its programs, and
+//! handing its maps to the modules that keep them. `from_pod` runs in the pods' shared
+//! TC block ([`tc_block`]), to which each pod's veth is bound ([`pod`]); the uplink
+//! programs (source NAT) attach through pinned TCX links, or without them as filters of
+//! [`clsact`] ([`uplink`]); the socket programs (hostPorts for the node's processes) to
+//! a cgroup ([`sock`]). [`services`] writes the Service ranges, [`nat_maps`] hands out
+//! source NAT's maps; netlink requests go through one connection ([`netlink`]). Nothing
+//! here uses the node's model above it (endpoints, NAT, hostPorts).
 
 mod clsact;
 mod links;
+pub mod nat_maps;
 mod netlink;
 mod pod;
 mod services;
 pub mod sock;
 pub mod tc_block;
+mod upgrade;
 mod uplink;
 
 pub use uplink::remove_uplink_filters;
@@ -105,25 +112,12 @@ pub struct Datapath {
 
 impl Datapath {
     /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, with
-    /// NAT tables (and `HOSTPORT_FLOWS`) of `nat_max_flows` entries each (see
-    /// [`uplink::resize_nat_tables`] and [`uplink::take_resized`]), to attach through TCX
-    /// links when `tcx` (else clsact filters), and starts forwarding aya-log records into
-    /// `tracing` (must run inside tokio).
+    /// NAT tables (and `HOSTPORT_FLOWS`) of `nat_max_flows` entries each (pins of another
+    /// size or of an earlier release are made fit first, see [`upgrade`]), to attach
+    /// through TCX links when `tcx` (else clsact filters), and starts forwarding aya-log
+    /// records into `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32, tcx: bool) -> Result<Self, DatapathError> {
-        uplink::resize_nat_tables(bpf_dir, nat_max_flows)?;
-        uplink::replace_resized_config(bpf_dir)?;
-        let carried = [
-            (
-                map_names::NAT_INBOUND,
-                uplink::earlier_note as fn(&_, _) -> _,
-            ),
-            (map_names::HOSTPORT_FLOWS, uplink::earlier_hostport_flow),
-        ]
-        .into_iter()
-        .map(|(name, earlier)| {
-            uplink::take_resized(bpf_dir, name, nat_max_flows, earlier).map(|flows| (name, flows))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+        let carried = upgrade::before_load(bpf_dir, nat_max_flows)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_dir)
             .map_max_entries(map_names::NAT_OUT, nat_max_flows)
@@ -131,9 +125,7 @@ impl Datapath {
             .map_max_entries(map_names::NAT_INBOUND, nat_max_flows)
             .map_max_entries(map_names::HOSTPORT_FLOWS, nat_max_flows)
             .load(OBJECT)?;
-        for (name, flows) in &carried {
-            uplink::write_carried(&mut ebpf, name, flows)?;
-        }
+        carried.write(&mut ebpf)?;
         spawn_log_forwarder(&mut ebpf);
         for name in [
             program_names::COUNT_BY_SOURCE,

@@ -9,7 +9,7 @@ use cni_ebpf_common::{MAX_SERVICE_CIDRS, map_names};
 use ipnet::Ipv4Net;
 
 use super::{Datapath, DatapathError};
-use crate::nat::cidrs;
+use crate::ranges;
 
 impl Datapath {
     /// Makes the Service ranges exactly `ranges` (host bits cleared): the trie first,
@@ -28,7 +28,7 @@ impl Datapath {
             .map_mut(name)
             .ok_or(DatapathError::MissingMap(name))?;
         let mut trie: LpmTrie<_, [u8; 4], u8> = LpmTrie::try_from(map)?;
-        let changed = cidrs::sync(&mut trie, &desired)?;
+        let changed = ranges::sync(&mut trie, &desired)?;
         let name = map_names::SERVICE_RANGES;
         let map = self
             .ebpf

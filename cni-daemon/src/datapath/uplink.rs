@@ -1,169 +1,27 @@
-//! The uplink programs (source NAT), attached like the pod programs through links pinned
-//! under `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one
-//! pair per uplink, so translation goes on while the daemon is stopped (without TCX,
-//! as clsact filters at a fixed preference instead, see [`clsact`]); and the NAT maps
-//! they share with the daemon. (A daemon of one uplink pinned them without the device:
-//! such pins go at the next start, see [`Datapath::detach_uplinks_except`].)
+//! The uplink programs (source NAT), attached through TCX links pinned under
+//! `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one pair per
+//! uplink, so translation goes on while the daemon is stopped (without TCX, as clsact
+//! filters at a fixed preference instead, see [`clsact`]). (A daemon of one uplink
+//! pinned its links without the device: such pins go at the next start, see
+//! [`Datapath::detach_uplinks_except`].)
 
 use std::{fs, path::Path};
 
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapInfo};
+use aya::maps::{Array, Map, MapData, MapInfo};
 use aya::programs::TcAttachType;
 use cni_api::Attachment;
-use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, Uplinks, ip_proto, map_names, program_names, tcp_state, udp_state,
-};
+use cni_ebpf_common::{NatConfig, Uplinks, map_names, program_names};
 
 use super::{
     Datapath, DatapathError, classifier, clsact, ensure_clsact,
     links::{attach_pinned, pin_error, remove_pin},
 };
 
-use crate::nat::NatMaps;
-
 /// The two uplink programs: where they attach; their pins are named after them.
 const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
     (program_names::UPLINK_EGRESS, TcAttachType::Egress),
     (program_names::UPLINK_INGRESS, TcAttachType::Ingress),
 ];
-
-/// Makes room for NAT tables of `max_flows` entries: pinned tables of another size
-/// (an earlier `--nat-max-flows`) are unpinned, both of them, so that the load creates
-/// them anew. A pinned map is otherwise reused whatever the object asks (aya opens the
-/// pin as it is), and its size cannot change. The flows they held are lost: said at
-/// warn. The programs still attached keep the old tables until the new ones replace
-/// them, a moment later in the same start.
-pub(super) fn resize_nat_tables(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError> {
-    let pins = [map_names::NAT_OUT, map_names::NAT_IN].map(|name| bpf_dir.join(name));
-    let mut sizes = Vec::new();
-    for pin in pins.iter().filter(|pin| pin.exists()) {
-        sizes.push(MapInfo::from_pin(pin)?.max_entries());
-    }
-    if sizes.iter().all(|&size| size == max_flows) {
-        return Ok(());
-    }
-    tracing::warn!(
-        ?sizes,
-        max_flows,
-        "the NAT tables change size: they are created anew, and the flows they held \
-         lose their translation"
-    );
-    for pin in pins.iter().filter(|pin| pin.exists()) {
-        fs::remove_file(pin).map_err(|source| pin_error(pin, source))?;
-    }
-    Ok(())
-}
-
-/// Makes room for a `NAT_CONFIG` of this datapath's value size: a pin an earlier release
-/// left with another (its `NatConfig` was shorter: `udp_stream_secs` came later) is
-/// unpinned, so that the load creates the map anew, as aya would otherwise reuse it and
-/// the programs would not load against it. Nothing is lost: the daemon writes the map
-/// whole at every start. The programs still attached keep the old map until the new
-/// ones replace them, a moment later in the same start.
-pub(super) fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError> {
-    let pin = bpf_dir.join(map_names::NAT_CONFIG);
-    if !pin.exists() {
-        return Ok(());
-    }
-    let size = MapInfo::from_pin(&pin)?.value_size();
-    if usize::try_from(size).is_ok_and(|size| size == size_of::<NatConfig>()) {
-        return Ok(());
-    }
-    tracing::info!(
-        size,
-        "NAT_CONFIG pinned by an earlier release is created anew at this release's size"
-    );
-    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
-}
-
-/// Makes room for a table `name` of this release, `NAT_INBOUND` or `HOSTPORT_FLOWS` (a
-/// [`NatEntry`] per flow, as many as the NAT tables hold): a pin of another value size
-/// (an earlier release kept 8 bytes a flow, in a table of 65,536) or of another size
-/// (`--nat-max-flows` changed) is read and unpinned, and its flows handed back for
-/// [`write_carried`] into the map the load creates. Dropped, they would have broken
-/// live connections at the upgrade: pods' answers to hosts that reached their own
-/// address translated, replies on hostPort connections leaving from the pod's port.
-/// An earlier release's flows carry no state: they come over as answered flows
-/// (established TCP, a stream otherwise), what that release assumed of them, made by
-/// `earlier` from the key and the 8 bytes.
-pub(super) fn take_resized(
-    bpf_dir: &Path,
-    name: &'static str,
-    max_flows: u32,
-    earlier: fn(&NatKey, [u8; 8]) -> NatEntry,
-) -> Result<Vec<(NatKey, NatEntry)>, DatapathError> {
-    let pin = bpf_dir.join(name);
-    if !pin.exists() {
-        return Ok(Vec::new());
-    }
-    let info = MapInfo::from_pin(&pin)?;
-    let value_size = usize::try_from(info.value_size()).unwrap_or(usize::MAX);
-    if value_size == size_of::<NatEntry>() && info.max_entries() == max_flows {
-        return Ok(Vec::new());
-    }
-    let map = Map::LruHashMap(MapData::from_pin(&pin)?);
-    let flows: Vec<(NatKey, NatEntry)> = if value_size == 8 {
-        let old: HashMap<_, NatKey, [u8; 8]> = HashMap::try_from(map)?;
-        old.iter()
-            .filter_map(Result::ok)
-            .map(|(key, value)| (key, earlier(&key, value)))
-            .collect()
-    } else {
-        let old: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
-        old.iter().filter_map(Result::ok).collect()
-    };
-    tracing::info!(
-        table = name,
-        flows = flows.len(),
-        max_flows,
-        "created anew at this release's size; its flows are carried over"
-    );
-    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
-    Ok(flows)
-}
-
-/// The state an earlier release's flow of `key` comes over with: answered.
-fn answered(key: &NatKey) -> u8 {
-    if key.proto == ip_proto::TCP {
-        tcp_state::ESTABLISHED
-    } else {
-        udp_state::REPLIED
-    }
-}
-
-/// A note of `NAT_INBOUND` from an earlier release's bare timestamp (`u64`).
-pub(super) fn earlier_note(key: &NatKey, value: [u8; 8]) -> NatEntry {
-    NatEntry::from_outside(key, answered(key), u64::from_ne_bytes(value))
-}
-
-/// A connection of `HOSTPORT_FLOWS` from an earlier release's host address and port (a
-/// `HostPortFlow`), which had no timestamp: stamped now.
-pub(super) fn earlier_hostport_flow(key: &NatKey, value: [u8; 8]) -> NatEntry {
-    let now = crate::nat::monotonic_now_ns().unwrap_or_default();
-    NatEntry {
-        node_addr: [value[0], value[1], value[2], value[3]],
-        node_port: u16::from_ne_bytes([value[4], value[5]]),
-        ..NatEntry::from_outside(key, answered(key), now)
-    }
-}
-
-/// Writes `flows` (see [`take_resized`]) into the loaded table `name`; more than it
-/// holds and the LRU keeps the last written.
-pub(super) fn write_carried(
-    ebpf: &mut aya::Ebpf,
-    name: &'static str,
-    flows: &[(NatKey, NatEntry)],
-) -> Result<(), DatapathError> {
-    if flows.is_empty() {
-        return Ok(());
-    }
-    let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
-    let mut table: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
-    for (key, flow) in flows {
-        table.insert(key, flow, 0)?;
-    }
-    Ok(())
-}
 
 /// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).
 pub(super) fn is_uplink_pin(name: &str) -> bool {
@@ -287,46 +145,6 @@ impl Datapath {
             !is_uplink_program(&attachment.program) || keep.contains(&attachment.interface.as_str())
         });
         Ok(())
-    }
-
-    /// Hands the NAT maps to their owner ([`crate::nat::Nat`]).
-    pub fn take_nat_maps(&mut self) -> Result<NatMaps, DatapathError> {
-        let mut take = |name: &'static str| {
-            self.ebpf
-                .take_map(name)
-                .ok_or(DatapathError::MissingMap(name))
-        };
-        let flows_out = take(map_names::NAT_OUT)?;
-        let flows_in = take(map_names::NAT_IN)?;
-        let from_outside = take(map_names::NAT_INBOUND)?;
-        let hostport = take(map_names::HOSTPORT_FLOWS)?;
-        let config = take(map_names::NAT_CONFIG)?;
-        let uplinks = take(map_names::UPLINKS)?;
-        let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
-        let name = program_names::NAT_SWEEP;
-        let program_error = |source| DatapathError::Program {
-            program: name,
-            source,
-        };
-        let sweeper = classifier(&mut self.ebpf, name)?
-            .fd()
-            .map_err(program_error)?
-            .try_clone()
-            .map_err(|error| program_error(error.into()))?;
-        // A second handle on the pinned endpoints map (the node's `Endpoints` owns the
-        // object's), for the sweeps to read.
-        let endpoints = MapData::from_pin(self.bpf_dir.join(map_names::ENDPOINTS))?;
-        Ok(NatMaps {
-            endpoints: HashMap::try_from(Map::HashMap(endpoints))?,
-            flows_out: HashMap::try_from(flows_out)?,
-            flows_in: HashMap::try_from(flows_in)?,
-            from_outside: HashMap::try_from(from_outside)?,
-            hostport: HashMap::try_from(hostport)?,
-            config: Array::try_from(config)?,
-            uplinks: Array::try_from(uplinks)?,
-            cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
-            sweeper,
-        })
     }
 }
 

@@ -1,37 +1,40 @@
 //! Source NAT of pod traffic leaving the node, user-space side. The datapath
 //! (`uplink_egress`, `uplink_ingress`) translates; the daemon
-//! - finds the uplinks and their addresses ([`uplink`]) and writes them into `UPLINKS`,
-//!   the port range and the timeouts into `NAT_CONFIG` ([`tables`]), and keeps them in
-//!   step with the devices ([`Nat::follow_uplink`]);
-//! - attaches the uplink programs through pinned links (`Datapath::attach_uplink`);
-//! - turns on IPv4 forwarding in its network namespace ([`sysctl`]);
+//! - reads its flags ([`args`]) and resolves them into the uplinks and their addresses
+//!   ([`settings`], [`uplink`]);
+//! - at start ([`start`]) turns on IPv4 forwarding in its network namespace
+//!   ([`sysctl`]), attaches the uplink programs (`Datapath::attach_uplink`) and writes
+//!   the uplinks into `UPLINKS`, the port range and the timeouts into `NAT_CONFIG`
+//!   ([`control`]);
+//! - keeps them in step with the devices and the default route ([`follow`]);
 //! - keeps `CLUSTER_CIDRS` equal to the union of the endpoints' cluster ranges
 //!   ([`cidrs`]);
-//! - sweeps flows idle longer than their timeout ([`tables`], by the rule the datapath
-//!   applies too: `cni_ebpf_common::Timeouts`), and says how long each has left ([`expiry`]);
-//! - shows flows and counters ([`view`]).
+//! - sweeps flows idle longer than their timeout, and those of pods gone ([`sweep`],
+//!   on the tables of [`flows`], by the rule the datapath applies too:
+//!   `cni_ebpf_common::Timeouts`), and says how long each has left ([`expiry`]).
 
 pub mod args;
 mod batch;
 pub mod cidrs;
+pub mod control;
 pub mod expiry;
+pub mod flows;
+pub mod follow;
+pub mod settings;
+pub mod sweep;
 pub mod sysctl;
-pub mod tables;
 pub mod uplink;
-pub mod view;
 
-use std::{io, net::Ipv4Addr};
-
-use cni_ebpf_common::{MAX_UPLINKS, NatConfig, Uplinks};
-use nix::time::{ClockId, clock_gettime};
+use std::io;
 
 pub use self::{
     args::{NatArgs, PortRange, Timeouts},
-    tables::{Flows, Nat, NatMaps, Sweep},
+    control::{Nat, start},
+    flows::Flows,
+    settings::{NatSettings, Uplink},
+    sweep::Sweep,
 };
-use cni_api::Endpoint;
-
-use crate::datapath::{Datapath, DatapathError};
+use crate::datapath::DatapathError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NatError {
@@ -58,308 +61,4 @@ pub enum NatError {
     Map(#[from] aya::maps::MapError),
     #[error(transparent)]
     Datapath(#[from] DatapathError),
-}
-
-/// NAT as this daemon runs it, resolved from [`NatArgs`] and the namespace's routes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NatSettings {
-    /// The devices translated traffic leaves by, as `--uplink` lists them: never empty.
-    pub uplinks: Vec<Uplink>,
-    /// The uplink is the default route's device (no `--uplink`): it follows the default
-    /// route when that moves to another device (see [`Nat::follow_uplink`]).
-    pub by_default_route: bool,
-    pub ports: PortRange,
-    pub timeouts: Timeouts,
-}
-
-/// A device source NAT translates on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Uplink {
-    pub name: String,
-    pub ifindex: u32,
-    /// Its first IPv4 address: the source of packets translated as they leave by it.
-    /// `None` while it has none, at start or later (see [`Nat::follow_uplink`]).
-    pub node_addr: Option<Ipv4Addr>,
-}
-
-impl Uplink {
-    /// The device `name` as it is now.
-    pub fn now(name: &str) -> Result<Self, NatError> {
-        let ifindex =
-            nix::net::if_::if_nametoindex(name).map_err(|_| NatError::NoUplink(name.to_owned()))?;
-        let node_addr = uplink::ipv4_address(name)?;
-        if node_addr.is_none() {
-            tracing::warn!(
-                uplink = name,
-                "the uplink has no IPv4 address yet: pods' traffic out of it is dropped \
-                 (counted as nat_no_address) until it has one"
-            );
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            ifindex,
-            node_addr,
-        })
-    }
-
-    fn addr_octets(&self) -> [u8; 4] {
-        self.node_addr
-            .map_or(NatConfig::NO_ADDRESS, |addr| addr.octets())
-    }
-}
-
-impl NatSettings {
-    /// The first uplink (the one `status` names).
-    pub fn first(&self) -> &Uplink {
-        &self.uplinks[0]
-    }
-
-    /// The `NAT_CONFIG` value the datapath reads: the first uplink's address there
-    /// says NAT is on.
-    pub fn config(&self) -> NatConfig {
-        let first = self.first();
-        NatConfig {
-            node_addr: first.addr_octets(),
-            port_min: self.ports.min,
-            port_max: self.ports.max,
-            tcp_established_secs: self.timeouts.tcp_established,
-            tcp_transitory_secs: self.timeouts.tcp_transitory,
-            udp_secs: self.timeouts.udp,
-            icmp_secs: self.timeouts.icmp,
-            uplink_ifindex: first.ifindex,
-            tcp_closed_secs: self.timeouts.tcp_closed,
-            udp_stream_secs: self.timeouts.udp_stream,
-        }
-    }
-
-    /// The `UPLINKS` value the datapath reads (at most [`MAX_UPLINKS`], which
-    /// [`NatArgs::resolve`] checked).
-    pub fn uplinks(&self) -> Uplinks {
-        let mut uplinks = Uplinks::default();
-        for uplink in &self.uplinks {
-            uplinks.push(uplink.ifindex, uplink.addr_octets());
-        }
-        uplinks
-    }
-}
-
-impl NatArgs {
-    /// The uplinks (`--uplink`, else the default route's device) and their addresses.
-    /// No uplink at all is not an error: NAT is off (`None`), said at warn. An uplink
-    /// without an IPv4 address (yet: a node whose DHCP lease comes after the daemon)
-    /// is not one either: NAT starts without its address, dropping what it would
-    /// translate there, and takes the address when it comes ([`Nat::follow_uplink`]).
-    /// Failing instead left a DaemonSet restarting with back-off, and no pod could be
-    /// created meanwhile. A named device that does not exist, a name given twice, an
-    /// empty one or more than [`MAX_UPLINKS`] are errors: the flag is wrong.
-    pub fn resolve(&self) -> Result<Option<NatSettings>, NatError> {
-        let names = if self.uplinks.is_empty() {
-            let Some(uplink) = uplink::default_route_device_now()? else {
-                tracing::warn!(
-                    "no --uplink and no default IPv4 route in this network namespace: \
-                     source NAT is disabled"
-                );
-                return Ok(None);
-            };
-            vec![uplink]
-        } else {
-            self.uplinks.clone()
-        };
-        if names.len() > MAX_UPLINKS {
-            return Err(NatError::Uplinks(format!(
-                "{} interfaces, at most {MAX_UPLINKS}",
-                names.len()
-            )));
-        }
-        let mut uplinks: Vec<Uplink> = Vec::with_capacity(names.len());
-        for name in &names {
-            if name.is_empty() {
-                return Err(NatError::Uplinks("an empty interface name".to_owned()));
-            }
-            if uplinks.iter().any(|uplink| uplink.name == *name) {
-                return Err(NatError::Uplinks(format!("{name} is named twice")));
-            }
-            uplinks.push(Uplink::now(name)?);
-        }
-        Ok(Some(NatSettings {
-            uplinks,
-            by_default_route: self.uplinks.is_empty(),
-            ports: self.nat_port_range,
-            timeouts: self.timeouts(),
-        }))
-    }
-}
-
-/// Brings NAT to what `settings` asks after a (re)start: cluster ranges from
-/// `endpoints`, forwarding, the uplink programs, `UPLINKS` and `NAT_CONFIG`, and the
-/// previous daemon's programs off the devices that are no longer uplinks. With NAT off,
-/// all of its uplink links and its flows go.
-///
-/// Order: the programs go on every uplink before `UPLINKS` names it (until then they
-/// translate nothing there, and `from_pod` sends nothing there), and come off the old
-/// ones last: no moment where pods' traffic is handed to a device without them.
-pub fn start<'a>(
-    datapath: &mut Datapath,
-    settings: Option<NatSettings>,
-    endpoints: impl IntoIterator<Item = &'a Endpoint>,
-) -> Result<Nat, NatError> {
-    let mut nat = Nat::open(datapath.take_nat_maps()?, settings)?;
-    nat.sync_cluster_cidrs(endpoints)?;
-    let previous = nat.previous_uplinks();
-    let Some(settings) = nat.settings().cloned() else {
-        nat.write_config()?;
-        datapath.detach_uplinks_except(&[], &previous)?;
-        return Ok(nat);
-    };
-    sysctl::warn_on_port_overlap(&settings.ports);
-    sysctl::enable_ip_forward("pods' traffic to the outside is routed to the uplink").map_err(
-        |source| NatError::Sysctl {
-            path: sysctl::IP_FORWARD,
-            source,
-        },
-    )?;
-    for uplink in &settings.uplinks {
-        datapath.attach_uplink(&uplink.name)?;
-    }
-    nat.write_config()?;
-    let names: Vec<&str> = settings.uplinks.iter().map(|u| u.name.as_str()).collect();
-    datapath.detach_uplinks_except(&names, &previous)?;
-    for uplink in &settings.uplinks {
-        tracing::info!(
-            uplink = %uplink.name,
-            node_addr = ?uplink.node_addr,
-            ports = %settings.ports,
-            "source NAT enabled"
-        );
-    }
-    Ok(nat)
-}
-
-/// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_coarse_ns` (which reads it
-/// as of the last tick) and so of
-/// `NatEntry::last_seen_ns`.
-pub fn monotonic_now_ns() -> Result<u64, nix::Error> {
-    let now = clock_gettime(ClockId::CLOCK_MONOTONIC)?;
-    // Both are non-negative for CLOCK_MONOTONIC.
-    let secs = u64::try_from(now.tv_sec()).unwrap_or_default();
-    let nanos = u64::try_from(now.tv_nsec()).unwrap_or_default();
-    Ok(secs * 1_000_000_000 + nanos)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn settings_become_the_datapath_config() {
-        let settings = NatSettings {
-            uplinks: vec![
-                Uplink {
-                    name: "eth0".to_owned(),
-                    ifindex: 4,
-                    node_addr: Some(Ipv4Addr::new(198, 18, 0, 1)),
-                },
-                Uplink {
-                    name: "eth1".to_owned(),
-                    ifindex: 9,
-                    node_addr: None,
-                },
-            ],
-            by_default_route: false,
-            ports: PortRange {
-                min: 61000,
-                max: 65535,
-            },
-            timeouts: Timeouts {
-                tcp_established: 3600,
-                tcp_transitory: 120,
-                tcp_closed: 10,
-                udp: 30,
-                udp_stream: 120,
-                icmp: 20,
-            },
-        };
-        assert_eq!(
-            settings.config(),
-            NatConfig {
-                node_addr: [198, 18, 0, 1],
-                port_min: 61000,
-                port_max: 65535,
-                tcp_established_secs: 3600,
-                tcp_transitory_secs: 120,
-                udp_secs: 30,
-                icmp_secs: 20,
-                uplink_ifindex: 4,
-                tcp_closed_secs: 10,
-                udp_stream_secs: 120,
-            }
-        );
-        let uplinks = settings.uplinks();
-        assert_eq!(
-            uplinks.iter().collect::<Vec<_>>(),
-            [(4, [198, 18, 0, 1]), (9, NatConfig::NO_ADDRESS)],
-            "every uplink, in order; one without an address has NO_ADDRESS"
-        );
-        assert_eq!(uplinks.find(9), Some(NatConfig::NO_ADDRESS));
-        assert_eq!(uplinks.find(5), None);
-    }
-
-    fn args(extra: &[&str]) -> NatArgs {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            nat: NatArgs,
-        }
-        let argv = std::iter::once("test").chain(extra.iter().copied());
-        <Cli as clap::Parser>::try_parse_from(argv)
-            .expect("valid flags")
-            .nat
-    }
-
-    #[test]
-    fn an_uplink_that_does_not_exist_is_an_error() {
-        let error = args(&["--uplink", "ecni-no-such-if"])
-            .resolve()
-            .expect_err("must fail");
-        assert!(matches!(error, NatError::NoUplink(name) if name == "ecni-no-such-if"));
-    }
-
-    #[test]
-    fn an_explicit_uplink_takes_its_first_ipv4_address() {
-        // Reads this namespace's loopback only: 127.0.0.1 once up, nothing while down.
-        match args(&["--uplink", "lo", "--nat-udp-timeout", "45"]).resolve() {
-            Ok(Some(settings)) => {
-                assert_eq!(settings.uplinks.len(), 1);
-                let uplink = settings.first();
-                assert_eq!(uplink.name, "lo");
-                assert!(uplink.node_addr.is_none_or(|addr| addr.is_loopback()));
-                assert!(uplink.ifindex > 0);
-                assert!(!settings.by_default_route);
-                assert_eq!(settings.timeouts.udp, 45);
-            }
-            other => panic!("unexpected outcome {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_wrong_uplink_list_is_an_error_that_says_why() {
-        let many: Vec<String> = (0..=MAX_UPLINKS).map(|_| "lo".to_owned()).collect();
-        for (list, says) in [
-            ("lo,lo", "lo is named twice"),
-            ("lo,", "an empty interface name"),
-            (many.join(",").as_str(), "17 interfaces, at most 16"),
-        ] {
-            match args(&["--uplink", list]).resolve() {
-                Err(NatError::Uplinks(message)) => assert_eq!(message, says, "{list}"),
-                other => panic!("{list}: unexpected outcome {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn monotonic_clock_moves_forward() {
-        let first = monotonic_now_ns().expect("clock");
-        let second = monotonic_now_ns().expect("clock");
-        assert!(first > 0 && second >= first);
-    }
 }

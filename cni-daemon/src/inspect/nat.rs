@@ -1,26 +1,22 @@
-//! `ebpf-cnid nat` and the NAT part of `status`: the translated flows and the NAT
-//! counters, read from the pinned maps (no daemon needed).
+//! `ebpf-cnid nat`: source NAT's configuration and every flow of its tables, each
+//! translated flow joined with its pair, with the state, idle time and time left the
+//! sweeper sees.
 
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddrV4},
-    path::Path,
 };
 
-use aya::maps::{Array, HashMap, IterableMap, Map, PerCpuArray};
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, Uplinks,
+    NatConfig, NatEntry, NatKey,
     flow::idle_ns,
     ip_proto::{ESP, GRE, ICMP, IPIP, SCTP, TCP, UDP},
-    map_names, tcp_state, udp_state,
+    tcp_state, udp_state,
 };
 use serde::Serialize;
 
-use super::{
-    args::{PortRange, Timeouts},
-    expiry, tables,
-};
-use crate::inspect::{InspectError, open_pinned};
+use super::read::NatTables;
+use crate::nat::{PortRange, Timeouts, expiry};
 
 /// The NAT configuration in force, the counters, and every entry of `NAT_OUT` (one per
 /// translated flow).
@@ -73,33 +69,21 @@ pub struct FlowView {
     pub expires_in_secs: u64,
 }
 
-/// NAT counters by name, summed over CPUs, every counter listed (zeros too).
-pub fn nat_counters(bpf_dir: &Path) -> Result<BTreeMap<&'static str, u64>, InspectError> {
-    let data = open_pinned(bpf_dir, map_names::NAT_STATS)?;
-    let map: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
-    let mut counters = BTreeMap::new();
-    for counter in NatCounter::ALL {
-        let per_cpu = map.get(&(counter as u32), 0)?;
-        counters.insert(counter.name(), per_cpu.iter().sum());
-    }
-    Ok(counters)
-}
-
-/// Everything `ebpf-cnid nat` shows, as of `now_ns` (CLOCK_MONOTONIC).
-pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
-    let config: Array<_, NatConfig> = Array::try_from(pinned(bpf_dir, map_names::NAT_CONFIG)?)?;
-    let config = config.get(&0, 0)?;
-    let flows_out: HashMap<_, NatKey, NatEntry> =
-        HashMap::try_from(pinned(bpf_dir, map_names::NAT_OUT)?)?;
-    let max_flows = flows_out.map().info()?.max_entries();
-    let flows_in: HashMap<_, NatReverseKey, NatEntry> =
-        HashMap::try_from(pinned(bpf_dir, map_names::NAT_IN)?)?;
+/// Everything `ebpf-cnid nat` shows, from `tables` as of `now_ns` (CLOCK_MONOTONIC).
+pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
+    let NatTables {
+        config,
+        uplinks,
+        max_flows,
+        counters,
+        flows_out,
+        flows_in,
+        from_outside: notes,
+    } = tables;
     let node_addr = config
         .has_address()
         .then(|| Ipv4Addr::from(config.node_addr));
-    let uplinks: Array<_, Uplinks> = Array::try_from(pinned(bpf_dir, map_names::UPLINKS)?)?;
     let uplinks = uplinks
-        .get(&0, 0)?
         .iter()
         .map(|(ifindex, addr)| UplinkView {
             ifindex,
@@ -110,10 +94,8 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         })
         .collect();
     let timeouts = Timeouts::from_config(&config);
-    // Both tables read whole (each key once), then matched here.
-    let flows_in = tables::snapshot(&flows_in)?;
     let mut entries = Vec::new();
-    for (key, out) in tables::snapshot(&flows_out)? {
+    for (key, out) in flows_out {
         let inbound = flows_in
             .get(&key.reverse(out.node_port))
             .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
@@ -127,15 +109,13 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         ));
     }
     entries.sort_by(by_pod);
-    let notes: HashMap<_, NatKey, NatEntry> =
-        HashMap::try_from(pinned(bpf_dir, map_names::NAT_INBOUND)?)?;
     let mut from_outside = Vec::new();
-    for (key, note) in tables::snapshot(&notes)? {
+    for (key, note) in notes {
         let own = Ipv4Addr::from(key.pod_addr);
         from_outside.push(flow_view(&key, &note, None, own, now_ns, &timeouts));
     }
     from_outside.sort_by(by_pod);
-    Ok(NatView {
+    NatView {
         enabled: config.node_addr != [0; 4],
         node_addr,
         uplink_ifindex: config.uplink_ifindex,
@@ -146,25 +126,16 @@ pub fn nat_view(bpf_dir: &Path, now_ns: u64) -> Result<NatView, InspectError> {
         },
         timeouts,
         max_flows,
-        counters: nat_counters(bpf_dir)?,
+        counters,
         entries,
         from_outside,
-    })
+    }
 }
 
 /// The order flows are listed in: by pod, then remote, then protocol.
 fn by_pod(a: &FlowView, b: &FlowView) -> std::cmp::Ordering {
     (a.pod, a.remote, &a.proto).cmp(&(b.pod, b.remote, &b.proto))
 }
-
-/// The map pinned as `name`, typed by what the kernel says it is.
-fn pinned(bpf_dir: &Path, name: &str) -> Result<Map, InspectError> {
-    Ok(Map::from_map_data(open_pinned(bpf_dir, name)?)?)
-}
-
-/// How the tables show a node address the uplink does not have.
-pub const NO_ADDRESS: &str =
-    "none (the uplink has no IPv4 address: traffic to translate is dropped)";
 
 /// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`. Its node
 /// address is the one it records, else (an entry of an earlier datapath) `node_addr`.
@@ -221,67 +192,6 @@ pub fn state_name(proto: u8, state: u8) -> &'static str {
         tcp_state::CLOSED => "closed",
         tcp_state::POD_CLOSED => "pod_closed",
         _ => "unknown",
-    }
-}
-
-/// One line of counters, `name=value ...`.
-pub fn counters_line(counters: &BTreeMap<&'static str, u64>) -> String {
-    let parts: Vec<String> = counters.iter().map(|(n, v)| format!("{n}={v}")).collect();
-    parts.join(" ")
-}
-
-/// A readable summary and table of `view`.
-pub fn nat_table(view: &NatView) -> String {
-    let mut out = if view.enabled {
-        let mut head = format!(
-            "nat enabled  ports {}  flows {}/{}\n",
-            view.port_range,
-            view.entries.len(),
-            view.max_flows
-        );
-        for uplink in &view.uplinks {
-            let node = uplink
-                .node_addr
-                .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
-            let name = uplink.name.as_deref().unwrap_or("(gone)");
-            head.push_str(&format!(
-                "  uplink {name} (ifindex {})  node {node}\n",
-                uplink.ifindex
-            ));
-        }
-        head
-    } else {
-        "nat disabled\n".to_owned()
-    };
-    out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
-    push_flows(&mut out, &view.entries);
-    if !view.from_outside.is_empty() {
-        out.push_str(&format!(
-            "opened from outside to a pod's own address, answered untranslated: {}\n",
-            view.from_outside.len()
-        ));
-        push_flows(&mut out, &view.from_outside);
-    }
-    out
-}
-
-/// A header line and a line per flow of `flows`.
-fn push_flows(out: &mut String, flows: &[FlowView]) {
-    out.push_str(&format!(
-        "{:<5} {:<21} {:<21} {:<21} {:<11} {:>8} {:>8}\n",
-        "PROTO", "POD", "NODE", "REMOTE", "STATE", "IDLE", "EXPIRES"
-    ));
-    for flow in flows {
-        out.push_str(&format!(
-            "{:<5} {:<21} {:<21} {:<21} {:<11} {:>7}s {:>7}s\n",
-            flow.proto,
-            flow.pod.to_string(),
-            flow.node.to_string(),
-            flow.remote.to_string(),
-            flow.state,
-            flow.idle_secs,
-            flow.expires_in_secs,
-        ));
     }
 }
 

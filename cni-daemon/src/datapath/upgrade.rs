@@ -1,0 +1,230 @@
+//! Pinned maps made fit for this release, before the object loads. A pinned map is
+//! reused as it is (aya opens the pin whatever the object asks) and its sizes cannot
+//! change, so at every start, before the load ([`before_load`]):
+//! - `NAT_OUT` and `NAT_IN` of another size than `--nat-max-flows` are unpinned, and
+//!   their flows lost;
+//! - a `NAT_CONFIG` an earlier release pinned with a shorter value is unpinned;
+//! - `NAT_INBOUND` and `HOSTPORT_FLOWS` of another size, or of an earlier release's 8
+//!   bytes a flow, are read and unpinned, and their flows written into the tables the
+//!   load creates ([`Carried`]).
+//!
+//! The load then creates what was unpinned. Links of earlier daemons are upgraded where
+//! they are attached: the per-veth links in [`pod`](super::pod), uplink links pinned
+//! without their device in [`uplink`](super::uplink).
+
+use std::{fs, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, Map, MapData, MapInfo},
+};
+use cni_ebpf_common::{NatConfig, NatEntry, NatKey, ip_proto, map_names, tcp_state, udp_state};
+
+use super::{DatapathError, links::pin_error};
+
+/// The flows of the tables [`before_load`] unpinned to carry over, by table, to write
+/// into the tables the load created ([`Self::write`]).
+pub(super) struct Carried(Vec<(&'static str, Vec<(NatKey, NatEntry)>)>);
+
+impl Carried {
+    /// Writes the carried flows into the loaded object's tables.
+    pub(super) fn write(&self, ebpf: &mut Ebpf) -> Result<(), DatapathError> {
+        for (name, flows) in &self.0 {
+            write_carried(ebpf, name, flows)?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes the pins under `bpf_dir` fit this release's object with NAT tables (and
+/// `HOSTPORT_FLOWS`) of `nat_max_flows` entries each (see the module doc); returns the
+/// flows to write back once it is loaded.
+pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried, DatapathError> {
+    resize_nat_tables(bpf_dir, nat_max_flows)?;
+    replace_resized_config(bpf_dir)?;
+    let carried = [
+        (map_names::NAT_INBOUND, earlier_note as fn(&_, _) -> _),
+        (map_names::HOSTPORT_FLOWS, earlier_hostport_flow),
+    ]
+    .into_iter()
+    .map(|(name, earlier)| {
+        take_resized(bpf_dir, name, nat_max_flows, earlier).map(|flows| (name, flows))
+    })
+    .collect::<Result<Vec<_>, _>>()?;
+    Ok(Carried(carried))
+}
+
+/// Makes room for NAT tables of `max_flows` entries: pinned tables of another size
+/// (an earlier `--nat-max-flows`) are unpinned, both of them, so that the load creates
+/// them anew. A pinned map is otherwise reused whatever the object asks (aya opens the
+/// pin as it is), and its size cannot change. The flows they held are lost: said at
+/// warn. The programs still attached keep the old tables until the new ones replace
+/// them, a moment later in the same start.
+fn resize_nat_tables(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError> {
+    let pins = [map_names::NAT_OUT, map_names::NAT_IN].map(|name| bpf_dir.join(name));
+    let mut sizes = Vec::new();
+    for pin in pins.iter().filter(|pin| pin.exists()) {
+        sizes.push(MapInfo::from_pin(pin)?.max_entries());
+    }
+    if sizes.iter().all(|&size| size == max_flows) {
+        return Ok(());
+    }
+    tracing::warn!(
+        ?sizes,
+        max_flows,
+        "the NAT tables change size: they are created anew, and the flows they held \
+         lose their translation"
+    );
+    for pin in pins.iter().filter(|pin| pin.exists()) {
+        fs::remove_file(pin).map_err(|source| pin_error(pin, source))?;
+    }
+    Ok(())
+}
+
+/// Makes room for a `NAT_CONFIG` of this datapath's value size: a pin an earlier release
+/// left with another (its `NatConfig` was shorter: `udp_stream_secs` came later) is
+/// unpinned, so that the load creates the map anew, as aya would otherwise reuse it and
+/// the programs would not load against it. Nothing is lost: the daemon writes the map
+/// whole at every start. The programs still attached keep the old map until the new
+/// ones replace them, a moment later in the same start.
+fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError> {
+    let pin = bpf_dir.join(map_names::NAT_CONFIG);
+    if !pin.exists() {
+        return Ok(());
+    }
+    let size = MapInfo::from_pin(&pin)?.value_size();
+    if usize::try_from(size).is_ok_and(|size| size == size_of::<NatConfig>()) {
+        return Ok(());
+    }
+    tracing::info!(
+        size,
+        "NAT_CONFIG pinned by an earlier release is created anew at this release's size"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
+}
+
+/// Makes room for a table `name` of this release, `NAT_INBOUND` or `HOSTPORT_FLOWS` (a
+/// [`NatEntry`] per flow, as many as the NAT tables hold): a pin of another value size
+/// (an earlier release kept 8 bytes a flow, in a table of 65,536) or of another size
+/// (`--nat-max-flows` changed) is read and unpinned, and its flows handed back for
+/// [`write_carried`] into the map the load creates. Dropped, they would have broken
+/// live connections at the upgrade: pods' answers to hosts that reached their own
+/// address translated, replies on hostPort connections leaving from the pod's port.
+/// An earlier release's flows carry no state: they come over as answered flows
+/// (established TCP, a stream otherwise), what that release assumed of them, made by
+/// `earlier` from the key and the 8 bytes.
+fn take_resized(
+    bpf_dir: &Path,
+    name: &'static str,
+    max_flows: u32,
+    earlier: fn(&NatKey, [u8; 8]) -> NatEntry,
+) -> Result<Vec<(NatKey, NatEntry)>, DatapathError> {
+    let pin = bpf_dir.join(name);
+    if !pin.exists() {
+        return Ok(Vec::new());
+    }
+    let info = MapInfo::from_pin(&pin)?;
+    let value_size = usize::try_from(info.value_size()).unwrap_or(usize::MAX);
+    if value_size == size_of::<NatEntry>() && info.max_entries() == max_flows {
+        return Ok(Vec::new());
+    }
+    let map = Map::LruHashMap(MapData::from_pin(&pin)?);
+    let flows: Vec<(NatKey, NatEntry)> = if value_size == 8 {
+        let old: HashMap<_, NatKey, [u8; 8]> = HashMap::try_from(map)?;
+        old.iter()
+            .filter_map(Result::ok)
+            .map(|(key, value)| (key, earlier(&key, value)))
+            .collect()
+    } else {
+        let old: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
+        old.iter().filter_map(Result::ok).collect()
+    };
+    tracing::info!(
+        table = name,
+        flows = flows.len(),
+        max_flows,
+        "created anew at this release's size; its flows are carried over"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
+    Ok(flows)
+}
+
+/// The state an earlier release's flow of `key` comes over with: answered.
+fn answered(key: &NatKey) -> u8 {
+    if key.proto == ip_proto::TCP {
+        tcp_state::ESTABLISHED
+    } else {
+        udp_state::REPLIED
+    }
+}
+
+/// A note of `NAT_INBOUND` from an earlier release's bare timestamp (`u64`).
+fn earlier_note(key: &NatKey, value: [u8; 8]) -> NatEntry {
+    NatEntry::from_outside(key, answered(key), u64::from_ne_bytes(value))
+}
+
+/// A connection of `HOSTPORT_FLOWS` from an earlier release's host address and port (a
+/// `HostPortFlow`), which had no timestamp: stamped now.
+fn earlier_hostport_flow(key: &NatKey, value: [u8; 8]) -> NatEntry {
+    let now = crate::clock::monotonic_now_ns().unwrap_or_default();
+    NatEntry {
+        node_addr: [value[0], value[1], value[2], value[3]],
+        node_port: u16::from_ne_bytes([value[4], value[5]]),
+        ..NatEntry::from_outside(key, answered(key), now)
+    }
+}
+
+/// Writes `flows` (see [`take_resized`]) into the loaded table `name`; more than it
+/// holds and the LRU keeps the last written.
+fn write_carried(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    flows: &[(NatKey, NatEntry)],
+) -> Result<(), DatapathError> {
+    if flows.is_empty() {
+        return Ok(());
+    }
+    let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
+    let mut table: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
+    for (key, flow) in flows {
+        table.insert(key, flow, 0)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_releases_flows_come_over_answered() {
+        let tcp = NatKey::new(
+            ([10, 244, 0, 2], 8080),
+            ([198, 18, 0, 2], 50000),
+            ip_proto::TCP,
+        );
+        let udp = NatKey {
+            proto: ip_proto::UDP,
+            ..tcp
+        };
+        let note = earlier_note(&tcp, 1234_u64.to_ne_bytes());
+        assert_eq!(
+            note,
+            NatEntry::from_outside(&tcp, tcp_state::ESTABLISHED, 1234),
+            "a note's 8 bytes are its timestamp"
+        );
+        assert_eq!(earlier_note(&udp, [0; 8]).state, udp_state::REPLIED);
+        let port = 30080_u16.to_ne_bytes();
+        let connection = earlier_hostport_flow(&tcp, [198, 18, 0, 1, port[0], port[1], 0, 0]);
+        assert_eq!(
+            (connection.node_addr, connection.node_port, connection.state),
+            ([198, 18, 0, 1], 30080, tcp_state::ESTABLISHED),
+            "a connection's 8 bytes are the host address and port the client reached"
+        );
+        assert_eq!(
+            (connection.pod_addr, connection.pod_port),
+            (tcp.pod_addr, tcp.pod_port)
+        );
+        assert!(connection.last_seen_ns > 0, "stamped now");
+    }
+}

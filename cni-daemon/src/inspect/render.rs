@@ -1,0 +1,336 @@
+//! The commands' views as text tables (`--output table`; JSON is the views serialized).
+
+use std::collections::BTreeMap;
+
+use super::{
+    join::{EndpointView, PortRow, StatusView},
+    nat::{FlowView, NatView},
+    read::SourceCounters,
+};
+
+/// How the tables show a node address the uplink does not have.
+pub const NO_ADDRESS: &str =
+    "none (the uplink has no IPv4 address: traffic to translate is dropped)";
+
+pub fn status_table(view: &StatusView) -> String {
+    let status = &view.status;
+    let mut out = format!(
+        "daemon {}  bpf dir {}  datapath {}  endpoints {}\n",
+        status.daemon_version,
+        status.bpf_dir,
+        if status.datapath_loaded {
+            "loaded"
+        } else {
+            "not loaded"
+        },
+        status.endpoints
+    );
+    let drops: Vec<String> = view.drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
+    out.push_str(&format!("drops: {}\n", drops.join(" ")));
+    if status.nat_enabled {
+        out.push_str("nat: enabled\n");
+        for uplink in &status.uplinks {
+            let node = uplink
+                .node_addr
+                .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
+            out.push_str(&format!("  uplink {}  node {node}\n", uplink.name));
+        }
+    } else {
+        out.push_str("nat: disabled\n");
+    }
+    if !status.service_cidrs.is_empty() {
+        out.push_str(&format!(
+            "services: {} (through the node's stack: kube-proxy)\n",
+            joined(&status.service_cidrs, ", ")
+        ));
+    }
+    match status.pod_gso_max_size {
+        Some(size) => out.push_str(&format!(
+            "new pods: IPv4 GSO/GRO size {size} (BIG TCP, following the uplinks)\n"
+        )),
+        None => out.push_str("new pods: IPv4 GSO/GRO size default (64 KiB)\n"),
+    }
+    out.push_str(&format!(
+        "nat counters: {}\n",
+        counters_line(&view.nat_counters)
+    ));
+    out.push_str(&format!(
+        "hostPort addresses: {} (and 127.0.0.0/8 for the node's own processes)\n",
+        joined(&status.host_port_addrs, " ")
+    ));
+    if !status.attachments.is_empty() {
+        // Columns as wide as their longest entry: a cgroup path is long.
+        let width = |column: &dyn Fn(&cni_api::Attachment) -> usize, title: &str| {
+            status
+                .attachments
+                .iter()
+                .map(column)
+                .chain([title.len()])
+                .max()
+                .unwrap_or(0)
+        };
+        let interface = width(&|a| a.interface.len(), "INTERFACE");
+        let program = width(&|a| a.program.len(), "PROGRAM");
+        out.push_str(&format!(
+            "{:<interface$} {:>8} {:<program$} {}\n",
+            "INTERFACE", "IFINDEX", "PROGRAM", "MODE"
+        ));
+        for a in &status.attachments {
+            out.push_str(&format!(
+                "{:<interface$} {:>8} {:<program$} {}\n",
+                a.interface, a.ifindex, a.program, a.mode
+            ));
+        }
+    }
+    out
+}
+
+/// One line of counters, `name=value ...`.
+pub fn counters_line(counters: &BTreeMap<&'static str, u64>) -> String {
+    let parts: Vec<String> = counters.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    parts.join(" ")
+}
+
+/// A readable summary and table of `view`.
+pub fn nat_table(view: &NatView) -> String {
+    let mut out = if view.enabled {
+        let mut head = format!(
+            "nat enabled  ports {}  flows {}/{}\n",
+            view.port_range,
+            view.entries.len(),
+            view.max_flows
+        );
+        for uplink in &view.uplinks {
+            let node = uplink
+                .node_addr
+                .map_or_else(|| NO_ADDRESS.to_owned(), |addr| addr.to_string());
+            let name = uplink.name.as_deref().unwrap_or("(gone)");
+            head.push_str(&format!(
+                "  uplink {name} (ifindex {})  node {node}\n",
+                uplink.ifindex
+            ));
+        }
+        head
+    } else {
+        "nat disabled\n".to_owned()
+    };
+    out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
+    push_flows(&mut out, &view.entries);
+    if !view.from_outside.is_empty() {
+        out.push_str(&format!(
+            "opened from outside to a pod's own address, answered untranslated: {}\n",
+            view.from_outside.len()
+        ));
+        push_flows(&mut out, &view.from_outside);
+    }
+    out
+}
+
+/// A header line and a line per flow of `flows`.
+fn push_flows(out: &mut String, flows: &[FlowView]) {
+    out.push_str(&format!(
+        "{:<5} {:<21} {:<21} {:<21} {:<11} {:>8} {:>8}\n",
+        "PROTO", "POD", "NODE", "REMOTE", "STATE", "IDLE", "EXPIRES"
+    ));
+    for flow in flows {
+        out.push_str(&format!(
+            "{:<5} {:<21} {:<21} {:<21} {:<11} {:>7}s {:>7}s\n",
+            flow.proto,
+            flow.pod.to_string(),
+            flow.node.to_string(),
+            flow.remote.to_string(),
+            flow.state,
+            flow.idle_secs,
+            flow.expires_in_secs,
+        ));
+    }
+}
+
+/// A readable table of `rows`.
+pub fn counters_table(rows: &[SourceCounters]) -> String {
+    let mut out = format!("{:<16} {:>12} {:>14}\n", "SOURCE", "PACKETS", "BYTES");
+    for row in rows {
+        out.push_str(&format!(
+            "{:<16} {:>12} {:>14}\n",
+            row.source.to_string(),
+            row.packets,
+            row.bytes
+        ));
+    }
+    out
+}
+
+pub fn ports_table(rows: &[PortRow]) -> String {
+    let mut out = format!(
+        "{:<5} {:<22} {:<22} {:>5} {}\n",
+        "PROTO", "HOST", "POD", "CONNS", "CONTAINER"
+    );
+    for row in rows {
+        let host = format!(
+            "{}:{}",
+            row.host_ip
+                .map_or_else(|| "*".to_owned(), |ip| ip.to_string()),
+            row.host_port
+        );
+        let pod = format!(
+            "{}:{}",
+            row.pod_ip
+                .map_or_else(|| "?".to_owned(), |ip| ip.to_string()),
+            row.container_port
+        );
+        out.push_str(&format!(
+            "{:<5} {:<22} {:<22} {:>5} {}/{}\n",
+            row.protocol, host, pod, row.connections, row.container_id, row.ifname
+        ));
+    }
+    out
+}
+
+/// A readable table of endpoints and their counters.
+pub fn endpoints_table(views: &[EndpointView]) -> String {
+    let mut out = format!(
+        "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}\n",
+        "CONTAINER", "IFNAME", "IP", "MAC", "HOST VETH", "IFINDEX", "PKTS OUT", "PKTS IN"
+    );
+    for view in views {
+        let endpoint = &view.endpoint;
+        let ips: Vec<String> = endpoint.ips.iter().map(ToString::to_string).collect();
+        let container: String = endpoint.id.container_id.chars().take(20).collect();
+        out.push_str(&format!(
+            "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}\n",
+            container,
+            endpoint.id.ifname,
+            ips.join(","),
+            endpoint.mac,
+            endpoint.host_veth,
+            endpoint.host_ifindex,
+            view.counters.from_pod_packets,
+            view.counters.to_pod_packets,
+        ));
+    }
+    out
+}
+
+/// `items` as text, separated by `separator`.
+fn joined<T: std::fmt::Display>(items: &[T], separator: &str) -> String {
+    let texts: Vec<String> = items.iter().map(ToString::to_string).collect();
+    texts.join(separator)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use cni_api::Status;
+
+    use super::*;
+
+    /// The view of a daemon with nothing attached and NAT off, for a test to change.
+    fn view(status: Status) -> StatusView {
+        StatusView {
+            status,
+            drops: BTreeMap::new(),
+            nat_counters: BTreeMap::new(),
+        }
+    }
+
+    fn idle() -> Status {
+        Status {
+            daemon_version: "0".into(),
+            bpf_dir: "/sys/fs/bpf/x".into(),
+            datapath_loaded: true,
+            endpoints: 0,
+            attachments: Vec::new(),
+            nat_enabled: false,
+            uplink: None,
+            node_addr: None,
+            uplinks: Vec::new(),
+            service_cidrs: Vec::new(),
+            host_port_addrs: Vec::new(),
+            pod_gso_max_size: None,
+        }
+    }
+
+    #[test]
+    fn status_columns_are_as_wide_as_the_longest_attachment() {
+        let attachment = |interface: &str, program: &str| cni_api::Attachment {
+            interface: interface.into(),
+            ifindex: 2,
+            program: program.into(),
+            mode: "m".into(),
+        };
+        let view = view(Status {
+            attachments: vec![
+                attachment("uplink0", "uplink_egress"),
+                attachment(
+                    "/sys/fs/cgroup/unified/a-long-cgroup",
+                    "hostport_getpeername4",
+                ),
+            ],
+            ..idle()
+        });
+        let table = status_table(&view);
+        let rows: Vec<&str> = table
+            .lines()
+            .skip_while(|line| !line.starts_with("INTERFACE"))
+            .collect();
+        assert_eq!(rows.len(), 3, "{table}");
+        let mode_at: Vec<Option<usize>> = rows.iter().map(|row| row.rfind(' ')).collect();
+        assert!(
+            mode_at.iter().all(|at| *at == mode_at[0]),
+            "the last column starts at one place: {table}"
+        );
+    }
+
+    #[test]
+    fn status_names_every_uplink_and_the_service_ranges() {
+        let uplink = |name: &str, ifindex, node_addr| cni_api::UplinkStatus {
+            name: name.into(),
+            ifindex,
+            node_addr,
+        };
+        let view = view(Status {
+            nat_enabled: true,
+            uplink: Some("eth0".into()),
+            node_addr: Some([198, 18, 0, 1].into()),
+            uplinks: vec![
+                uplink("eth0", 2, Some([198, 18, 0, 1].into())),
+                uplink("eth1", 3, None),
+            ],
+            service_cidrs: vec!["10.96.0.0/12".parse().expect("a range")],
+            ..idle()
+        });
+        let table = status_table(&view);
+        let nat: Vec<&str> = table
+            .lines()
+            .skip_while(|line| *line != "nat: enabled")
+            .take(4)
+            .collect();
+        assert_eq!(
+            nat,
+            [
+                "nat: enabled",
+                "  uplink eth0  node 198.18.0.1",
+                &format!("  uplink eth1  node {}", NO_ADDRESS),
+                "services: 10.96.0.0/12 (through the node's stack: kube-proxy)",
+            ],
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn table_lists_each_source_with_its_counters() {
+        let rows = [SourceCounters {
+            source: Ipv4Addr::new(198, 18, 0, 2),
+            packets: 5,
+            bytes: 490,
+        }];
+        let table = counters_table(&rows);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["198.18.0.2", "5", "490"]
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! The sweep: every flow idle past its timeout, or of a pod gone, removed from the flow
+//! tables ([`Flows::sweep`]). What to remove is decided on a snapshot ([`decide`]); the
+//! `nat_sweep` program removes it, reading the decisions as [`items`] lay them out.
+
+mod decide;
+mod items;
+
+use std::collections::HashSet;
+
+use aya::maps::MapError;
+use cni_ebpf_common::{SweepItem, sweep};
+
+use self::{
+    decide::{Removal, expired, expired_notes},
+    items::item_bytes,
+};
+use super::{
+    Timeouts, batch,
+    flows::{Flows, snapshot},
+};
+
+/// What one sweep removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Flows whose `NAT_OUT` entry (and `NAT_IN` pair) expired.
+    pub flows: usize,
+    /// Expired `NAT_IN` entries whose `NAT_OUT` pair was gone (evicted by the LRU).
+    pub orphans: usize,
+    /// Expired notes of flows opened from outside to a pod's own address.
+    pub from_outside: usize,
+    /// Expired connections through hostPort mappings.
+    pub hostport: usize,
+}
+
+impl Sweep {
+    /// Whether the sweep removed anything.
+    pub fn removed_any(&self) -> bool {
+        self.flows + self.orphans + self.from_outside + self.hostport > 0
+    }
+}
+
+impl Flows {
+    /// Removes every flow idle for longer than its timeout at `now_ns` (CLOCK_MONOTONIC),
+    /// and every flow of a pod no longer in `ENDPOINTS`, both entries of a pair together;
+    /// so too the notes of flows opened from outside to a pod's own address
+    /// (`NAT_INBOUND`), which follow TCP's state as the translated flows do: a closed
+    /// connection's note goes after the closed timeout, and live ones are not crowded out
+    /// of the LRU by the closed ones of a busy pod; and so too the connections through
+    /// hostPort mappings (`HOSTPORT_FLOWS`), which follow TCP's state the same way.
+    ///
+    /// A deleted pod's flows go at the next sweep (the daemon sweeps at once after a
+    /// DEL, see `run::sweep_nat`) rather than when they expire, an hour later for an
+    /// established TCP flow: a new pod given the same address (host-local hands
+    /// addresses out again) must not receive the replies of the old pod's connections.
+    ///
+    /// Every table is read in batches (`batch`: a few syscalls for a
+    /// whole table) and the decisions taken on that snapshot (`decide`, pure
+    /// functions). The removals are done in the kernel by the `nat_sweep` program, 64 a
+    /// syscall (`cni-ebpf/src/features/sweep.rs`), which re-reads each entry just before
+    /// deleting it and keeps it if it saw a packet since: the datapath rewrites expired
+    /// entries in place (a flow coming back on its old 4-tuple, a new flow taking an
+    /// expired port over), and a delete decided even milliseconds earlier would break
+    /// those connections. `NAT_OUT` first, so a port is never free in `NAT_IN` while
+    /// `NAT_OUT` still hands it out. What this costs, and what it replaced: see
+    /// docs/decisions.md ("The NAT sweep's removals in the kernel", "The NAT sweep reads
+    /// its tables in batches").
+    pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
+        let (out, inbound) = (snapshot(&self.out)?, snapshot(&self.inbound)?);
+        let from_outside = snapshot(&self.from_outside)?;
+        let hostport = snapshot(&self.hostport)?;
+        // Read after the flows: a flow exists only once its pod is an endpoint, so a
+        // pod added meanwhile is never taken for one gone (its first flow removed).
+        let pods: HashSet<[u8; 4]> = snapshot(&self.endpoints)?
+            .into_keys()
+            .map(|key| key.addr)
+            .collect();
+        let mut removals = expired(&out, &inbound, &pods, now_ns, timeouts);
+        removals.extend(
+            expired_notes(&from_outside, &pods, now_ns, timeouts)
+                .map(|(key, note)| Removal::FromOutside { key, note }),
+        );
+        removals.extend(
+            expired_notes(&hostport, &pods, now_ns, timeouts)
+                .map(|(key, entry)| Removal::HostPort { key, entry }),
+        );
+        let mut sweep = Sweep::default();
+        let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
+        for chunk in removals.chunks(sweep::MAX_ITEMS) {
+            let len = sweep::HEADER + chunk.len() * size_of::<SweepItem>();
+            for (removal, room) in chunk
+                .iter()
+                .zip(frame[sweep::HEADER..len].chunks_exact_mut(size_of::<SweepItem>()))
+            {
+                room.copy_from_slice(item_bytes(&removal.item()));
+            }
+            let gone = batch::run(&self.sweeper, &frame[..len])?;
+            let count = |shift: u32| ((gone >> shift) & sweep::COUNT_MASK) as usize;
+            sweep.flows += count(0);
+            sweep.orphans += count(sweep::ORPHAN_SHIFT);
+            sweep.from_outside += count(sweep::FROM_OUTSIDE_SHIFT);
+            sweep.hostport += count(sweep::HOSTPORT_SHIFT);
+        }
+        Ok(sweep)
+    }
+}

@@ -1,0 +1,83 @@
+//! LPM tries of IPv4 ranges (`CLUSTER_CIDRS`, `SERVICE_CIDRS`: (prefix length, address in
+//! network order) -> 1) kept equal to a set of ranges.
+
+use std::{borrow::BorrowMut, collections::BTreeSet};
+
+use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
+use ipnet::Ipv4Net;
+
+/// What to insert and what to remove so that `current` becomes `desired`.
+fn changes(
+    current: &BTreeSet<Ipv4Net>,
+    desired: &BTreeSet<Ipv4Net>,
+) -> (Vec<Ipv4Net>, Vec<Ipv4Net>) {
+    (
+        desired.difference(current).copied().collect(),
+        current.difference(desired).copied().collect(),
+    )
+}
+
+/// Makes `trie` hold exactly `desired`. New ranges go in before old ones leave, so a
+/// range present in both never disappears, even for a moment. Whether anything changed.
+pub fn sync<T: BorrowMut<MapData>>(
+    trie: &mut LpmTrie<T, [u8; 4], u8>,
+    desired: &BTreeSet<Ipv4Net>,
+) -> Result<bool, aya::maps::MapError> {
+    let keys: Vec<Key<[u8; 4]>> = trie.keys().collect::<Result<_, _>>()?;
+    let mut current = BTreeSet::new();
+    for key in keys {
+        // A key the daemon did not write (prefix > 32) cannot be a range: remove it too.
+        match Ipv4Net::new(key.data().into(), prefix_u8(key.prefix_len())) {
+            Ok(net) => {
+                current.insert(net);
+            }
+            Err(_) => crate::maps::removed(trie.remove(&key))?,
+        }
+    }
+    let (add, remove) = changes(&current, desired);
+    for net in &add {
+        trie.insert(&key(net), 1, 0)?;
+    }
+    for net in &remove {
+        crate::maps::removed(trie.remove(&key(net)))?;
+    }
+    Ok(!add.is_empty() || !remove.is_empty())
+}
+
+fn key(net: &Ipv4Net) -> Key<[u8; 4]> {
+    Key::new(u32::from(net.prefix_len()), net.network().octets())
+}
+
+fn prefix_u8(prefix_len: u32) -> u8 {
+    u8::try_from(prefix_len).unwrap_or(u8::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(texts: &[&str]) -> BTreeSet<Ipv4Net> {
+        texts.iter().map(|t| t.parse().expect("valid")).collect()
+    }
+
+    #[test]
+    fn changes_add_the_new_and_remove_the_gone() {
+        let current = nets(&["10.244.0.0/16", "172.16.0.0/12"]);
+        let desired = nets(&["10.244.0.0/16", "10.96.0.0/12"]);
+        let (add, remove) = changes(&current, &desired);
+        assert_eq!(add, vec!["10.96.0.0/12".parse::<Ipv4Net>().expect("valid")]);
+        assert_eq!(
+            remove,
+            vec!["172.16.0.0/12".parse::<Ipv4Net>().expect("valid")]
+        );
+        let (add, remove) = changes(&desired, &desired);
+        assert!(add.is_empty() && remove.is_empty());
+    }
+
+    #[test]
+    fn trie_key_is_prefix_length_and_network_order_address() {
+        let key = key(&"10.244.0.0/16".parse().expect("valid"));
+        assert_eq!(key.prefix_len(), 16);
+        assert_eq!(key.data(), [10, 244, 0, 0]);
+    }
+}
