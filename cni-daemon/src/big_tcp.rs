@@ -13,7 +13,7 @@
 //! the node's device, configured by its admin or its NIC driver; raising it (as Cilium
 //! does when BIG TCP is switched on) would change how the node's own traffic leaves,
 //! and needs undoing on uninstall. A node whose uplink stays at 64 KiB runs its pods at
-//! the kernel's default, exactly as before.
+//! the kernel's default.
 
 use rtnetlink::packet_route::link::LinkAttribute;
 

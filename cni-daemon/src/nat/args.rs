@@ -33,8 +33,7 @@ pub struct NatArgs {
     /// what kube-proxy sets for the kernel's conntrack on a Kubernetes node (its
     /// `--conntrack-tcp-timeout-established`), which MASQUERADE follows, and more than
     /// Linux's default TCP keepalive interval (2 hours), so that an idle connection
-    /// with keepalives (a database pool's) keeps its translation. At 1 hour, as before,
-    /// such connections died after an hour of quiet.
+    /// with keepalives (a database pool's) keeps its translation.
     #[arg(
         long,
         env = "EBPF_CNID_NAT_TCP_ESTABLISHED_TIMEOUT",

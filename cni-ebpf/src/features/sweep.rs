@@ -1,6 +1,6 @@
 //! The NAT sweep's removals, done in the kernel: the `nat_sweep` program, never
 //! attached, which the daemon runs with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s
-//! it decided on (`cni-daemon/src/nat/tables.rs`), [`sweep::MAX_ITEMS`] a run.
+//! it decided on (`cni-daemon/src/nat/sweep/`), [`sweep::MAX_ITEMS`] a run.
 //!
 //! Each entry is read and, unless it saw a packet after the decision, deleted right
 //! after, in the same run: the datapath rewrites expired entries in place (a flow back
