@@ -196,7 +196,9 @@ impl Node {
     /// Binds `host_veth`'s ingress to the pods' TC block before its endpoint is known
     /// ([`cni_api::Request::Prepare`], sent while the plugin runs IPAM), so that the pod
     /// program runs on it from its first frame; [`Self::attach`] then finds it in place.
+    /// Only the plugin's own veths are accepted ([`Datapath::check_pod_veth`]).
     pub fn prepare(&mut self, host_veth: &str) -> Result<(), NodeError> {
+        self.datapath.check_pod_veth(host_veth)?;
         self.datapath.attach_pod(host_veth)?;
         self.prepared.insert(host_veth.to_owned());
         Ok(())
@@ -204,7 +206,16 @@ impl Node {
 
     /// Detaches what [`Self::prepare`] attached, unless an endpoint uses it by now.
     /// Returns whether it detached anything.
+    /// Only names [`Self::prepare`] accepted are looked at (the veth itself may be
+    /// gone by now).
     pub fn unprepare(&mut self, host_veth: &str) -> Result<bool, NodeError> {
+        if !crate::datapath::is_pod_veth_name(host_veth) {
+            return Err(DatapathError::NotPodVeth {
+                name: host_veth.to_owned(),
+                reason: "not a name the plugin gives",
+            }
+            .into());
+        }
         if !self.prepared.remove(host_veth)
             || self
                 .endpoints

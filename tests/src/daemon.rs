@@ -98,6 +98,12 @@ impl Instance {
         })
     }
 
+    /// Sends `request` to the daemon's socket as any client could, and returns its answer.
+    pub fn request(&self, request: &cni_api::Request) -> cni_api::Response {
+        cni_api::call(&self.socket, request, Duration::from_secs(10))
+            .unwrap_or_else(|error| panic!("{request:?}: {error}"))
+    }
+
     /// Everything the daemon logged so far (all of its runs).
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
