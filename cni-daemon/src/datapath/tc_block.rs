@@ -298,6 +298,40 @@ pub fn link_facts(name: &str) -> Result<Option<LinkFacts>, TcBlockError> {
     })
 }
 
+/// A link whose alias starts with a given prefix: (name, index, alias).
+pub type AliasedLink = (String, u32, String);
+
+/// Every link of the daemon's namespace whose alias starts with `prefix`.
+pub fn aliased_links(prefix: &str) -> Result<Vec<AliasedLink>, TcBlockError> {
+    use rtnetlink::packet_route::link::LinkAttribute;
+    let prefix = prefix.to_owned();
+    with_netlink(move |handle| async move {
+        let messages: Vec<_> = handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(netlink("listing links"))?;
+        Ok(messages
+            .iter()
+            .filter_map(|message| {
+                let mut name = None;
+                let mut alias = None;
+                for attribute in &message.attributes {
+                    match attribute {
+                        LinkAttribute::IfName(value) => name = Some(value.clone()),
+                        LinkAttribute::IfAlias(value) => alias = Some(value.clone()),
+                        _ => {}
+                    }
+                }
+                let alias = alias.filter(|alias| alias.starts_with(&prefix))?;
+                Some((name?, message.header.index, alias))
+            })
+            .collect())
+    })
+}
+
 async fn link_index(handle: &Handle, name: &str) -> Result<Option<u32>, TcBlockError> {
     let mut links = handle.link().get().match_name(name.to_owned()).execute();
     match links.try_next().await {
