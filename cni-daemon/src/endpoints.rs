@@ -203,10 +203,10 @@ impl Endpoints {
         Ok(())
     }
 
-    /// Records `endpoint` (replacing a record with the same id) and writes its addresses
-    /// into the map. Refuses an address owned by another endpoint.
-    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), EndpointError> {
-        let info = endpoint_info(&endpoint)?;
+    /// Refuses `endpoint` when one of its addresses belongs to another endpoint, or its
+    /// MACs do not parse; changes nothing.
+    pub fn check(&self, endpoint: &Endpoint) -> Result<(), EndpointError> {
+        endpoint_info(endpoint)?;
         for addr in endpoint.ips.iter().map(ipnet::IpNet::addr) {
             if let Some(owner) = self.owner_of(addr).filter(|owner| owner.id != endpoint.id) {
                 return Err(EndpointError::AddressTaken {
@@ -216,12 +216,34 @@ impl Endpoints {
                 });
             }
         }
-        if let Some(previous) = self.records.get(&endpoint.id).cloned() {
-            self.unmap(&previous)?;
+        Ok(())
+    }
+
+    /// Records `endpoint` (replacing a record with the same id) and writes its addresses
+    /// into the map. Refuses an address owned by another endpoint. All or nothing: on a
+    /// failure (a full map, a failed write) the map and the records are as they were.
+    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), EndpointError> {
+        self.check(&endpoint)?;
+        let info = endpoint_info(&endpoint)?;
+        let previous = self.records.get(&endpoint.id).cloned();
+        let new_keys: Vec<EndpointKey> = ipv4_keys(&endpoint).collect();
+        let old_keys: Vec<EndpointKey> = previous.iter().flat_map(ipv4_keys).collect();
+        for (done, key) in new_keys.iter().enumerate() {
+            if let Err(error) = self.map.insert(key, info, 0) {
+                self.restore(&new_keys[..done], previous.as_ref());
+                return Err(error.into());
+            }
         }
-        write_record(&self.record_path(&endpoint.id), &endpoint)?;
-        for key in ipv4_keys(&endpoint) {
-            self.map.insert(key, info, 0)?;
+        if let Err(error) = write_record(&self.record_path(&endpoint.id), &endpoint) {
+            self.restore(&new_keys, previous.as_ref());
+            // The write may have failed after its rename (the folder's fsync).
+            if let Some(previous) = &previous {
+                let _ = write_record(&self.record_path(&previous.id), previous);
+            }
+            return Err(error);
+        }
+        for key in old_keys.iter().filter(|key| !new_keys.contains(key)) {
+            crate::maps::removed(self.map.remove(key))?;
         }
         tracing::info!(
             container = %endpoint.id.container_id,
@@ -232,6 +254,21 @@ impl Endpoints {
         );
         self.records.insert(endpoint.id.clone(), endpoint);
         Ok(())
+    }
+
+    /// Undoes a part-done [`Self::attach`]: the keys `inserted` go, and `previous`'s
+    /// entries are written back as they were. Best effort: it runs on a failure path.
+    fn restore(&mut self, inserted: &[EndpointKey], previous: Option<&Endpoint>) {
+        for key in inserted {
+            let _ = crate::maps::removed(self.map.remove(key));
+        }
+        if let Some(previous) = previous
+            && let Ok(info) = endpoint_info(previous)
+        {
+            for key in ipv4_keys(previous) {
+                let _ = self.map.insert(key, info, 0);
+            }
+        }
     }
 
     /// Forgets `id`; returns its record when it was known.

@@ -229,48 +229,74 @@ impl Node {
     }
 
     /// Binds the pod's veth to the pods' block (unless [`Self::prepare`] did), records
-    /// the endpoint, adds its cluster ranges and its hostPort mappings; a failure undoes
-    /// them.
+    /// the endpoint, adds its cluster ranges and its hostPort mappings. All or nothing:
+    /// everything that can be checked is checked before anything changes, and a later
+    /// failure puts back what was there (a re-ADD's live endpoint keeps its record, map
+    /// entries, hostPorts and binding; a prepared veth stays prepared).
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
-        // hostPorts are checked before anything changes: a conflict leaves no trace.
         if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {
             return Err(HostPortError::Conflict(conflict).into());
         }
-        let mappings = hostports::entries(&endpoint)?;
-        let id = endpoint.id.clone();
-        if let Some(previous) = self.endpoints.get(&id).cloned() {
-            self.host_ports.remove(&previous)?;
-        }
+        hostports::entries(&endpoint)?;
+        self.endpoints.check(&endpoint)?;
         let veth = endpoint.host_veth.clone();
-        let ifindex = endpoint.host_ifindex;
-        let with_ports = (!mappings.is_empty()).then(|| endpoint.clone());
-        if !self.prepared.remove(&veth) {
+        let prepared = self.prepared.contains(&veth);
+        if !prepared {
+            self.datapath.check_pod_veth(&veth)?;
+        }
+        let id = endpoint.id.clone();
+        let previous = self.endpoints.get(&id).cloned();
+        // Bound already: prepared, or the live endpoint's own veth (a re-ADD).
+        let bound = prepared
+            || previous
+                .as_ref()
+                .is_some_and(|previous| previous.host_veth == veth);
+        if !bound {
             self.datapath.attach_pod(&veth)?;
         }
-        if let Err(error) = self.endpoints.attach(endpoint) {
-            let _ = self.datapath.detach_pod(&veth);
-            let _ = self.datapath.forget_counters(ifindex);
+        let unbind = |node: &mut Self| {
+            if !bound {
+                let _ = node.datapath.detach_pod(&veth);
+                let _ = node.datapath.forget_counters(endpoint.host_ifindex);
+            }
+        };
+        if let Some(previous) = &previous
+            && let Err(error) = self.host_ports.remove(previous)
+        {
+            let _ = self.host_ports.add(previous);
+            unbind(self);
+            return Err(error.into());
+        }
+        if let Err(error) = self.host_ports.add(&endpoint) {
+            // `add` left none of the new mappings behind.
+            if let Some(previous) = &previous {
+                let _ = self.host_ports.add(previous);
+            }
+            unbind(self);
+            return Err(error.into());
+        }
+        let undo_ports = |node: &mut Self| {
+            let _ = node.host_ports.remove(&endpoint);
+            if let Some(previous) = &previous {
+                let _ = node.host_ports.add(previous);
+            }
+        };
+        if let Err(error) = self.endpoints.attach(endpoint.clone()) {
+            undo_ports(self);
+            unbind(self);
             return Err(error.into());
         }
         if let Err(error) = self.sync_cluster_cidrs() {
-            let _ = self.endpoints.detach(&id);
-            let _ = self.datapath.detach_pod(&veth);
-            let _ = self.datapath.forget_counters(ifindex);
+            let _ = match &previous {
+                Some(previous) => self.endpoints.attach(previous.clone()).map(drop),
+                None => self.endpoints.detach(&id).map(drop),
+            };
             let _ = self.sync_cluster_cidrs();
+            undo_ports(self);
+            unbind(self);
             return Err(error);
         }
-        if let Some(Err(error)) = with_ports
-            .as_ref()
-            .map(|endpoint| self.host_ports.add(endpoint))
-        {
-            // `add` left none of this endpoint's mappings behind; the rest goes too.
-            if let Ok(Some(endpoint)) = self.endpoints.detach(&id) {
-                let _ = self.datapath.detach_pod(&endpoint.host_veth);
-                let _ = self.datapath.forget_counters(endpoint.host_ifindex);
-                let _ = self.sync_cluster_cidrs();
-            }
-            return Err(error.into());
-        }
+        self.prepared.remove(&veth);
         Ok(())
     }
 
