@@ -114,7 +114,10 @@ impl Node {
             endpoints.list(),
         )?;
         let mut node_addrs = NodeAddrs::open(maps.node_addrs);
-        node_addrs.sync()?;
+        if let Err(error) = node_addrs.sync() {
+            // The address watcher tries again at the next change.
+            tracing::warn!(%error, "cannot fill the node's addresses");
+        }
         let mut sock_config = maps.sock_config;
         if let Some(cgroup) = cgroup {
             let netns_cookie =
@@ -168,11 +171,12 @@ impl Node {
     }
 
     /// After a change of the namespace's addresses: refills `NODE_ADDRS` (returned) and
-    /// has source NAT follow the uplink (see [`Self::follow_uplink`]).
+    /// has source NAT follow the uplink (see [`Self::follow_uplink`]), whether or not
+    /// the refill succeeded.
     pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
-        let addrs = self.node_addrs.sync()?;
+        let addrs = self.node_addrs.sync();
         self.follow_uplink()?;
-        Ok(addrs)
+        Ok(addrs?)
     }
 
     /// Has source NAT follow the uplink's address, its device and, when the uplink is
