@@ -149,6 +149,8 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
     // The first tick is immediate; start sweeping one interval after start.
     ticks.tick().await;
     let mut flows = Some(flows);
+    // Chunks the sweep program failed to run since start (each sweep's are logged).
+    let mut failed_chunks = 0usize;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -168,6 +170,15 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             Ok((owned, outcome)) => {
                 flows = Some(owned);
                 match outcome {
+                    Ok(sweep) if sweep.failed_chunks > 0 => {
+                        failed_chunks += sweep.failed_chunks;
+                        tracing::warn!(
+                            failed_chunks = sweep.failed_chunks,
+                            since_start = failed_chunks,
+                            "NAT sweep incomplete: the flows of its failed chunks wait for \
+                             the next sweep"
+                        );
+                    }
                     Ok(sweep) if sweep.removed_any() => {
                         tracing::debug!(
                             flows = sweep.flows,
