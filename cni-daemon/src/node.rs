@@ -75,7 +75,8 @@ pub struct Node {
 impl Node {
     /// Reconciles after a (re)start: this daemon's `from_pod` goes into the pods' TC
     /// block (replacing the previous daemon's in place), records whose veth is gone are
-    /// dropped with their counters, every remaining pod's veth is bound to the block, and
+    /// dropped with their counters, every remaining pod's veth is bound to the block (one
+    /// holding a clsact that is not ours is left as it is, with a warning), and
     /// the per-veth links an earlier daemon pinned go, with a record or without. Then
     /// NAT starts as `nat` says (`None`: off), see [`nat::start`]. hostPorts: the
     /// mappings of the records, the node's addresses, and the socket programs on
@@ -94,7 +95,15 @@ impl Node {
             datapath.forget_counters(endpoint.host_ifindex)?;
         }
         for endpoint in endpoints.list() {
-            datapath.attach_pod(&endpoint.host_veth)?;
+            // One veth that cannot be bound (a clsact someone else put there) must not
+            // keep every other pod's CNI calls from being served.
+            if let Err(error) = datapath.attach_pod(&endpoint.host_veth) {
+                tracing::warn!(
+                    %error,
+                    veth = %endpoint.host_veth,
+                    "a pod's veth cannot be bound to the pods' block: left as it is"
+                );
+            }
         }
         for veth in datapath.pinned_pods() {
             if !endpoints.list().any(|endpoint| endpoint.host_veth == veth) {

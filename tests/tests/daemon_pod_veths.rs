@@ -4,7 +4,7 @@
 //! create (the uplink's, which holds the NAT filters without TCX) is never removed.
 
 use cni_api::{Request, Response};
-use ebpf_cni_tests::{node::Node, require_root};
+use ebpf_cni_tests::{daemon::Daemon, node::Node, require_root};
 
 /// The clsact path for the uplink programs: their filters then sit in a clsact qdisc.
 const CLSACT: [&str; 2] = ["--enable-tcx", "false"];
@@ -145,4 +145,32 @@ fn prepare_refuses_look_alikes_and_never_removes_a_foreign_clsact() {
     for link in ["veb0000000000a1", "veb0000000000a2", "veb0000000000a3"] {
         node.netns.ip(&["link", "del", link]);
     }
+}
+
+#[test]
+fn a_restart_leaves_a_foreign_clsact_on_a_pods_veth_and_still_starts() {
+    require_root();
+    let mut node = Node::start("10.244.97.0/24");
+    let pod = node.add_pod("veths-foreign");
+    let veth = node.host_veths().pop().expect("the pod's veth");
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    // Someone replaces the veth's binding with a clsact of their own.
+    for args in [
+        ["qdisc", "del", "dev", veth.as_str(), "clsact"],
+        ["qdisc", "add", "dev", veth.as_str(), "clsact"],
+    ] {
+        let out = node.netns.run("tc", &args);
+        assert!(out.status.success(), "tc {args:?} failed");
+    }
+    let before = qdiscs(&node, &veth);
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(qdiscs(&node, &veth), before, "their clsact stays");
+    assert!(
+        node.instance.log().contains("cannot be bound"),
+        "a warning says so:\n{}",
+        node.instance.log()
+    );
+    let other = node.add_pod("veths-after");
+    node.del_pod(&other);
+    node.del_pod(&pod);
 }
