@@ -1,6 +1,7 @@
 //! A failed Attach leaves the node exactly as it was (issue 23, point 13): a re-ADD
 //! refused for an address of another pod keeps the live endpoint's record, its map
-//! entries, its hostPorts and its veth's binding to the pods' block.
+//! entries, its hostPorts and its veth's binding to the pods' block; one with more
+//! addresses than the endpoints map holds leaves no record of them.
 
 use cni_api::{EndpointId, Request, Response};
 use ebpf_cni_tests::{
@@ -79,4 +80,55 @@ fn a_refused_re_add_keeps_the_live_endpoint_its_host_ports_and_binding() {
     let back = round_trip(&node.external, socket(NODE_ADDR, HOST_PORT), b"still there")
         .expect("the hostPort still leads to the live pod");
     assert_eq!(back, b"still there");
+}
+
+/// Entries of the `ENDPOINTS` map (`cni-ebpf/src/primitives/maps.rs`).
+const MAX_ENDPOINTS: u32 = 4096;
+
+#[test]
+fn a_re_add_past_the_endpoints_map_size_leaves_no_stale_record() {
+    require_root();
+    let node = Node::start("10.244.98.0/24");
+    let live = node.add_pod("reattach-full");
+    let id = EndpointId {
+        container_id: live.container_id.clone(),
+        ifname: "eth0".into(),
+    };
+    let get = |node: &Node| match node.instance.request(&Request::Get(id.clone())) {
+        Response::Endpoint {
+            endpoint: Some(record),
+        } => record,
+        other => panic!("Get answered {other:?}"),
+    };
+    let record = get(&node);
+    let file = node
+        .instance
+        .state_dir
+        .join(format!("{}@eth0.json", id.container_id));
+    let bytes = std::fs::read(&file).expect("the record");
+
+    let mut huge = record.clone();
+    huge.ips = (0..MAX_ENDPOINTS + 100)
+        .map(|n| {
+            let [_, _, high, low] = n.to_be_bytes();
+            format!("10.250.{high}.{low}/32").parse().expect("a prefix")
+        })
+        .collect();
+    match node.instance.request(&Request::Attach(Box::new(huge))) {
+        Response::Error { .. } => {}
+        other => panic!("more addresses than the map holds must fail, got {other:?}"),
+    }
+    assert_eq!(get(&node), record, "the record is as it was");
+    assert_eq!(
+        std::fs::read(&file).expect("the record"),
+        bytes,
+        "and so is its file"
+    );
+    let out = node
+        .netns
+        .run("ping", &["-c", "1", "-W", "2", &live.ip.to_string()]);
+    assert!(
+        out.status.success(),
+        "the pod is still reachable at its address"
+    );
 }
