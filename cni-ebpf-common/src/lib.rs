@@ -18,7 +18,7 @@ pub mod services;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
-pub use flow::{Timeouts, Way, tcp_state, udp_state};
+pub use flow::{Segment, Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
     HAIRPIN_ADDR, HostPortFlow, PortKey, PortTarget, SockConfig, SockRevKey, TARGET_COUNT,
     TARGET_WORDS,

@@ -216,7 +216,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: tcp_state::ESTABLISHED,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             // Left by a second uplink.
             node_addr: [192, 0, 2, 7],
         };
@@ -266,7 +268,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: 0,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             node_addr: [198, 18, 0, 1],
         };
         let inbound = NatEntry {
