@@ -147,6 +147,7 @@ pub fn egress(
             };
             let Some(port) = port else {
                 counters::nat(NatCounter::AllocationFailures);
+                counters::nat_refused(key.pod_addr);
                 return Ok(counters::drop_packet(DropReason::NatPortsExhausted));
             };
             let entry = flow_entry(&key, port, node_addr, now, &opening);
