@@ -95,22 +95,23 @@ pub fn live_entry(
     if expired(&entry, key.proto, config, now) {
         return None;
     }
-    let Some(seg) = reply else {
-        return Some(entry);
+    let (followed, flags) = match reply {
+        // An ICMP error only refreshes the timestamp.
+        None => (
+            Followed {
+                state: entry.state,
+                seq_seen: entry.seq_seen,
+                seq: entry.seq,
+            },
+            0,
+        ),
+        // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
+        Some(seg) => (follow(&entry, key.proto, &seg, Way::In, false), seg.flags),
     };
-    // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
-    let followed = follow(&entry, key.proto, &seg, Way::In, false);
     if followed.state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
         let forward = key.forward(&entry);
-        refresh(
-            slot,
-            &NAT_OUT,
-            &forward,
-            now,
-            &followed,
-            (Way::In, seg.flags),
-            node_addr,
-        );
+        let packet = (Way::In, flags);
+        refresh(slot, &NAT_OUT, &forward, now, &followed, packet, node_addr);
     } else if followed.changes_seq(&entry) {
         mark(slot, &followed);
     }
