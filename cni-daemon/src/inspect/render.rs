@@ -121,6 +121,17 @@ pub fn nat_table(view: &NatView) -> String {
         "nat disabled\n".to_owned()
     };
     out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
+    if !view.endpoints.is_empty() {
+        out.push_str(&format!("{:<16} {:>8} {:>8}\n", "POD", "FLOWS", "REFUSED"));
+        for endpoint in &view.endpoints {
+            out.push_str(&format!(
+                "{:<16} {:>8} {:>8}\n",
+                endpoint.pod.to_string(),
+                endpoint.flows,
+                endpoint.refused
+            ));
+        }
+    }
     push_flows(&mut out, &view.entries);
     if !view.from_outside.is_empty() {
         out.push_str(&format!(
