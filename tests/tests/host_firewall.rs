@@ -20,8 +20,13 @@ fn node_with_metadata(subnet: &str, flags: &[&str]) -> (Node, EchoServer) {
     let server = EchoServer::start(&node.external, 80);
     // The node knows its next hop, as a running node does: the fast path needs the
     // neighbour (until then the stack forwards, and would meet the rule).
-    let ping = node.netns.run("ping", &["-c", "1", "-W", "2", EXTERNAL_ADDR]);
-    assert!(ping.status.success(), "the node reaches its next hop: {ping:?}");
+    let ping = node
+        .netns
+        .run("ping", &["-c", "1", "-W", "2", EXTERNAL_ADDR]);
+    assert!(
+        ping.status.success(),
+        "the node reaches its next hop: {ping:?}"
+    );
     let rule = node
         .netns
         .run("iptables", &["-I", "FORWARD", "-d", METADATA, "-j", "DROP"]);
