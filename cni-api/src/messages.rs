@@ -148,6 +148,10 @@ pub struct Status {
     /// The Service ranges whose traffic goes through the node's stack (kube-proxy).
     #[serde(default)]
     pub service_cidrs: Vec<ipnet::Ipv4Net>,
+    /// Destinations pods' traffic to which always crosses the node's stack and its
+    /// netfilter (`--host-firewall-cidr`).
+    #[serde(default)]
+    pub host_firewall_cidrs: Vec<ipnet::Ipv4Net>,
     /// The node addresses a hostPort mapping without hostIP covers (loopback aside),
     /// as the datapath has them now.
     #[serde(default)]

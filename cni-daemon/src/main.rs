@@ -81,6 +81,16 @@ enum Command {
             value_delimiter = ','
         )]
         service_cidrs: Vec<Ipv4Net>,
+        /// Destinations that pods' traffic always reaches through the node's stack, so
+        /// that the node's netfilter (its host firewall) sees it: by default pods'
+        /// traffic skips it. For example a cloud metadata address (169.254.169.254/32)
+        /// that only the node may reach: drop it in the node's FORWARD chain.
+        #[arg(
+            long = "host-firewall-cidr",
+            env = "EBPF_CNID_HOST_FIREWALL_CIDRS",
+            value_delimiter = ','
+        )]
+        host_firewall_cidrs: Vec<Ipv4Net>,
         /// Attach the uplink programs (source NAT, hostPorts from outside) and the
         /// counter through TCX links where the kernel has them (Linux >= 6.6); `false`
         /// attaches them as clsact filters, as on older kernels (as Cilium's flag of the
@@ -141,6 +151,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run {
             attach,
             service_cidrs,
+            host_firewall_cidrs,
             enable_tcx,
             nat,
         } => {
@@ -150,6 +161,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 state_dir: cli.state_dir,
                 attach,
                 service_cidrs,
+                host_firewall_cidrs,
                 nat,
                 enable_tcx,
                 cgroup: cli.cgroup,

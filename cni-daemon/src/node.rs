@@ -174,6 +174,7 @@ impl Node {
             }),
             host_port_addrs: self.node_addrs.current().iter().copied().collect(),
             service_cidrs: self.datapath.service_cidrs().to_vec(),
+            host_firewall_cidrs: self.datapath.host_firewall_cidrs().to_vec(),
             // Filled in by the server, outside the node's lock (a netlink query).
             pod_gso_max_size: None,
         }

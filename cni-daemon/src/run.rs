@@ -29,8 +29,9 @@ pub struct RunConfig {
     /// Folder of the endpoint records (survives restarts).
     pub state_dir: PathBuf,
     pub attach: Vec<String>,
-    /// `--service-cidr`: see `Datapath::set_service_cidrs`.
+    /// `--service-cidr` and `--host-firewall-cidr`: see `Datapath::set_stack_cidrs`.
     pub service_cidrs: Vec<ipnet::Ipv4Net>,
+    pub host_firewall_cidrs: Vec<ipnet::Ipv4Net>,
     pub nat: NatArgs,
     /// `--enable-tcx`: see [`crate::datapath::tcx_in_use`].
     pub enable_tcx: bool,
@@ -51,11 +52,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         "uplink programs attach"
     );
     let mut datapath = Datapath::load(&config.bpf_dir, config.nat.nat_max_flows, tcx)?;
-    datapath.set_service_cidrs(&config.service_cidrs)?;
-    if !config.service_cidrs.is_empty() {
-        // Service traffic, and its replies between pods, is routed by the stack.
+    datapath.set_stack_cidrs(&config.service_cidrs, &config.host_firewall_cidrs)?;
+    if !config.service_cidrs.is_empty() || !config.host_firewall_cidrs.is_empty() {
+        // That traffic, and its replies between pods, is routed by the stack.
         crate::nat::sysctl::enable_ip_forward(
-            "pods' Service traffic is routed by the node's stack",
+            "pods' Service and host firewall traffic is routed by the node's stack",
         )
         .with_context(|| format!("cannot set {}", crate::nat::sysctl::IP_FORWARD))?;
     }

@@ -5,12 +5,217 @@
 //! opened from outside (`NAT_INBOUND`) and of hostPort connections (`HOSTPORT_FLOWS`),
 //! and treats an entry idle past its timeout as gone; the daemon's sweep removes those
 //! entries by the same rule ([`Timeouts::expired`]) and its views name the states.
+//!
+//! A TCP RST or FIN moves the state only when its sequence number fits what the flow
+//! has seen ([`follow_seq`], a simplified conntrack `tcp_in_window`): a host that can
+//! only guess the sequence numbers cannot close another's flow.
 
 use crate::{
     NatConfig, NatEntry,
     ip_proto::{ICMP, TCP},
     tcp_flags::{ACK, FIN, RST, opens},
 };
+
+/// The TCP header fields a flow follows: its flags, sequence and acknowledgement
+/// numbers (host order). All 0 for other protocols.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    pub flags: u8,
+    pub seq: u32,
+    pub ack: u32,
+}
+
+impl Segment {
+    /// A packet of a protocol other than TCP (or a TCP one with only these `flags`
+    /// known, in tests).
+    #[inline(always)]
+    #[must_use]
+    pub const fn flags(flags: u8) -> Self {
+        Self {
+            flags,
+            seq: 0,
+            ack: 0,
+        }
+    }
+}
+
+/// Bits of [`NatEntry::seq_seen`]: which side's highest sequence number
+/// [`NatEntry::seq`] holds.
+pub mod seq_seen {
+    /// The side that opened the flow ([`super::Way::Out`]), `seq[0]`.
+    pub const OPENER: u8 = 1;
+    /// The other side ([`super::Way::In`]), `seq[1]`.
+    pub const ANSWERER: u8 = 2;
+}
+
+/// How far (in bytes, either way) a RST's or FIN's sequence number may lie from the
+/// highest one seen from its side and still move the flow's state; the same bound for
+/// an acknowledgement of the other side's. 1 MiB: above what one packet advances a
+/// sender (a GSO burst is at most 64 KiB, a BIG TCP one 512 KiB), and room for a FIN
+/// whose last data was lost before reaching the node. A blind guess fits with a
+/// chance of 2^-11 per packet and known flow (a connection's address and ports both
+/// ways). See docs/decisions.md ("RST and FIN must fit the flow's sequence numbers").
+pub const SEQ_SLACK: u32 = 1 << 20;
+
+/// What [`follow_seq`] made of a TCP packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqStep {
+    /// Whether its sequence numbers fit the flow: a RST or FIN moves the state only then.
+    pub fits: bool,
+    /// The entry's [`NatEntry::seq_seen`] after it.
+    pub seen: u8,
+    /// The entry's [`NatEntry::seq`] after it.
+    pub seq: [u32; 2],
+}
+
+/// Whether `value` lies within [`SEQ_SLACK`] of `mark`, modulo 2^32.
+#[inline(always)]
+#[must_use]
+pub const fn near(value: u32, mark: u32) -> bool {
+    value.wrapping_sub(mark).wrapping_add(SEQ_SLACK) <= 2 * SEQ_SLACK
+}
+
+/// Follows the sequence number of `seg`, a TCP packet going `way` on a flow whose entry
+/// has `seen` and `seq` ([`NatEntry::seq_seen`], [`NatEntry::seq`]). A simplified
+/// conntrack `tcp_in_window`:
+/// - the opener's SYN (a new connection on the 4-tuple) starts over: its side alone,
+///   at its number;
+/// - a side already seen fits when its sequence number is [`near`] the highest seen
+///   from it (no windows, no window scaling, no payload lengths: [`SEQ_SLACK`] stands
+///   for them);
+/// - a side not seen yet fits when it acknowledges near the other side's highest
+///   number (an answer to its SYN, a RST refusing it), or when no side is known (an
+///   entry carried over from a release that did not follow them: picked up as
+///   conntrack picks up a flow mid-stream);
+/// - a packet that fits raises its side's mark when it is ahead (modulo 2^32); one
+///   that does not changes nothing.
+#[inline(always)]
+#[must_use]
+pub const fn follow_seq(seen: u8, seq: [u32; 2], seg: &Segment, way: Way) -> SeqStep {
+    let (me, mine, theirs) = match way {
+        Way::Out => (0, seq_seen::OPENER, seq_seen::ANSWERER),
+        Way::In => (1, seq_seen::ANSWERER, seq_seen::OPENER),
+    };
+    let mut seq = seq;
+    if matches!(way, Way::Out) && opens(seg.flags) {
+        seq[0] = seg.seq;
+        return SeqStep {
+            fits: true,
+            seen: seq_seen::OPENER,
+            seq,
+        };
+    }
+    let fits = if seen & mine != 0 {
+        near(seg.seq, seq[me])
+    } else if seen & theirs != 0 {
+        seg.flags & ACK != 0 && near(seg.ack, seq[1 - me])
+    } else {
+        true
+    };
+    if !fits {
+        return SeqStep { fits, seen, seq };
+    }
+    // Ahead of the mark: within half the sequence space after it.
+    if seen & mine == 0 || (seg.seq.wrapping_sub(seq[me]) as i32) > 0 {
+        seq[me] = seg.seq;
+    }
+    SeqStep {
+        fits,
+        seen: seen | mine,
+        seq,
+    }
+}
+
+/// The flags of `seg` the state machine may act on: all of them, but none of a RST or
+/// FIN whose sequence number does not fit ([`follow_seq`]): such a packet moves nothing.
+#[inline(always)]
+#[must_use]
+pub const fn state_flags(seg: &Segment, fits: bool) -> u8 {
+    if fits || seg.flags & (RST | FIN) == 0 {
+        seg.flags
+    } else {
+        0
+    }
+}
+
+/// A flow's entry after one of its packets: the state and the sequence marks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Followed {
+    pub state: u8,
+    pub seq_seen: u8,
+    pub seq: [u32; 2],
+}
+
+impl Followed {
+    /// Whether `entry` must be written to hold this.
+    #[inline(always)]
+    #[must_use]
+    pub const fn changes_seq(&self, entry: &NatEntry) -> bool {
+        self.seq_seen != entry.seq_seen
+            || self.seq[0] != entry.seq[0]
+            || self.seq[1] != entry.seq[1]
+    }
+}
+
+/// `entry` (a flow of `proto`) after `seg` going `way`: [`state_after`] for a flow the
+/// pod opened, [`inbound_state`] for one opened from outside (`inbound`; `way` is then
+/// [`Way::In`] from the pod), with the RST or FIN of a TCP packet whose sequence number
+/// does not fit ([`follow_seq`]) taken as no flags.
+#[inline(always)]
+#[must_use]
+pub const fn follow(
+    entry: &NatEntry,
+    proto: u8,
+    seg: &Segment,
+    way: Way,
+    inbound: bool,
+) -> Followed {
+    let (flags, seq_seen, seq) = if proto == TCP {
+        let step = follow_seq(entry.seq_seen, entry.seq, seg, way);
+        (state_flags(seg, step.fits), step.seen, step.seq)
+    } else {
+        (0, entry.seq_seen, entry.seq)
+    };
+    let state = if inbound {
+        inbound_state(proto, entry.state, flags, matches!(way, Way::In))
+    } else {
+        state_after(proto, entry.state, flags, way)
+    };
+    Followed {
+        state,
+        seq_seen,
+        seq,
+    }
+}
+
+/// The sequence marks of a flow whose first packet is `seg` of `proto`, from its
+/// opener: ([`NatEntry::seq_seen`], [`NatEntry::seq`]).
+#[inline(always)]
+#[must_use]
+pub const fn opening_seq(proto: u8, seg: &Segment) -> (u8, [u32; 2]) {
+    if proto == TCP {
+        (seq_seen::OPENER, [seg.seq, 0])
+    } else {
+        (0, [0, 0])
+    }
+}
+
+/// The [`NatEntry::seq_seen`] of the twin entry (the other table's) of a flow when this
+/// table's, which follows `way`, is refreshed with `followed` after a packet with
+/// `flags`: the side of `way` is copied; the opener's SYN starts the twin over too.
+#[inline(always)]
+#[must_use]
+pub const fn twin_seen(twin: u8, followed: u8, flags: u8, way: Way) -> u8 {
+    let mine = match way {
+        Way::Out => seq_seen::OPENER,
+        Way::In => seq_seen::ANSWERER,
+    };
+    if matches!(way, Way::Out) && opens(flags) {
+        followed & mine
+    } else {
+        (twin & !mine) | (followed & mine)
+    }
+}
 
 /// [`NatEntry::state`] of a TCP flow: the states the timeouts follow.
 pub mod tcp_state {

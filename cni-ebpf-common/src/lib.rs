@@ -18,7 +18,7 @@ pub mod services;
 pub mod stats;
 
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
-pub use flow::{Timeouts, Way, tcp_state, udp_state};
+pub use flow::{Segment, Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
     HAIRPIN_ADDR, HostPortFlow, NODE_ADDRS_MAX, PortKey, PortTarget, SockConfig, SockRevKey,
     TARGET_COUNT, TARGET_WORDS,
@@ -48,6 +48,9 @@ pub mod map_names {
     pub const NAT_IN: &str = "NAT_IN";
     /// Array of one [`crate::NatConfig`].
     pub const NAT_CONFIG: &str = "NAT_CONFIG";
+    /// LRU per-CPU hash: a pod's address (`[u8; 4]`) -> `u64`, its new flows to
+    /// translate that were refused (no node port free toward their destination).
+    pub const NAT_REFUSED: &str = "NAT_REFUSED";
     /// Array of one [`crate::Uplinks`]: the devices source NAT translates on.
     pub const UPLINKS: &str = "UPLINKS";
     /// LPM trie: [`crate::CidrKey`] -> `u8`, destinations that are not translated.

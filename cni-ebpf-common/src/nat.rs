@@ -47,13 +47,21 @@ pub struct NatEntry {
     /// [`tcp_state`](crate::tcp_state) for TCP; 0 for ICMP;
     /// [`udp_state`](crate::udp_state) otherwise (see [`crate::flow`]).
     pub state: u8,
-    pub pad: [u8; 3],
+    /// TCP: which sides' sequence numbers [`seq`](Self::seq) holds, bits
+    /// [`seq_seen`](crate::flow::seq_seen) (0 in entries carried over from a release
+    /// that did not follow them). 0 for other protocols.
+    pub seq_seen: u8,
+    pub pad: [u8; 2],
     /// The address the flow leaves with (its uplink's when the flow began or last left
     /// after an address change). 0.0.0.0 in entries an earlier datapath wrote, whose
     /// value had padding here: such a flow matches replies to any uplink address.
-    /// Decision: taken from the padding, so that the pinned tables keep their value size
-    /// across upgrades (a pinned map is reused, never re-created, at a daemon start).
     pub node_addr: [u8; 4],
+    /// TCP: the highest sequence number seen from the side that opened the flow
+    /// (`[0]`, [`Way::Out`](crate::Way::Out)) and from the other (`[1]`), which RST
+    /// and FIN must fall near to move the state ([`crate::flow::follow_seq`]). Each
+    /// table's entry follows the side whose packets look it up; its twin's copy of
+    /// that side is refreshed with the state.
+    pub seq: [u32; 2],
 }
 
 impl NatEntry {
@@ -69,8 +77,10 @@ impl NatEntry {
             pod_port: flow.pod_port,
             node_port: flow.pod_port,
             state,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
             node_addr: flow.pod_addr,
+            seq: [0; 2],
         }
     }
 }
@@ -389,7 +399,7 @@ pub mod sweep {
 
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatReverseKey>() == 12);
-const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<NatEntry>() == 32);
 const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
 const _: () = assert!(sweep::MAX_ITEMS as u32 <= sweep::COUNT_MASK);
 // The last count fits below the return value's sign bit.

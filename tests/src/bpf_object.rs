@@ -177,6 +177,18 @@ impl BpfObject {
     }
 
     /// The counters of the endpoint behind `ifindex`, summed over CPUs (zero when absent).
+    /// New flows of the pod at `pod_addr` refused (`NAT_REFUSED`), summed over CPUs.
+    pub fn nat_refused(&self, pod_addr: [u8; 4]) -> u64 {
+        let refused: PerCpuHashMap<_, [u8; 4], u64> =
+            PerCpuHashMap::try_from(self.map(map_names::NAT_REFUSED))
+                .expect("NAT_REFUSED is a per-CPU LRU hash map");
+        match refused.get(&pod_addr, 0) {
+            Ok(per_cpu) => per_cpu.iter().sum(),
+            Err(MapError::KeyNotFound) => 0,
+            Err(error) => panic!("cannot read the refusals of {pod_addr:?}: {error}"),
+        }
+    }
+
     pub fn endpoint_counters(&self, ifindex: u32) -> EndpointCounters {
         let map = self
             .ebpf

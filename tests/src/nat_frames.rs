@@ -185,7 +185,9 @@ pub fn entry(key: &NatKey, node_port: u16, state: u8, last_seen_ns: u64) -> NatE
         pod_port,
         node_port,
         state,
-        pad: [0; 3],
+        seq_seen: 0,
+        pad: [0; 2],
+        seq: [0; 2],
         node_addr: NODE_ADDR,
     }
 }
@@ -278,12 +280,26 @@ pub fn assert_checksums_valid(frame: &[u8], what: &str) {
 
 // --- Frames -------------------------------------------------------------------------------
 
+/// The sequence number of [`tcp`]'s segments, both ways.
+pub const TCP_SEQ: u32 = 0x0102_0304;
+
 /// A TCP header (no options, no payload) with `flags`; the frame builders fill its
 /// checksum.
 pub fn tcp(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
-    let ack: u32 = if flags & TCP_ACK != 0 { 0x0a0b_0c0e } else { 0 };
+    // Both sides at the same sequence number: each acknowledges the other's.
+    let ack: u32 = if flags & TCP_ACK != 0 { TCP_SEQ + 1 } else { 0 };
     let mut tcp = [sport.to_be_bytes(), dport.to_be_bytes()].concat();
-    tcp.extend(0x0102_0304u32.to_be_bytes());
+    tcp.extend(TCP_SEQ.to_be_bytes());
+    tcp.extend(ack.to_be_bytes());
+    tcp.extend([0x50, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
+    tcp
+}
+
+/// A TCP header (no options, no payload) with `flags`, sequence number `seq` and
+/// acknowledgement number `ack`.
+pub fn tcp_at(sport: u16, dport: u16, flags: u8, seq: u32, ack: u32) -> Vec<u8> {
+    let mut tcp = [sport.to_be_bytes(), dport.to_be_bytes()].concat();
+    tcp.extend(seq.to_be_bytes());
     tcp.extend(ack.to_be_bytes());
     tcp.extend([0x50, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
     tcp

@@ -95,11 +95,22 @@ impl Node {
     /// Replaces the flow table pinned as `name` (the daemon stopped) with an earlier
     /// release's: an LRU hash of `entries` with `V` values, holding `flows`.
     pub fn pin_earlier_flows<V: aya::Pod>(&self, name: &str, entries: u32, flows: &[(NatKey, V)]) {
+        self.pin_earlier_table(name, entries, flows);
+    }
+
+    /// [`Self::pin_earlier_flows`] for a table of any key (`NAT_IN`'s, for one).
+    pub fn pin_earlier_table<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &str,
+        entries: u32,
+        flows: &[(K, V)],
+    ) {
         let pin = self.instance.bpf_dir.join(name);
+        let key = u32::try_from(size_of::<K>()).expect("a small key");
         let value = u32::try_from(size_of::<V>()).expect("a small value");
-        self.pin_earlier_map(&pin, "lru_hash", 16, value, entries);
+        self.pin_earlier_map(&pin, "lru_hash", key, value, entries);
         let data = MapData::from_pin(&pin).expect("the earlier map");
-        let mut table: aya::maps::HashMap<_, NatKey, V> =
+        let mut table: aya::maps::HashMap<_, K, V> =
             aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
         for (key, value) in flows {
             table

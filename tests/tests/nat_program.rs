@@ -5,7 +5,9 @@
 //! `nat_program_ports.rs`, replies in `nat_program_replies.rs`, fragmented datagrams in
 //! `nat_program_fragments.rs`.
 
-use cni_ebpf_common::{DropReason, NatConfig, NatCounter, Uplinks, tcp_state};
+use cni_ebpf_common::{
+    DropReason, NatConfig, NatCounter, NatEntry, Uplinks, flow::seq_seen, tcp_state,
+};
 use ebpf_cni_tests::{
     frames::{
         IP_DST, IP_END, LOOPBACK, TC_ACT_OK, TC_ACT_SHOT, all_drops,
@@ -13,8 +15,8 @@ use ebpf_cni_tests::{
     },
     nat_frames::{
         ECHO_ID, ICMP, ICMP_ECHO_REQUEST, ICMP_ID, IP_SRC, MASQ, NODE_ADDR, OTHER_NODE_POD, PLAIN,
-        POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK, TCP_SYN, UDP,
-        UDP_CHECK, addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo,
+        POD_PORT, PORT_MAX, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK, TCP_SEQ, TCP_SYN,
+        UDP, UDP_CHECK, addr, assert_checksums_valid, assert_unchanged, egress, entry, icmp_echo,
         in_key, inbound, ingress, monotonic_coarse_ns, nat_config, out_key, outbound, port,
         pseudo_header_checksum, quote, tcp, udp, uplink, uplink_with, without_udp_checksum,
     },
@@ -68,8 +70,12 @@ fn tcp_syn_from_a_masqueraded_pod_leaves_from_a_node_port_recorded_in_both_table
     let stamp = out.last_seen_ns;
     assert_eq!(
         out,
-        entry(&key, node_port, tcp_state::SYN_SENT, stamp),
-        "NAT_OUT"
+        NatEntry {
+            seq_seen: seq_seen::OPENER,
+            seq: [TCP_SEQ, 0],
+            ..entry(&key, node_port, tcp_state::SYN_SENT, stamp)
+        },
+        "NAT_OUT, with the SYN's sequence number"
     );
     assert!(
         (before..=after).contains(&stamp),

@@ -51,6 +51,19 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
     let table = nat_table(&node);
     let entries = table["entries"].as_array().expect("entries");
     assert_eq!(entries.len(), 1, "{table}");
+    let per_pod = |pod: &ebpf_cni_tests::node::Pod| {
+        let listed = table["endpoints"].as_array().expect("endpoints");
+        let found = listed
+            .iter()
+            .find(|row| row["pod"] == pod.ip.to_string())
+            .unwrap_or_else(|| panic!("{} not listed: {table}", pod.ip));
+        (found["flows"].as_u64(), found["refused"].as_u64())
+    };
+    assert_eq!(per_pod(&a), (Some(1), Some(0)), "a holds the port");
+    assert!(
+        per_pod(&b).0 == Some(0) && per_pod(&b).1.is_some_and(|n| n >= 1),
+        "b is refused, and counted as such: {table}"
+    );
     assert_eq!(
         entries[0]["state"], "replied",
         "a's flow had a reply: {table}"

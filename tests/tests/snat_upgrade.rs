@@ -4,15 +4,118 @@
 
 use std::{collections::BTreeSet, net::SocketAddr};
 
-use cni_ebpf_common::{NatEntry, NatKey, map_names, tcp_state};
+use std::time::Duration;
+
+use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
-    daemon::Daemon,
+    daemon::{Daemon, eventually},
     nat_frames::{UDP, monotonic_ns, out_key},
     node::{NODE_ADDR, Node},
     require_root,
-    snat::{UDP_PORT, external, nat_table, node_ips, notes},
-    traffic::{UdpEcho, udp_round_trip},
+    snat::{TCP_PORT, UDP_PORT, external, nat_table, node_ips, notes},
+    traffic::{EchoServer, Stream, UdpEcho, udp_round_trip},
 };
+
+/// A flow as releases before the sequence numbers kept it (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct EarlierNatEntry {
+    last_seen_ns: u64,
+    pod_addr: [u8; 4],
+    pod_port: u16,
+    node_port: u16,
+    state: u8,
+    pad: [u8; 3],
+    node_addr: [u8; 4],
+}
+
+// SAFETY: #[repr(C)], fixed-width fields, explicit padding.
+unsafe impl aya::Pod for EarlierNatEntry {}
+
+fn earlier(entry: &NatEntry) -> EarlierNatEntry {
+    EarlierNatEntry {
+        last_seen_ns: entry.last_seen_ns,
+        pod_addr: entry.pod_addr,
+        pod_port: entry.pod_port,
+        node_port: entry.node_port,
+        state: entry.state,
+        pad: [0; 3],
+        node_addr: entry.node_addr,
+    }
+}
+
+#[test]
+fn a_tcp_stream_keeps_its_node_port_when_the_nat_tables_come_from_the_layout_before_sequence_numbers()
+ {
+    require_root();
+    let mut node = Node::start("10.244.83.0/24");
+    let pod = node.add_pod("old-layout");
+    let server = EchoServer::start(&node.external, TCP_PORT);
+    let stream = Stream::start(&pod.netns, external(TCP_PORT));
+    assert!(
+        eventually(Duration::from_secs(5), || stream.echoed() > 0),
+        "the stream starts"
+    );
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    // The same flow, as the release before kept it (the programs still attached go on
+    // with the tables they have).
+    let table = |name| {
+        node.flow_table::<NatKey>(name)
+            .iter()
+            .map(|flow| flow.expect("a readable flow"))
+            .map(|(key, entry)| (key, earlier(&entry)))
+            .collect::<Vec<_>>()
+    };
+    let out = table(map_names::NAT_OUT);
+    let replies: Vec<(NatReverseKey, EarlierNatEntry)> = node
+        .flow_table::<NatReverseKey>(map_names::NAT_IN)
+        .iter()
+        .map(|flow| flow.expect("a readable flow"))
+        .map(|(key, entry)| (key, earlier(&entry)))
+        .collect();
+    assert_eq!((out.len(), replies.len()), (1, 1), "test bug: one flow");
+    node.pin_earlier_table(map_names::NAT_OUT, 262_144, &out);
+    node.pin_earlier_table(map_names::NAT_IN, 262_144, &replies);
+
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    for name in [map_names::NAT_OUT, map_names::NAT_IN] {
+        assert_eq!(
+            node.pinned_layout(name),
+            (size_of::<NatEntry>(), 262_144),
+            "{name} created anew at this release's layout"
+        );
+    }
+    let carried = node.flow_table::<NatKey>(map_names::NAT_OUT);
+    let (key, entry) = carried
+        .iter()
+        .next()
+        .expect("the flow was carried")
+        .expect("a readable flow");
+    assert_eq!(
+        (key, entry.node_port, entry.state),
+        (out[0].0, out[0].1.node_port, tcp_state::ESTABLISHED),
+        "carried with its node port and state"
+    );
+    let after = stream.echoed();
+    assert!(
+        eventually(Duration::from_secs(5), || stream.echoed() > after),
+        "the stream flows on"
+    );
+    stream.finish().expect("the stream never failed");
+    assert_eq!(
+        server.peers().len(),
+        1,
+        "one connection: {:?}",
+        server.peers()
+    );
+    assert!(
+        node.instance
+            .log()
+            .lines()
+            .any(|line| line.contains("its flows are carried over") && line.contains("NAT_OUT")),
+        "said in the log"
+    );
+}
 
 #[test]
 fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {

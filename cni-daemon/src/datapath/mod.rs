@@ -106,8 +106,9 @@ pub struct Datapath {
     ebpf: Ebpf,
     bpf_dir: PathBuf,
     attachments: Vec<Attachment>,
-    /// The Service ranges (see `set_service_cidrs`).
+    /// The Service ranges and the host firewall's (see `set_stack_cidrs`).
     service_cidrs: Vec<ipnet::Ipv4Net>,
+    host_firewall_cidrs: Vec<ipnet::Ipv4Net>,
     /// Whether the uplink and counting programs attach through TCX links (else as
     /// clsact filters, see [`clsact`]); see [`tcx_in_use`].
     tcx: bool,
@@ -151,6 +152,7 @@ impl Datapath {
             bpf_dir: bpf_dir.to_owned(),
             attachments: Vec::new(),
             service_cidrs: Vec::new(),
+            host_firewall_cidrs: Vec::new(),
             tcx,
         })
     }

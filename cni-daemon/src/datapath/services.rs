@@ -1,6 +1,8 @@
-//! Service ranges (`--service-cidr`): the destinations the datapath hands to the node's
-//! stack, where kube-proxy (iptables or nftables mode) DNATs Services. See the eBPF
-//! side, `cni-ebpf/src/features/services.rs`.
+//! The ranges whose traffic the datapath hands to the node's stack: Service ranges
+//! (`--service-cidr`), where kube-proxy (iptables or nftables mode) DNATs Services, and
+//! the host firewall's (`--host-firewall-cidr`), destinations such as a cloud metadata
+//! address that pods must only reach through the node's netfilter. Both are one set to
+//! the datapath (`SERVICE_CIDRS`); see its side, `cni-ebpf/src/features/services.rs`.
 
 use std::collections::BTreeSet;
 
@@ -12,10 +14,19 @@ use super::{Datapath, DatapathError};
 use crate::ranges;
 
 impl Datapath {
-    /// Makes the Service ranges exactly `ranges` (host bits cleared): the trie first,
-    /// then their number, which turns the datapath's Service checks on (or off, at 0).
-    pub fn set_service_cidrs(&mut self, ranges: &[Ipv4Net]) -> Result<(), DatapathError> {
-        let desired: BTreeSet<Ipv4Net> = ranges.iter().map(Ipv4Net::trunc).collect();
+    /// Makes the ranges handed to the stack exactly `services` and `host_firewall` (host
+    /// bits cleared): the trie first, then their number, which turns the datapath's
+    /// checks on (or off, at 0).
+    pub fn set_stack_cidrs(
+        &mut self,
+        services: &[Ipv4Net],
+        host_firewall: &[Ipv4Net],
+    ) -> Result<(), DatapathError> {
+        let desired: BTreeSet<Ipv4Net> = services
+            .iter()
+            .chain(host_firewall)
+            .map(Ipv4Net::trunc)
+            .collect();
         if desired.len() > MAX_SERVICE_CIDRS as usize {
             return Err(DatapathError::ServiceCidrs(format!(
                 "{} ranges, at most {MAX_SERVICE_CIDRS}",
@@ -37,12 +48,17 @@ impl Datapath {
         let mut count: Array<_, u32> = Array::try_from(map)?;
         // At most MAX_SERVICE_CIDRS, checked above.
         count.set(0, desired.len() as u32, 0)?;
-        self.service_cidrs = desired.iter().copied().collect();
+        let sorted = |ranges: &[Ipv4Net]| {
+            let set: BTreeSet<Ipv4Net> = ranges.iter().map(Ipv4Net::trunc).collect();
+            set.into_iter().collect::<Vec<_>>()
+        };
+        self.service_cidrs = sorted(services);
+        self.host_firewall_cidrs = sorted(host_firewall);
         if changed {
             tracing::info!(
                 ranges = ?desired,
-                "Service ranges: pods' traffic to them, and its replies, goes through the \
-                 node's stack (kube-proxy)"
+                "Service and host firewall ranges: pods' traffic to them, and its replies, \
+                 goes through the node's stack (kube-proxy, netfilter)"
             );
         }
         Ok(())
@@ -51,5 +67,10 @@ impl Datapath {
     /// The Service ranges in force.
     pub fn service_cidrs(&self) -> &[Ipv4Net] {
         &self.service_cidrs
+    }
+
+    /// The host firewall's ranges in force.
+    pub fn host_firewall_cidrs(&self) -> &[Ipv4Net] {
+        &self.host_firewall_cidrs
     }
 }

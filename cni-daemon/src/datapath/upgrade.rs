@@ -2,12 +2,13 @@
 //! reused as it is (aya opens the pin whatever the object asks) and its sizes cannot
 //! change, so at every start, before the load ([`before_load`]):
 //! - `NAT_OUT` and `NAT_IN` of another size than `--nat-max-flows` are unpinned, and
-//!   their flows lost;
+//!   their flows lost; of that size but an earlier release's 24-byte [`NatEntry`]
+//!   (before the sequence numbers), read and unpinned, and their flows written into the
+//!   tables the load creates ([`Carried`]);
 //! - a `NAT_CONFIG` an earlier release pinned with a shorter value is unpinned;
 //! - a `NODE_ADDRS` of another size (an earlier release's 256) is unpinned;
 //! - `NAT_INBOUND` and `HOSTPORT_FLOWS` of another size, or of an earlier release's 8
-//!   bytes a flow, are read and unpinned, and their flows written into the tables the
-//!   load creates ([`Carried`]).
+//!   or 24 bytes a flow, are read and unpinned, and their flows carried likewise.
 //!
 //! The load then creates what was unpinned. Links of earlier daemons are upgraded where
 //! they are attached: the per-veth links in [`pod`](super::pod), uplink links pinned
@@ -16,26 +17,69 @@
 use std::{fs, path::Path};
 
 use aya::{
-    Ebpf,
+    Ebpf, Pod,
     maps::{HashMap, Map, MapData, MapInfo},
 };
 use cni_ebpf_common::{
-    NODE_ADDRS_MAX, NatConfig, NatEntry, NatKey, ip_proto, map_names, tcp_state, udp_state,
+    NODE_ADDRS_MAX, NatConfig, NatEntry, NatKey, NatReverseKey, ip_proto, map_names, tcp_state,
+    udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
 
 /// The flows of the tables [`before_load`] unpinned to carry over, by table, to write
 /// into the tables the load created ([`Self::write`]).
-pub(super) struct Carried(Vec<(&'static str, Vec<(NatKey, NatEntry)>)>);
+pub(super) struct Carried {
+    /// Tables keyed from the pod's side: `NAT_OUT`, `NAT_INBOUND`, `HOSTPORT_FLOWS`.
+    flows: Vec<(&'static str, Vec<(NatKey, NatEntry)>)>,
+    /// `NAT_IN`.
+    replies: Vec<(NatReverseKey, NatEntry)>,
+}
 
 impl Carried {
     /// Writes the carried flows into the loaded object's tables.
     pub(super) fn write(&self, ebpf: &mut Ebpf) -> Result<(), DatapathError> {
-        for (name, flows) in &self.0 {
+        for (name, flows) in &self.flows {
             write_carried(ebpf, name, flows)?;
         }
-        Ok(())
+        write_carried(ebpf, map_names::NAT_IN, &self.replies)
+    }
+}
+
+/// A [`NatEntry`] as releases before the sequence numbers wrote it (24 bytes): the
+/// same fields up to `node_addr`, with a 3-byte padding where `seq_seen` is now.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct EarlierNatEntry {
+    last_seen_ns: u64,
+    pod_addr: [u8; 4],
+    pod_port: u16,
+    node_port: u16,
+    state: u8,
+    pad: [u8; 3],
+    node_addr: [u8; 4],
+}
+
+const _: () = assert!(size_of::<EarlierNatEntry>() == 24);
+
+// SAFETY: #[repr(C)], fixed-width fields, explicit padding, size asserted.
+unsafe impl Pod for EarlierNatEntry {}
+
+impl EarlierNatEntry {
+    /// This release's entry: the same flow and state, no side's sequence number known
+    /// (the datapath takes the first it sees, see `cni_ebpf_common::flow::follow_seq`).
+    fn upgrade(self) -> NatEntry {
+        NatEntry {
+            last_seen_ns: self.last_seen_ns,
+            pod_addr: self.pod_addr,
+            pod_port: self.pod_port,
+            node_port: self.node_port,
+            state: self.state,
+            seq_seen: 0,
+            pad: [0; 2],
+            node_addr: self.node_addr,
+            seq: [0; 2],
+        }
     }
 }
 
@@ -44,9 +88,10 @@ impl Carried {
 /// flows to write back once it is loaded.
 pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried, DatapathError> {
     resize_nat_tables(bpf_dir, nat_max_flows)?;
+    let (out, replies) = take_earlier_nat_tables(bpf_dir)?;
     replace_resized_config(bpf_dir)?;
     replace_resized_node_addrs(bpf_dir)?;
-    let carried = [
+    let mut flows = [
         (map_names::NAT_INBOUND, earlier_note as fn(&_, _) -> _),
         (map_names::HOSTPORT_FLOWS, earlier_hostport_flow),
     ]
@@ -55,7 +100,52 @@ pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried,
         take_resized(bpf_dir, name, nat_max_flows, earlier).map(|flows| (name, flows))
     })
     .collect::<Result<Vec<_>, _>>()?;
-    Ok(Carried(carried))
+    flows.push((map_names::NAT_OUT, out));
+    Ok(Carried { flows, replies })
+}
+
+/// Makes room for `NAT_OUT` and `NAT_IN` of this release's value: pins of an earlier
+/// release's [`EarlierNatEntry`] (of the right size, else [`resize_nat_tables`] has
+/// removed them) are read and unpinned, and their flows handed back, upgraded, for the
+/// tables the load creates. Dropped, every translated connection would lose its node
+/// port at the upgrade.
+#[expect(clippy::type_complexity, reason = "the two tables' flows, by key type")]
+fn take_earlier_nat_tables(
+    bpf_dir: &Path,
+) -> Result<(Vec<(NatKey, NatEntry)>, Vec<(NatReverseKey, NatEntry)>), DatapathError> {
+    let out = take_earlier_layout(bpf_dir, map_names::NAT_OUT)?;
+    let replies = take_earlier_layout(bpf_dir, map_names::NAT_IN)?;
+    Ok((out, replies))
+}
+
+/// The flows of table `name` when it is pinned with [`EarlierNatEntry`] values, upgraded,
+/// its pin removed; nothing otherwise.
+fn take_earlier_layout<K: Pod>(
+    bpf_dir: &Path,
+    name: &'static str,
+) -> Result<Vec<(K, NatEntry)>, DatapathError> {
+    let pin = bpf_dir.join(name);
+    if !pin.exists() {
+        return Ok(Vec::new());
+    }
+    let value_size = usize::try_from(MapInfo::from_pin(&pin)?.value_size()).unwrap_or(0);
+    if value_size != size_of::<EarlierNatEntry>() {
+        return Ok(Vec::new());
+    }
+    let old: HashMap<_, K, EarlierNatEntry> =
+        HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
+    let flows: Vec<(K, NatEntry)> = old
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, value)| (key, value.upgrade()))
+        .collect();
+    tracing::info!(
+        table = name,
+        flows = flows.len(),
+        "created anew at this release's layout; its flows are carried over"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
+    Ok(flows)
 }
 
 /// Makes room for NAT tables of `max_flows` entries: pinned tables of another size
@@ -121,7 +211,8 @@ fn replace_resized_node_addrs(bpf_dir: &Path) -> Result<(), DatapathError> {
 
 /// Makes room for a table `name` of this release, `NAT_INBOUND` or `HOSTPORT_FLOWS` (a
 /// [`NatEntry`] per flow, as many as the NAT tables hold): a pin of another value size
-/// (an earlier release kept 8 bytes a flow, in a table of 65,536) or of another size
+/// (an earlier release kept 8 bytes a flow, in a table of 65,536; a later one the 24
+/// bytes of [`EarlierNatEntry`]) or of another size
 /// (`--nat-max-flows` changed) is read and unpinned, and its flows handed back for
 /// [`write_carried`] into the map the load creates. Dropped, they would have broken
 /// live connections at the upgrade: pods' answers to hosts that reached their own
@@ -150,6 +241,12 @@ fn take_resized(
         old.iter()
             .filter_map(Result::ok)
             .map(|(key, value)| (key, earlier(&key, value)))
+            .collect()
+    } else if value_size == size_of::<EarlierNatEntry>() {
+        let old: HashMap<_, NatKey, EarlierNatEntry> = HashMap::try_from(map)?;
+        old.iter()
+            .filter_map(Result::ok)
+            .map(|(key, value)| (key, value.upgrade()))
             .collect()
     } else {
         let old: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
@@ -192,16 +289,16 @@ fn earlier_hostport_flow(key: &NatKey, value: [u8; 8]) -> NatEntry {
 
 /// Writes `flows` (see [`take_resized`]) into the loaded table `name`; more than it
 /// holds and the LRU keeps the last written.
-fn write_carried(
+fn write_carried<K: Pod>(
     ebpf: &mut Ebpf,
     name: &'static str,
-    flows: &[(NatKey, NatEntry)],
+    flows: &[(K, NatEntry)],
 ) -> Result<(), DatapathError> {
     if flows.is_empty() {
         return Ok(());
     }
     let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
-    let mut table: HashMap<_, NatKey, NatEntry> = HashMap::try_from(map)?;
+    let mut table: HashMap<_, K, NatEntry> = HashMap::try_from(map)?;
     for (key, flow) in flows {
         table.insert(key, flow, 0)?;
     }
@@ -242,5 +339,33 @@ mod tests {
             (tcp.pod_addr, tcp.pod_port)
         );
         assert!(connection.last_seen_ns > 0, "stamped now");
+    }
+
+    #[test]
+    fn a_flow_of_the_layout_before_sequence_numbers_comes_over_with_no_side_known() {
+        let earlier = EarlierNatEntry {
+            last_seen_ns: 77,
+            pod_addr: [10, 244, 0, 2],
+            pod_port: 40000,
+            node_port: 61000,
+            state: tcp_state::CLOSING,
+            pad: [0; 3],
+            node_addr: [198, 18, 0, 1],
+        };
+        let entry = earlier.upgrade();
+        assert_eq!(
+            (
+                entry.last_seen_ns,
+                entry.pod_addr,
+                entry.pod_port,
+                entry.node_port
+            ),
+            (77, [10, 244, 0, 2], 40000, 61000)
+        );
+        assert_eq!(
+            (entry.state, entry.node_addr),
+            (tcp_state::CLOSING, [198, 18, 0, 1])
+        );
+        assert_eq!((entry.seq_seen, entry.seq), (0, [0; 2]), "no side known");
     }
 }

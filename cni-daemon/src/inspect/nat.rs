@@ -41,6 +41,20 @@ pub struct NatView {
     /// Flows a host outside opened to a pod's own address (a routed pod network), whose
     /// answers leave untranslated: `node` is the pod's own address and port.
     pub from_outside: Vec<FlowView>,
+    /// Per pod address: its translated flows and its new flows refused, for every pod
+    /// with either.
+    pub endpoints: Vec<EndpointNatView>,
+}
+
+/// One pod's share of source NAT: which pod holds the flows, which is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EndpointNatView {
+    pub pod: Ipv4Addr,
+    /// Its flows in `NAT_OUT` (expired ones the sweep has not removed yet included).
+    pub flows: u64,
+    /// Its new flows dropped for want of a node port (`nat_ports_exhausted`), since the
+    /// count began (the daemon's first start on this node, or the pod's first refusal).
+    pub refused: u64,
 }
 
 /// A device source NAT translates on.
@@ -79,6 +93,7 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         flows_out,
         flows_in,
         from_outside: notes,
+        refused,
     } = tables;
     let node_addr = config
         .has_address()
@@ -94,6 +109,7 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         })
         .collect();
     let timeouts = Timeouts::from_config(&config);
+    let endpoints = endpoint_views(flows_out.keys(), &refused);
     let mut entries = Vec::new();
     for (key, out) in flows_out {
         let inbound = flows_in
@@ -129,7 +145,31 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         counters,
         entries,
         from_outside,
+        endpoints,
     }
+}
+
+/// Per pod address, the flows of `flows` (keys of `NAT_OUT`) and the `refused` counts,
+/// in address order.
+fn endpoint_views<'a>(
+    flows: impl Iterator<Item = &'a NatKey>,
+    refused: &BTreeMap<[u8; 4], u64>,
+) -> Vec<EndpointNatView> {
+    let mut by_pod: BTreeMap<[u8; 4], (u64, u64)> = BTreeMap::new();
+    for key in flows {
+        by_pod.entry(key.pod_addr).or_default().0 += 1;
+    }
+    for (pod, count) in refused {
+        by_pod.entry(*pod).or_default().1 = *count;
+    }
+    by_pod
+        .into_iter()
+        .map(|(pod, (flows, refused))| EndpointNatView {
+            pod: Ipv4Addr::from(pod),
+            flows,
+            refused,
+        })
+        .collect()
 }
 
 /// The order flows are listed in: by pod, then remote, then protocol.
@@ -216,7 +256,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: tcp_state::ESTABLISHED,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             // Left by a second uplink.
             node_addr: [192, 0, 2, 7],
         };
@@ -266,7 +308,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: 0,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             node_addr: [198, 18, 0, 1],
         };
         let inbound = NatEntry {

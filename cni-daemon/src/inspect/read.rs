@@ -161,6 +161,8 @@ pub struct NatTables {
     pub flows_in: StdHashMap<NatReverseKey, NatEntry>,
     /// `NAT_INBOUND`: flows a host outside opened to a pod's own address.
     pub from_outside: StdHashMap<NatKey, NatEntry>,
+    /// `NAT_REFUSED`: new flows refused per pod address, summed over CPUs.
+    pub refused: BTreeMap<[u8; 4], u64>,
 }
 
 /// Reads [`NatTables`].
@@ -187,5 +189,18 @@ pub fn nat_tables(bpf_dir: &Path) -> Result<NatTables, InspectError> {
         flows_out,
         flows_in,
         from_outside,
+        refused: refused_flows(bpf_dir)?,
     })
+}
+
+/// New flows refused per pod address (`NAT_REFUSED`), summed over CPUs.
+fn refused_flows(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], u64>, InspectError> {
+    let data = open_pinned(bpf_dir, map_names::NAT_REFUSED)?;
+    let map: PerCpuHashMap<_, [u8; 4], u64> = PerCpuHashMap::try_from(Map::PerCpuLruHashMap(data))?;
+    let mut refused = BTreeMap::new();
+    for entry in map.iter() {
+        let (pod, per_cpu) = entry?;
+        refused.insert(pod, per_cpu.iter().sum());
+    }
+    Ok(refused)
 }

@@ -44,6 +44,12 @@ pub fn status_table(view: &StatusView) -> String {
             joined(&status.service_cidrs, ", ")
         ));
     }
+    if !status.host_firewall_cidrs.is_empty() {
+        out.push_str(&format!(
+            "host firewall: {} (always through the node's stack and its netfilter)\n",
+            joined(&status.host_firewall_cidrs, ", ")
+        ));
+    }
     match status.pod_gso_max_size {
         Some(size) => out.push_str(&format!(
             "new pods: IPv4 GSO/GRO size {size} (BIG TCP, following the uplinks)\n"
@@ -115,6 +121,17 @@ pub fn nat_table(view: &NatView) -> String {
         "nat disabled\n".to_owned()
     };
     out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
+    if !view.endpoints.is_empty() {
+        out.push_str(&format!("{:<16} {:>8} {:>8}\n", "POD", "FLOWS", "REFUSED"));
+        for endpoint in &view.endpoints {
+            out.push_str(&format!(
+                "{:<16} {:>8} {:>8}\n",
+                endpoint.pod.to_string(),
+                endpoint.flows,
+                endpoint.refused
+            ));
+        }
+    }
     push_flows(&mut out, &view.entries);
     if !view.from_outside.is_empty() {
         out.push_str(&format!(
@@ -246,6 +263,7 @@ mod tests {
             node_addr: None,
             uplinks: Vec::new(),
             service_cidrs: Vec::new(),
+            host_firewall_cidrs: Vec::new(),
             host_port_addrs: Vec::new(),
             pod_gso_max_size: None,
         }
@@ -283,7 +301,7 @@ mod tests {
     }
 
     #[test]
-    fn status_names_every_uplink_and_the_service_ranges() {
+    fn status_names_every_uplink_the_service_and_the_host_firewall_ranges() {
         let uplink = |name: &str, ifindex, node_addr| cni_api::UplinkStatus {
             name: name.into(),
             ifindex,
@@ -298,13 +316,14 @@ mod tests {
                 uplink("eth1", 3, None),
             ],
             service_cidrs: vec!["10.96.0.0/12".parse().expect("a range")],
+            host_firewall_cidrs: vec!["169.254.169.254/32".parse().expect("a range")],
             ..idle()
         });
         let table = status_table(&view);
         let nat: Vec<&str> = table
             .lines()
             .skip_while(|line| *line != "nat: enabled")
-            .take(4)
+            .take(5)
             .collect();
         assert_eq!(
             nat,
@@ -313,6 +332,8 @@ mod tests {
                 "  uplink eth0  node 198.18.0.1",
                 &format!("  uplink eth1  node {}", NO_ADDRESS),
                 "services: 10.96.0.0/12 (through the node's stack: kube-proxy)",
+                "host firewall: 169.254.169.254/32 (always through the node's stack and its \
+                 netfilter)",
             ],
             "{table}"
         );

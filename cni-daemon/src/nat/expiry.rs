@@ -54,7 +54,9 @@ mod tests {
             pod_port: 40000,
             node_port: 61000,
             state,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             node_addr: [198, 18, 0, 1],
         }
     }

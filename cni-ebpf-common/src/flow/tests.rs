@@ -23,8 +23,10 @@ fn entry(idle_secs: u64, state: u8) -> NatEntry {
         pod_port: 40000,
         node_port: 61000,
         state,
-        pad: [0; 3],
+        seq_seen: 0,
+        pad: [0; 2],
         node_addr: [198, 18, 0, 1],
+        seq: [0; 2],
     }
 }
 
@@ -256,4 +258,184 @@ fn the_timeouts_are_those_the_config_carries() {
             icmp: 4,
         }
     );
+}
+
+fn seg(flags: u8, seq: u32, ack: u32) -> Segment {
+    Segment { flags, seq, ack }
+}
+
+/// An established flow: the pod's side at 1,000, the remote's at 5,000,000.
+fn established() -> NatEntry {
+    NatEntry {
+        seq_seen: seq_seen::OPENER | seq_seen::ANSWERER,
+        seq: [1_000, 5_000_000],
+        ..entry(0, tcp_state::ESTABLISHED)
+    }
+}
+
+#[test]
+fn a_rst_or_fin_far_from_the_sides_sequence_numbers_moves_nothing() {
+    let flow = established();
+    for flags in [RST, RST | ACK, FIN | ACK] {
+        for seq in [
+            5_000_000 + SEQ_SLACK + 1,
+            5_000_000 - SEQ_SLACK - 1,
+            0,
+            0x8000_0000,
+        ] {
+            let after = follow(&flow, TCP, &seg(flags, seq, 1_000), Way::In, false);
+            assert_eq!(after.state, tcp_state::ESTABLISHED, "{flags:#x} at {seq}");
+            assert_eq!(
+                (after.seq_seen, after.seq),
+                (flow.seq_seen, flow.seq),
+                "no mark moved"
+            );
+            // Opened from outside: the outside's side is the opener's, at 1,000.
+            let opener_seq = seq.wrapping_sub(5_000_000).wrapping_add(1_000);
+            let inbound = follow(&flow, TCP, &seg(flags, opener_seq, 0), Way::Out, true);
+            assert_eq!(
+                inbound.state,
+                tcp_state::ESTABLISHED,
+                "opened from outside too"
+            );
+        }
+    }
+    // The pod's own side is held to its own numbers.
+    let pod_rst = follow(
+        &flow,
+        TCP,
+        &seg(RST, 1_000 + 2 * SEQ_SLACK, 0),
+        Way::Out,
+        false,
+    );
+    assert_eq!(pod_rst.state, tcp_state::ESTABLISHED);
+}
+
+#[test]
+fn a_rst_or_fin_near_the_sides_sequence_numbers_moves_the_state() {
+    let flow = established();
+    for seq in [
+        5_000_000,
+        5_000_000 + SEQ_SLACK,
+        5_000_000 - SEQ_SLACK,
+        5_000_123,
+    ] {
+        assert_eq!(
+            follow(&flow, TCP, &seg(RST, seq, 0), Way::In, false).state,
+            tcp_state::CLOSED,
+            "{seq}"
+        );
+    }
+    let fin = follow(
+        &flow,
+        TCP,
+        &seg(FIN | ACK, 5_001_000, 1_000),
+        Way::In,
+        false,
+    );
+    assert_eq!(fin.state, tcp_state::REMOTE_CLOSING);
+    assert_eq!(fin.seq, [1_000, 5_001_000], "the mark follows");
+    let pod_fin = follow(
+        &flow,
+        TCP,
+        &seg(FIN | ACK, 1_500, 5_000_000),
+        Way::Out,
+        false,
+    );
+    assert_eq!(pod_fin.state, tcp_state::CLOSING);
+}
+
+#[test]
+fn sequence_marks_wrap_and_only_move_ahead() {
+    let step = |seen, seq, s| follow_seq(seen, seq, &seg(ACK, s, 0), Way::In);
+    let both = seq_seen::OPENER | seq_seen::ANSWERER;
+    let wrapped = step(both, [0, u32::MAX - 10], 20);
+    assert!(wrapped.fits);
+    assert_eq!(wrapped.seq[1], 20, "ahead across the wrap");
+    let behind = step(both, [0, 1_000_000], 999_000);
+    assert!(behind.fits, "a retransmission fits");
+    assert_eq!(behind.seq[1], 1_000_000, "and leaves the mark");
+    let far = step(both, [0, 1_000_000], 1_000_000 + SEQ_SLACK + 1);
+    assert!(!far.fits);
+    assert_eq!(
+        far.seq[1], 1_000_000,
+        "a packet that does not fit moves no mark"
+    );
+}
+
+#[test]
+fn an_unseen_side_must_acknowledge_the_other() {
+    // The pod's SYN at 7,000: the remote is not seen yet.
+    let (seen, seq) = opening_seq(TCP, &seg(SYN, 7_000, 0));
+    let syn_sent = NatEntry {
+        seq_seen: seen,
+        seq,
+        ..entry(0, tcp_state::SYN_SENT)
+    };
+    // A refusal acknowledges the SYN.
+    let refused = follow(&syn_sent, TCP, &seg(RST | ACK, 0, 7_001), Way::In, false);
+    assert_eq!(refused.state, tcp_state::CLOSED);
+    // A blind RST, with no acknowledgement or a wrong one, does not.
+    for blind in [seg(RST, 123, 0), seg(RST | ACK, 123, 7_001 + 2 * SEQ_SLACK)] {
+        assert_eq!(
+            follow(&syn_sent, TCP, &blind, Way::In, false).state,
+            tcp_state::SYN_SENT,
+            "{blind:?}"
+        );
+    }
+    let answer = follow(
+        &syn_sent,
+        TCP,
+        &seg(SYN | ACK, 90_000, 7_001),
+        Way::In,
+        false,
+    );
+    assert_eq!(answer.state, tcp_state::ESTABLISHED);
+    assert_eq!(
+        (answer.seq_seen, answer.seq),
+        (seq_seen::OPENER | seq_seen::ANSWERER, [7_000, 90_000])
+    );
+    // An entry that knows no side (carried over) takes the first it sees.
+    let carried = entry(0, tcp_state::ESTABLISHED);
+    assert_eq!(
+        follow(&carried, TCP, &seg(RST, 42, 0), Way::In, false).state,
+        tcp_state::CLOSED
+    );
+}
+
+#[test]
+fn the_openers_syn_starts_the_sequence_marks_over() {
+    let closed = NatEntry {
+        state: tcp_state::CLOSED,
+        ..established()
+    };
+    let reopened = follow(&closed, TCP, &seg(SYN, 0x9000_0000, 0), Way::Out, false);
+    assert_eq!(reopened.state, tcp_state::SYN_SENT);
+    assert_eq!(
+        (reopened.seq_seen, reopened.seq[0]),
+        (seq_seen::OPENER, 0x9000_0000)
+    );
+    assert_eq!(
+        twin_seen(
+            seq_seen::OPENER | seq_seen::ANSWERER,
+            reopened.seq_seen,
+            SYN,
+            Way::Out
+        ),
+        seq_seen::OPENER,
+        "the twin forgets the answerer too"
+    );
+    assert_eq!(
+        twin_seen(seq_seen::OPENER, seq_seen::ANSWERER, ACK, Way::In),
+        seq_seen::OPENER | seq_seen::ANSWERER,
+        "the twin learns this side"
+    );
+}
+
+#[test]
+fn other_protocols_keep_no_sequence_marks() {
+    let udp = entry(0, 0);
+    let after = follow(&udp, UDP, &Segment::default(), Way::In, false);
+    assert_eq!((after.state, after.seq_seen), (udp_state::REPLIED, 0));
+    assert_eq!(opening_seq(UDP, &seg(0, 5, 0)), (0, [0, 0]));
 }

@@ -5,8 +5,8 @@
 
 use aya_ebpf::maps::LruHashMap;
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, NatReverseKey, Timeouts, Way,
-    flow::{inbound_state, opening_state, state_after},
+    NatConfig, NatEntry, NatKey, NatReverseKey, Segment, Timeouts, Way,
+    flow::{Followed, follow, opening_seq, opening_state, twin_seen},
 };
 
 use crate::primitives::{
@@ -18,9 +18,11 @@ use crate::primitives::{
 /// fast path.
 pub const REFRESH_NS: u64 = 1_000_000_000;
 
-/// Refreshes a flow in both tables, in place: `this` (the entry just looked up) and the
-/// other table's entry at `other`, with the time, the TCP state and the address the
-/// flow leaves with. A map update would allocate a new LRU element and
+/// Refreshes a flow in both tables, in place: `this` (the entry just looked up, which
+/// follows the side `way` of a packet with `flags`) and the other table's entry at
+/// `other`, with the time, the TCP state (`followed`, with the sequence marks: the twin
+/// gets those of `way`'s side) and the address the flow leaves with. A map update would
+/// allocate a new LRU element and
 /// take the map's locks, twice per TCP state change (about eight times per
 /// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
 /// the same flow at once write the same kind of values: whichever lands is right. An
@@ -32,15 +34,22 @@ pub fn refresh<K>(
     other_table: &LruHashMap<K, NatEntry>,
     other: &K,
     now: u64,
-    state: u8,
+    followed: &Followed,
+    (way, flags): (Way, u8),
     node_addr: [u8; 4],
 ) {
     // SAFETY: `this` points into a map value, valid for the program run.
     let entry = unsafe {
         (*this).last_seen_ns = now;
-        (*this).state = state;
+        (*this).state = followed.state;
+        (*this).seq_seen = followed.seq_seen;
+        (*this).seq = followed.seq;
         (*this).node_addr = node_addr;
         *this
+    };
+    let side = match way {
+        Way::Out => 0,
+        Way::In => 1,
     };
     match other_table.get_ptr_mut(other) {
         // SAFETY: as above.
@@ -50,7 +59,9 @@ pub fn refresh<K>(
                 && (*twin).node_port == entry.node_port;
             if same_flow {
                 (*twin).last_seen_ns = now;
-                (*twin).state = state;
+                (*twin).state = followed.state;
+                (*twin).seq_seen = twin_seen((*twin).seq_seen, followed.seq_seen, flags, way);
+                (*twin).seq[side] = followed.seq[side];
                 (*twin).node_addr = node_addr;
             }
         },
@@ -60,9 +71,10 @@ pub fn refresh<K>(
     }
 }
 
-/// The live entry of the flow to `node_addr` a packet belongs to, its timestamp and
-/// state refreshed: `reply` holds the TCP flags (0 for other protocols) of a reply of
-/// the flow, and is `None` for an ICMP error about it, which changes no state (as
+/// The live entry of the flow to `node_addr` a packet belongs to, its timestamp, state
+/// and sequence marks refreshed: `reply` holds the TCP header fields (0 for other
+/// protocols) of a reply of the flow, and is `None` for an ICMP error about it, which
+/// changes no state (as
 /// conntrack's related packets do not). A flow that left with another address (by
 /// another uplink) is not this packet's; an entry without one (written by an earlier
 /// datapath) matches any.
@@ -71,7 +83,7 @@ pub fn live_entry(
     key: &NatReverseKey,
     config: &NatConfig,
     node_addr: [u8; 4],
-    reply: Option<u8>,
+    reply: Option<Segment>,
 ) -> Option<NatEntry> {
     let now = clock::now_ns();
     let slot = NAT_IN.get_ptr_mut(key)?;
@@ -83,48 +95,74 @@ pub fn live_entry(
     if expired(&entry, key.proto, config, now) {
         return None;
     }
-    let state = match reply {
-        None => entry.state,
+    let (followed, flags) = match reply {
+        // An ICMP error only refreshes the timestamp.
+        None => (
+            Followed {
+                state: entry.state,
+                seq_seen: entry.seq_seen,
+                seq: entry.seq,
+            },
+            0,
+        ),
         // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
-        Some(flags) => state_after(key.proto, entry.state, flags, Way::In),
+        Some(seg) => (follow(&entry, key.proto, &seg, Way::In, false), seg.flags),
     };
-    if state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+    if followed.state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
         let forward = key.forward(&entry);
-        refresh(slot, &NAT_OUT, &forward, now, state, node_addr);
+        let packet = (Way::In, flags);
+        refresh(slot, &NAT_OUT, &forward, now, &followed, packet, node_addr);
+    } else if followed.changes_seq(&entry) {
+        mark(slot, &followed);
     }
     Some(entry)
 }
 
-/// Notes a packet of `flow` (keyed from the pod's side, `flags` its TCP flags, 0 for
-/// other protocols) arriving from a host outside for the pod's own address: the stack
+/// Notes a packet of `flow` (keyed from the pod's side, `seg` its TCP header fields, 0
+/// for other protocols) arriving from a host outside for the pod's own address: the stack
 /// routes it to the pod, and the pod's answers keep its address (see
 /// [`opened_from_outside`]). A flow whose note expired (or that has none) opens anew.
 /// Written when the state changes, else at most once a second per flow.
 #[inline(always)]
-pub fn saw_inbound(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) {
+pub fn saw_inbound(flow: &NatKey, seg: &Segment, config: &NatConfig, now: u64) {
     let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
-        let note = NatEntry::from_outside(flow, opening_state(flow.proto, flags), now);
-        let _ = NAT_INBOUND.insert(flow, &note, 0);
+        let _ = NAT_INBOUND.insert(flow, &opened(flow, seg, now), 0);
         return;
     };
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let note = unsafe { *slot };
-    let state = if expired(&note, flow.proto, config, now) {
-        opening_state(flow.proto, flags)
-    } else {
-        inbound_state(flow.proto, note.state, flags, false)
-    };
-    touch(slot, &note, state, now);
+    if expired(&note, flow.proto, config, now) {
+        // SAFETY: as above.
+        unsafe { *slot = opened(flow, seg, now) };
+        return;
+    }
+    touch(
+        slot,
+        &note,
+        &follow(&note, flow.proto, seg, Way::Out, true),
+        now,
+    );
 }
 
-/// Whether `flow`, a pod's packet with no translated flow (`flags` its TCP flags),
+/// The note of `flow`, a flow a host outside opens with `seg` (its first packet).
+#[inline(always)]
+pub fn opened(flow: &NatKey, seg: &Segment, now: u64) -> NatEntry {
+    let (seq_seen, seq) = opening_seq(flow.proto, seg);
+    NatEntry {
+        seq_seen,
+        seq,
+        ..NatEntry::from_outside(flow, opening_state(flow.proto, seg.flags), now)
+    }
+}
+
+/// Whether `flow`, a pod's packet with no translated flow (`seg` its TCP header),
 /// answers a flow a host outside opened to the pod's own address whose note has not
 /// expired: such answers keep the pod's address, as under MASQUERADE, which translates
 /// only connections that began leaving. The note follows the packet: TCP's state, a
 /// reply for the others (which then keep it the stream timeout, as conntrack's assured
 /// flows do).
 #[inline(always)]
-pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u64) -> bool {
+pub fn opened_from_outside(flow: &NatKey, seg: &Segment, config: &NatConfig, now: u64) -> bool {
     let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
         return false;
     };
@@ -136,23 +174,37 @@ pub fn opened_from_outside(flow: &NatKey, flags: u8, config: &NatConfig, now: u6
     touch(
         slot,
         &note,
-        inbound_state(flow.proto, note.state, flags, true),
+        &follow(&note, flow.proto, seg, Way::In, true),
         now,
     );
     true
 }
 
-/// Writes `state` and `now` into the entry at `slot` (read as `note`: a note of
+/// Writes `followed` and `now` into the entry at `slot` (read as `note`: a note of
 /// `NAT_INBOUND` or a hostPort connection) when the state changes or a second has passed
-/// since it was stamped.
+/// since it was stamped; the sequence marks alone when only they moved.
 #[inline(always)]
-pub fn touch(slot: *mut NatEntry, note: &NatEntry, state: u8, now: u64) {
-    if state != note.state || now.saturating_sub(note.last_seen_ns) > REFRESH_NS {
+pub fn touch(slot: *mut NatEntry, note: &NatEntry, followed: &Followed, now: u64) {
+    if followed.state != note.state || now.saturating_sub(note.last_seen_ns) > REFRESH_NS {
         // SAFETY: a pointer into the map value, valid for the program run.
         unsafe {
             (*slot).last_seen_ns = now;
-            (*slot).state = state;
+            (*slot).state = followed.state;
         }
+    }
+    if followed.changes_seq(note) {
+        mark(slot, followed);
+    }
+}
+
+/// Writes the sequence marks of `followed` into the entry at `slot`: a TCP packet that
+/// moved its side's highest sequence number (most data packets), one store.
+#[inline(always)]
+pub fn mark(slot: *mut NatEntry, followed: &Followed) {
+    // SAFETY: a pointer into the map value, valid for the program run.
+    unsafe {
+        (*slot).seq_seen = followed.seq_seen;
+        (*slot).seq = followed.seq;
     }
 }
 

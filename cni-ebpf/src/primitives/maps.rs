@@ -6,7 +6,10 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
+    maps::{
+        Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap,
+        lpm_trie::Key,
+    },
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FragmentKey, FragmentTarget,
@@ -74,6 +77,11 @@ static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
 
 #[map(name = "CLUSTER_CIDRS")]
 static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+/// New flows refused per pod address (see `counters::nat_refused`); the least recently
+/// counted pods go first when it is full.
+#[map(name = "NAT_REFUSED")]
+pub static NAT_REFUSED: LruPerCpuHashMap<[u8; 4], u64> = LruPerCpuHashMap::pinned(MAX_ENDPOINTS, 0);
 
 #[map(name = "NAT_STATS")]
 pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);

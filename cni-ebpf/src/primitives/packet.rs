@@ -4,7 +4,10 @@
 //! needs no data/data_end comparison for the verifier.
 
 use aya_ebpf::programs::TcContext;
-use cni_ebpf_common::ip_proto::{DCCP, ICMP, SCTP, TCP, UDP, UDPLITE};
+use cni_ebpf_common::{
+    Segment,
+    ip_proto::{DCCP, ICMP, SCTP, TCP, UDP, UDPLITE},
+};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -91,20 +94,26 @@ pub struct EthIpv4 {
 }
 
 /// The ports of a TCP or UDP header at `l4` (as on the wire: source, then destination),
-/// and for TCP its flags: one read for TCP (the flags sit 13 bytes in), the 4 bytes of
-/// ports for UDP (a short datagram may have nothing after its 8-byte header).
+/// and for TCP the flags, sequence and acknowledgement numbers the flows follow: one
+/// read for TCP (the flags sit 13 bytes in), the 4 bytes of ports for UDP (a short
+/// datagram may have nothing after its 8-byte header).
 #[inline(always)]
-pub fn ports_and_flags(ctx: &TcContext, proto: u8, l4: usize) -> Result<(u16, u16, u8), i64> {
-    let (ports, flags) = if proto == TCP {
+pub fn ports_and_flags(ctx: &TcContext, proto: u8, l4: usize) -> Result<(u16, u16, Segment), i64> {
+    let (ports, seg) = if proto == TCP {
         let head: [u8; 14] = ctx.load(l4)?;
-        ([head[0], head[1], head[2], head[3]], head[13])
+        let seg = Segment {
+            flags: head[13],
+            seq: u32::from_be_bytes([head[4], head[5], head[6], head[7]]),
+            ack: u32::from_be_bytes([head[8], head[9], head[10], head[11]]),
+        };
+        ([head[0], head[1], head[2], head[3]], seg)
     } else {
-        (ctx.load::<[u8; 4]>(l4)?, 0)
+        (ctx.load::<[u8; 4]>(l4)?, Segment::flags(0))
     };
     Ok((
         u16::from_be_bytes([ports[0], ports[1]]),
         u16::from_be_bytes([ports[2], ports[3]]),
-        flags,
+        seg,
     ))
 }
 

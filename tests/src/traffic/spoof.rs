@@ -45,6 +45,42 @@ pub fn send_udp_as(
     })
 }
 
+/// Sends one TCP segment (no payload) from `netns` claiming `source`, to `to`, with
+/// `flags`, sequence number `seq` and acknowledgement number `ack`: a blind RST or FIN
+/// from a host that knows a connection's addresses and ports but not its sequence
+/// numbers.
+pub fn send_tcp_as(
+    netns: &Netns,
+    source: SocketAddrV4,
+    to: SocketAddrV4,
+    flags: u8,
+    (seq, ack): (u32, u32),
+) -> io::Result<()> {
+    let mut packet = vec![0x45, 0];
+    packet.extend(40u16.to_be_bytes());
+    packet.extend([0, 0, 0x40, 0, 64, 6, 0, 0]);
+    packet.extend(source.ip().octets());
+    packet.extend(to.ip().octets());
+    let mut segment = [source.port().to_be_bytes(), to.port().to_be_bytes()].concat();
+    segment.extend(seq.to_be_bytes());
+    segment.extend(ack.to_be_bytes());
+    segment.extend([0x50, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
+    let mut pseudo = [source.ip().octets(), to.ip().octets()].concat();
+    pseudo.extend([0, 6, 0, 20]);
+    pseudo.extend(&segment);
+    let checksum = crate::frames::internet_checksum(&pseudo);
+    segment[16..18].copy_from_slice(&checksum.to_be_bytes());
+    packet.extend(segment);
+    run_in(netns, move || {
+        let socket = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(Protocol::from(libc::IPPROTO_RAW)),
+        )?;
+        socket.send_to(&packet, &SockAddr::from(to)).map(drop)
+    })
+}
+
 /// A UDP datagram from `source` to `to` in an Ethernet frame from `src_mac` to `dst_mac`,
 /// with a VLAN tag when `tag` says so: (`0x8100` for 802.1Q or `0x88a8` for 802.1ad,
 /// the VLAN id). The IPv4 header's checksum is computed, as nothing on the way fills it.

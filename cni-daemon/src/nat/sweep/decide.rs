@@ -127,7 +127,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port,
             state: 0,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             node_addr: [198, 18, 0, 1],
         }
     }
@@ -256,7 +258,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port: 61007,
             state: 2,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             node_addr: [198, 18, 0, 1],
         };
         let reverse = key.reverse(entry.node_port);

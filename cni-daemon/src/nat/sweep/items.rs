@@ -64,7 +64,9 @@ mod tests {
             pod_port: key.pod_port,
             node_port,
             state: 0,
-            pad: [0; 3],
+            seq_seen: 0,
+            pad: [0; 2],
+            seq: [0; 2],
             node_addr: [198, 18, 0, 1],
         }
     }

@@ -16,7 +16,9 @@ pub mod sock;
 pub mod uplink;
 
 use aya_ebpf::programs::TcContext;
-use cni_ebpf_common::{HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, TARGET_COUNT, flow};
+use cni_ebpf_common::{
+    HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, Segment, TARGET_COUNT, Way, flow,
+};
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
@@ -79,12 +81,12 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
     }
 }
 
-/// Notes a packet of `flow` from its client (TCP `flags`, 0 for UDP) through the
+/// Notes a packet of `flow` from its client (TCP header `seg`, 0 for UDP) through the
 /// mapping `host_addr`:`host_port`: the connection's state moves on, in place (no map
 /// update: that takes the bucket's lock and recycles an LRU node); one that expired, or
 /// went through another mapping, opens anew.
 #[inline(always)]
-fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
+fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, seg: &Segment) {
     let now = clock::now_ns();
     if let Some(slot) = HOSTPORT_FLOWS.get_ptr_mut(flow) {
         // SAFETY: a pointer into the map value, valid for the program run; copied at once.
@@ -93,15 +95,15 @@ fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, flags: u8) {
             && entry.node_port == host_port
             && !is_expired(&entry, flow.proto, now)
         {
-            let state = flow::inbound_state(flow.proto, entry.state, flags, false);
-            conntrack::touch(slot, &entry, state, now);
+            let followed = flow::follow(&entry, flow.proto, seg, Way::Out, true);
+            conntrack::touch(slot, &entry, &followed, now);
             return;
         }
     }
     let entry = NatEntry {
         node_addr: host_addr,
         node_port: host_port,
-        ..NatEntry::from_outside(flow, flow::opening_state(flow.proto, flags), now)
+        ..conntrack::opened(flow, seg, now)
     };
     let _ = HOSTPORT_FLOWS.insert(flow, &entry, 0);
 }
@@ -114,10 +116,10 @@ fn is_expired(entry: &NatEntry, proto: u8, now: u64) -> bool {
 }
 
 /// The host address and port of the live hostPort connection `flow` (keyed from the
-/// pod's side), if there is one. A packet of the pod's on it (`flags`: its TCP flags)
+/// pod's side), if there is one. A packet of the pod's on it (`seg`: its TCP header)
 /// moves its state on; an ICMP error's quote of it (`None`) only reads it.
 #[inline(always)]
-pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
+pub fn host_of(flow: &NatKey, seg: Option<&Segment>) -> Option<HostPortFlow> {
     let slot = HOSTPORT_FLOWS.get_ptr_mut(flow)?;
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let entry = unsafe { *slot };
@@ -125,9 +127,9 @@ pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
     if is_expired(&entry, flow.proto, now) {
         return None;
     }
-    if let Some(flags) = flags {
-        let state = flow::inbound_state(flow.proto, entry.state, flags, true);
-        conntrack::touch(slot, &entry, state, now);
+    if let Some(seg) = seg {
+        let followed = flow::follow(&entry, flow.proto, seg, Way::In, true);
+        conntrack::touch(slot, &entry, &followed, now);
     }
     Some(HostPortFlow {
         host_addr: entry.node_addr,
@@ -136,7 +138,7 @@ pub fn host_of(flow: &NatKey, flags: Option<u8>) -> Option<HostPortFlow> {
     })
 }
 
-/// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, TCP `flags`, L4 header at
+/// A pod's TCP/UDP reply (from `pod_port` to `remote_port`, TCP header `seg`, L4 header at
 /// `l4`) on a hostPort connection, leaving by the uplink or for another pod of the node
 /// ([`pods::reply_to_pod`]): source set back to the host address and port, the
 /// connection's state moved on. Returns the host address when it was one.
@@ -148,7 +150,7 @@ pub fn outbound(
     l4_csum: L4Csum,
     pod_port: u16,
     remote_port: u16,
-    flags: u8,
+    seg: &Segment,
 ) -> Result<Option<[u8; 4]>, i64> {
     // Most packets (every source-NATed one) leave other ports: one array read, no hash.
     if !is_target_port(pod_port) {
@@ -162,7 +164,7 @@ pub fn outbound(
         proto: ip.proto as u8,
         pad: [0, 0, 0],
     };
-    let Some(host) = host_of(&flow, Some(flags)) else {
+    let Some(host) = host_of(&flow, Some(seg)) else {
         return Ok(None);
     };
     csum::set_source(ctx, ip, host.host_addr, l4_csum)?;

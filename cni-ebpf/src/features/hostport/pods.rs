@@ -36,7 +36,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(None);
     };
-    let (src_port, dst_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
+    let (src_port, dst_port, seg) = packet::ports_and_flags(ctx, proto, l4)?;
     if ip.dst_addr == HAIRPIN_ADDR {
         let flow = NatKey {
             pod_addr: ip.src_addr,
@@ -46,7 +46,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
             proto,
             pad: [0, 0, 0],
         };
-        let Some(host) = host_of(&flow, Some(flags)) else {
+        let Some(host) = host_of(&flow, Some(&seg)) else {
             return Ok(None);
         };
         let Some(pod) = maps::endpoint(ip.src_addr) else {
@@ -68,7 +68,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let hairpin = target.pod_addr == ip.src_addr;
     let client = if hairpin { HAIRPIN_ADDR } else { ip.src_addr };
     let flow = flow_to(&target, client, src_port, proto);
-    remember(&flow, ip.dst_addr, dst_port, flags);
+    remember(&flow, ip.dst_addr, dst_port, &seg);
     if hairpin {
         csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, HAIRPIN_ADDR, l4_csum)?;
     }
@@ -92,6 +92,6 @@ pub fn reply_to_pod(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(l4_csum) = L4Csum::of(proto, l4) else {
         return Ok(false);
     };
-    let (pod_port, remote_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
-    Ok(outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, flags)?.is_some())
+    let (pod_port, remote_port, seg) = packet::ports_and_flags(ctx, proto, l4)?;
+    Ok(outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, &seg)?.is_some())
 }

@@ -27,7 +27,7 @@ pub fn inbound(
     l4_csum: L4Csum,
 ) -> Result<Option<i32>, i64> {
     let proto = ip.proto as u8;
-    let (client_port, host_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
+    let (client_port, host_port, seg) = packet::ports_and_flags(ctx, proto, l4)?;
     let Some(target) = mapping(proto, ip.dst_addr, host_port) else {
         return Ok(None);
     };
@@ -35,7 +35,7 @@ pub fn inbound(
         return Ok(None);
     };
     let flow = flow_to(&target, ip.src_addr, client_port, proto);
-    remember(&flow, ip.dst_addr, host_port, flags);
+    remember(&flow, ip.dst_addr, host_port, &seg);
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, host_port, target.pod_port, l4_csum)?;
     // The fragments after a first one follow it (`deliver` hands it over above TTL 1).

@@ -7,7 +7,7 @@ mod icmp_error;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{
-    FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey,
+    FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey, Segment,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
@@ -59,9 +59,9 @@ pub fn ingress(
     }
     let pod_addr = match proto {
         TCP | UDP | DCCP | UDPLITE => {
-            let (remote_port, node_port, flags) = packet::ports_and_flags(ctx, proto, l4)?;
+            let (remote_port, node_port, seg) = packet::ports_and_flags(ctx, proto, l4)?;
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, config, node_addr, Some(flags)) else {
+            let Some(entry) = live_entry(&key, config, node_addr, Some(seg)) else {
                 // Not a reply to a translated flow: maybe a connection to a hostPort.
                 return host_port_or_stack(ctx, eth, ip, l4, l4_csum);
             };
@@ -85,7 +85,8 @@ pub fn ingress(
             ICMP_ECHO_REPLY => {
                 let id = u16::from_be_bytes(ctx.load(l4 + 4)?);
                 let key = reverse(ip.src_addr, id, 0, ICMP);
-                let Some(entry) = live_entry(&key, config, node_addr, Some(0)) else {
+                let Some(entry) = live_entry(&key, config, node_addr, Some(Segment::flags(0)))
+                else {
                     return Ok(TC_ACT_OK);
                 };
                 csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -108,7 +109,7 @@ pub fn ingress(
                 return Ok(TC_ACT_OK);
             };
             let key = reverse(ip.src_addr, node_port, remote_port, proto);
-            let Some(entry) = live_entry(&key, config, node_addr, Some(0)) else {
+            let Some(entry) = live_entry(&key, config, node_addr, Some(Segment::flags(0))) else {
                 return Ok(TC_ACT_OK);
             };
             csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, entry.pod_addr, l4_csum)?;
@@ -178,13 +179,13 @@ fn remember_inbound(
     let Some((remote_port, pod_port)) = packet::flow_ports(ctx, proto, l4)? else {
         return Ok(());
     };
-    let flags = if proto == TCP {
+    let seg = if proto == TCP {
         packet::ports_and_flags(ctx, proto, l4)?.2
     } else {
-        0
+        Segment::flags(0)
     };
     let flow = NatKey::new((ip.dst_addr, pod_port), (ip.src_addr, remote_port), proto);
-    conntrack::saw_inbound(&flow, flags, config, clock::now_ns());
+    conntrack::saw_inbound(&flow, &seg, config, clock::now_ns());
     Ok(())
 }
 

@@ -13,8 +13,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    DropReason, FragmentKey, NatConfig, NatCounter, NatKey, Way, endpoint_flags,
-    flow::{opening_state, state_after},
+    DropReason, FragmentKey, NatConfig, NatCounter, NatKey, Segment, Way, endpoint_flags,
+    flow::{Followed, follow, opening_seq, opening_state},
     ip_proto::{ICMP, TCP, UDP},
     tcp_flags,
 };
@@ -47,24 +47,24 @@ pub fn egress(
     // Other protocols than TCP, UDP and ICMP have no checksum over the addresses.
     let l4_csum = L4Csum::of(ip.proto, l4).unwrap_or(L4Csum::NONE);
     // The pod-side port (or echo identifier) and where it sits.
-    let (pod_port, remote_port, port_at, flags) = match ip.proto {
+    let (pod_port, remote_port, port_at, seg) = match ip.proto {
         TCP | UDP => {
-            let (pod_port, remote_port, flags) = packet::ports_and_flags(ctx, ip.proto, l4)?;
+            let (pod_port, remote_port, seg) = packet::ports_and_flags(ctx, ip.proto, l4)?;
             // A pod's reply on a hostPort connection leaves with the host address and
             // port.
             if let Some(host_addr) =
-                hostport::outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, flags)?
+                hostport::outbound(ctx, ip, l4, l4_csum, pod_port, remote_port, &seg)?
             {
                 fragments::left(ip, host_addr);
                 return Ok(TC_ACT_OK);
             }
-            (pod_port, remote_port, l4, flags)
+            (pod_port, remote_port, l4, seg)
         }
         ICMP => match ctx.load::<u8>(l4)? {
             // Only echo requests open flows.
             ICMP_ECHO_REQUEST => {
                 let id: [u8; 2] = ctx.load(l4 + 4)?;
-                (u16::from_be_bytes(id), 0, l4 + 4, 0)
+                (u16::from_be_bytes(id), 0, l4 + 4, Segment::flags(0))
             }
             icmp_type if packet::is_icmp_error(icmp_type) => {
                 return icmp_error(ctx, ip, l4, config, has_address);
@@ -76,7 +76,7 @@ pub fn egress(
         // DCCP and UDP-Lite, translated as UDP is; SCTP keeps its ports; protocols
         // without ports (GRE, ESP, IP in IP...) change address alone (see `keep_port`).
         _ => match packet::flow_ports(ctx, ip.proto, l4)? {
-            Some((pod_port, remote_port)) => (pod_port, remote_port, l4, 0),
+            Some((pod_port, remote_port)) => (pod_port, remote_port, l4, Segment::flags(0)),
             None => return Ok(TC_ACT_OK),
         },
     };
@@ -103,15 +103,18 @@ pub fn egress(
         Some(slot) => {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
-            let state = state_after(key.proto, entry.state, flags, Way::Out);
+            let followed = follow(&entry, key.proto, &seg, Way::Out, false);
             // A flow goes on from its uplink's address as it is now (see
             // `Nat::follow_uplink` in the daemon).
-            if state != entry.state
+            if followed.state != entry.state
                 || entry.node_addr != node_addr
                 || now.saturating_sub(entry.last_seen_ns) > conntrack::REFRESH_NS
             {
                 let reverse = key.reverse(entry.node_port);
-                conntrack::refresh(slot, &NAT_IN, &reverse, now, state, node_addr);
+                let packet = (Way::Out, seg.flags);
+                conntrack::refresh(slot, &NAT_IN, &reverse, now, &followed, packet, node_addr);
+            } else if followed.changes_seq(&entry) {
+                conntrack::mark(slot, &followed);
             }
             entry.node_port
         }
@@ -121,8 +124,8 @@ pub fn egress(
             }
             // An answer on a flow a host outside opened to the pod's own address (a
             // pod's SYN opens a connection of its own: no lookup on that hot path).
-            let syn = key.proto == TCP && tcp_flags::opens(flags);
-            if !syn && conntrack::opened_from_outside(&key, flags, config, now) {
+            let syn = key.proto == TCP && tcp_flags::opens(seg.flags);
+            if !syn && conntrack::opened_from_outside(&key, &seg, config, now) {
                 fragments::left(ip, ip.src_addr);
                 return Ok(TC_ACT_OK);
             }
@@ -131,17 +134,23 @@ pub fn egress(
             if !has_address {
                 return Ok(counters::drop_packet(DropReason::NatNoAddress));
             }
-            let state = opening_state(key.proto, flags);
+            let (seq_seen, seq) = opening_seq(key.proto, &seg);
+            let opening = Followed {
+                state: opening_state(key.proto, seg.flags),
+                seq_seen,
+                seq,
+            };
             let port = if rewrites_port(key.proto) {
-                allocate(&key, config, node_addr, now, state)
+                allocate(&key, config, node_addr, now, &opening)
             } else {
                 keep_port(&key, config, node_addr, now)
             };
             let Some(port) = port else {
                 counters::nat(NatCounter::AllocationFailures);
+                counters::nat_refused(key.pod_addr);
                 return Ok(counters::drop_packet(DropReason::NatPortsExhausted));
             };
-            let entry = flow_entry(&key, port, node_addr, now, state);
+            let entry = flow_entry(&key, port, node_addr, now, &opening);
             match found {
                 // The flow's expired entry (a pod reusing a port after a close) is
                 // rewritten in place: no LRU node taken, none freed.

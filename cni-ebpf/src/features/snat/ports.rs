@@ -8,6 +8,7 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     NatConfig, NatCounter, NatEntry, NatKey,
+    flow::Followed,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 
@@ -57,7 +58,7 @@ pub(super) fn allocate(
     config: &NatConfig,
     node_addr: [u8; 4],
     now: u64,
-    state: u8,
+    opening: &Followed,
 ) -> Option<u16> {
     let size = u32::from(config.port_max.checked_sub(config.port_min)?) + 1;
     let cursor = NAT_CURSORS.get_ptr_mut(cursor_slot(key))?;
@@ -74,7 +75,7 @@ pub(super) fn allocate(
             config: *config,
             node_addr,
             now,
-            state,
+            opening: *opening,
         },
         start,
         size,
@@ -127,7 +128,11 @@ pub(super) fn keep_port(
         config: *config,
         node_addr,
         now,
-        state: 0,
+        opening: Followed {
+            state: 0,
+            seq_seen: 0,
+            seq: [0; 2],
+        },
     };
     claim(&flow, key.pod_port).then_some(key.pod_port)
 }
@@ -156,8 +161,8 @@ struct NewFlow {
     /// The uplink's address, which the flow leaves with.
     node_addr: [u8; 4],
     now: u64,
-    /// Its state in the tables.
-    state: u8,
+    /// Its state and sequence marks in the tables.
+    opening: Followed,
 }
 
 /// Probe `index` of a [`Search`]: claims its port and stops the loop (1), or counts a
@@ -193,23 +198,25 @@ fn cursor_slot(key: &NatKey) -> u32 {
     mixed.wrapping_mul(0x9E37_79B1) >> (32 - CURSOR_BITS)
 }
 
-/// The entry of `key`'s flow on node `port` of `node_addr`.
+/// The entry of `key`'s flow on node `port` of `node_addr`, opening as `opening` says.
 #[inline(always)]
 pub(super) fn flow_entry(
     key: &NatKey,
     port: u16,
     node_addr: [u8; 4],
     now: u64,
-    state: u8,
+    opening: &Followed,
 ) -> NatEntry {
     NatEntry {
         last_seen_ns: now,
         pod_addr: key.pod_addr,
         pod_port: key.pod_port,
         node_port: port,
-        state,
-        pad: [0, 0, 0],
+        state: opening.state,
+        seq_seen: opening.seq_seen,
+        pad: [0, 0],
         node_addr,
+        seq: opening.seq,
     }
 }
 
@@ -232,7 +239,7 @@ fn claim(flow: &NewFlow, port: u16) -> bool {
         return false;
     }
     let reverse = key.reverse(port);
-    let entry = flow_entry(key, port, flow.node_addr, now, flow.state);
+    let entry = flow_entry(key, port, flow.node_addr, now, &flow.opening);
     match NAT_IN.get_ptr_mut(&reverse) {
         None => {
             if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
