@@ -3,11 +3,18 @@
 //!
 //! The files are the source of truth: a restarted daemon reads them, drops those whose
 //! host veth is gone (a DEL that ran while the daemon was down), and rewrites the map.
+//! A record is written whole or not at all (a temporary file, fsync, rename, fsync of
+//! the folder), readable by root only. A record that cannot be read at start (cut short
+//! by a crash of the machine, emptied, edited) is renamed `<name>.bad` with a warning and
+//! rebuilt from what the node still has ([`Endpoints::rebuild`]); it never stops the
+//! daemon.
 
 use std::{
     collections::BTreeMap,
-    fs, io,
-    net::IpAddr,
+    fs,
+    io::{self, Write},
+    net::{IpAddr, Ipv4Addr},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -33,6 +40,8 @@ pub enum EndpointError {
         owner_container: String,
         owner_ifname: String,
     },
+    #[error("cannot rebuild unreadable records: {0}")]
+    Rebuild(String),
     #[error("endpoints map: {0}")]
     Map(#[from] aya::maps::MapError),
 }
@@ -58,12 +67,35 @@ impl Endpoints {
             map,
         };
         let mut gone = Vec::new();
+        let mut bad = Vec::new();
         for entry in fs::read_dir(dir).map_err(|source| state_error(dir, source))? {
             let path = entry.map_err(|source| state_error(dir, source))?.path();
-            if path.extension().is_none_or(|ext| ext != "json") {
+            let name = path
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.ends_with(TMP_SUFFIX) {
+                tracing::info!(path = %path.display(), "removing a half-written record");
+                remove_file(&path)?;
                 continue;
             }
-            let record = read_record(&path)?;
+            let Some(stem) = name.strip_suffix(".json") else {
+                continue;
+            };
+            let record = match read_record(&path) {
+                Ok(record) => record,
+                Err(error) => {
+                    let aside = path.with_file_name(format!("{name}{BAD_SUFFIX}"));
+                    fs::rename(&path, &aside).map_err(|source| state_error(&path, source))?;
+                    tracing::warn!(
+                        %error,
+                        moved_to = %aside.display(),
+                        "an unreadable endpoint record is set aside; rebuilding it from the node"
+                    );
+                    bad.extend(id_of_record(stem));
+                    continue;
+                }
+            };
             if host_veth_alive(&record) {
                 endpoints.records.insert(record.id.clone(), record);
             } else {
@@ -77,14 +109,104 @@ impl Endpoints {
                 gone.push(record);
             }
         }
+        if !bad.is_empty() {
+            endpoints.rebuild(bad)?;
+        }
         endpoints.rewrite_map()?;
         Ok((endpoints, gone))
     }
 
-    /// Records `endpoint` (replacing a record with the same id) and writes its addresses
-    /// into the map. Refuses an address owned by another endpoint.
-    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), EndpointError> {
-        let info = endpoint_info(&endpoint)?;
+    /// Rebuilds the records of `ids`, set aside unreadable, from what the node still
+    /// has: the host veth that carries the id in its alias (`ebpf-cni/<network>/<container
+    /// id>/<ifname>`) or the plugin's name for it ([`host_veth_name`]; the network is
+    /// then the other records' one) and the endpoints map's entries for that veth (addresses, MACs,
+    /// masquerading). What only the record held is lost: the netns path, the port
+    /// mappings (the pod's hostPorts come back with its next ADD) and the bandwidth;
+    /// the cluster ranges are taken from another endpoint of the same network. An id
+    /// with no such veth, or no entry in the map, is dropped.
+    fn rebuild(&mut self, ids: Vec<EndpointId>) -> Result<(), EndpointError> {
+        let links = crate::datapath::tc_block::aliased_links(POD_ALIAS_PREFIX)
+            .map_err(|error| EndpointError::Rebuild(error.to_string()))?;
+        let entries: Vec<(EndpointKey, EndpointInfo)> =
+            self.map.iter().collect::<Result<_, _>>()?;
+        for id in ids {
+            let by_alias = links.iter().find_map(|(name, index, alias)| {
+                let (network, container_id, ifname) = parse_alias(alias)?;
+                (container_id == id.container_id && ifname == id.ifname)
+                    .then(|| (Some(network.to_owned()), name.clone(), *index))
+            });
+            let found = by_alias.or_else(|| {
+                let name = host_veth_name(&id.container_id, &id.ifname);
+                let index = nix::net::if_::if_nametoindex(name.as_str()).ok()?;
+                Some((None, name, index))
+            });
+            let Some((network, host_veth, host_ifindex)) = found else {
+                tracing::warn!(container = %id.container_id, ifname = %id.ifname,
+                    "no veth of this endpoint is left: dropped");
+                continue;
+            };
+            // Without an alias, the network is the one every other record names, if any.
+            let network = network.or_else(|| {
+                let mut networks = self.records.values().map(|other| &other.network);
+                let first = networks.next()?;
+                networks.all(|other| other == first).then(|| first.clone())
+            });
+            let Some(network) = network else {
+                tracing::warn!(container = %id.container_id, ifname = %id.ifname,
+                    veth = %host_veth, "the network of this endpoint is unknown: dropped");
+                continue;
+            };
+            let mine: Vec<&(EndpointKey, EndpointInfo)> = entries
+                .iter()
+                .filter(|(_, info)| info.host_ifindex == host_ifindex)
+                .collect();
+            let Some((_, info)) = mine.first() else {
+                tracing::warn!(container = %id.container_id, ifname = %id.ifname,
+                    veth = %host_veth, "the endpoints map has nothing of this endpoint: dropped");
+                continue;
+            };
+            let cluster_cidrs = self
+                .records
+                .values()
+                .find(|other| other.network == network)
+                .map(|other| other.cluster_cidrs.clone())
+                .unwrap_or_default();
+            let endpoint = Endpoint {
+                id: id.clone(),
+                network,
+                netns: String::new(),
+                host_veth,
+                host_ifindex,
+                host_mac: format_mac(info.host_mac),
+                mac: format_mac(info.pod_mac),
+                ips: mine
+                    .iter()
+                    .map(|(key, _)| {
+                        ipnet::IpNet::V4(ipnet::Ipv4Net::from(Ipv4Addr::from(key.addr)))
+                    })
+                    .collect(),
+                masquerade: info.flags & endpoint_flags::MASQUERADE != 0,
+                cluster_cidrs,
+                port_mappings: Vec::new(),
+                bandwidth: None,
+            };
+            write_record(&self.record_path(&id), &endpoint)?;
+            tracing::warn!(
+                container = %id.container_id,
+                ifname = %id.ifname,
+                veth = %endpoint.host_veth,
+                ips = ?endpoint.ips,
+                "endpoint rebuilt from the node (its hostPorts return with its next ADD)"
+            );
+            self.records.insert(id, endpoint);
+        }
+        Ok(())
+    }
+
+    /// Refuses `endpoint` when one of its addresses belongs to another endpoint, or its
+    /// MACs do not parse; changes nothing.
+    pub fn check(&self, endpoint: &Endpoint) -> Result<(), EndpointError> {
+        endpoint_info(endpoint)?;
         for addr in endpoint.ips.iter().map(ipnet::IpNet::addr) {
             if let Some(owner) = self.owner_of(addr).filter(|owner| owner.id != endpoint.id) {
                 return Err(EndpointError::AddressTaken {
@@ -94,12 +216,34 @@ impl Endpoints {
                 });
             }
         }
-        if let Some(previous) = self.records.get(&endpoint.id).cloned() {
-            self.unmap(&previous)?;
+        Ok(())
+    }
+
+    /// Records `endpoint` (replacing a record with the same id) and writes its addresses
+    /// into the map. Refuses an address owned by another endpoint. All or nothing: on a
+    /// failure (a full map, a failed write) the map and the records are as they were.
+    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), EndpointError> {
+        self.check(&endpoint)?;
+        let info = endpoint_info(&endpoint)?;
+        let previous = self.records.get(&endpoint.id).cloned();
+        let new_keys: Vec<EndpointKey> = ipv4_keys(&endpoint).collect();
+        let old_keys: Vec<EndpointKey> = previous.iter().flat_map(ipv4_keys).collect();
+        for (done, key) in new_keys.iter().enumerate() {
+            if let Err(error) = self.map.insert(key, info, 0) {
+                self.restore(&new_keys[..done], previous.as_ref());
+                return Err(error.into());
+            }
         }
-        write_record(&self.record_path(&endpoint.id), &endpoint)?;
-        for key in ipv4_keys(&endpoint) {
-            self.map.insert(key, info, 0)?;
+        if let Err(error) = write_record(&self.record_path(&endpoint.id), &endpoint) {
+            self.restore(&new_keys, previous.as_ref());
+            // The write may have failed after its rename (the folder's fsync).
+            if let Some(previous) = &previous {
+                let _ = write_record(&self.record_path(&previous.id), previous);
+            }
+            return Err(error);
+        }
+        for key in old_keys.iter().filter(|key| !new_keys.contains(key)) {
+            crate::maps::removed(self.map.remove(key))?;
         }
         tracing::info!(
             container = %endpoint.id.container_id,
@@ -110,6 +254,21 @@ impl Endpoints {
         );
         self.records.insert(endpoint.id.clone(), endpoint);
         Ok(())
+    }
+
+    /// Undoes a part-done [`Self::attach`]: the keys `inserted` go, and `previous`'s
+    /// entries are written back as they were. Best effort: it runs on a failure path.
+    fn restore(&mut self, inserted: &[EndpointKey], previous: Option<&Endpoint>) {
+        for key in inserted {
+            let _ = crate::maps::removed(self.map.remove(key));
+        }
+        if let Some(previous) = previous
+            && let Ok(info) = endpoint_info(previous)
+        {
+            for key in ipv4_keys(previous) {
+                let _ = self.map.insert(key, info, 0);
+            }
+        }
     }
 
     /// Forgets `id`; returns its record when it was known.
@@ -185,6 +344,56 @@ impl Endpoints {
     }
 }
 
+/// Suffix of a record being written; one left at start is a write cut short.
+const TMP_SUFFIX: &str = ".json.tmp";
+/// Suffix given to an unreadable record set aside at start.
+const BAD_SUFFIX: &str = ".bad";
+/// The alias prefix of the plugin's host veths (`cni-plugin`'s `naming::ALIAS_PREFIX`).
+const POD_ALIAS_PREFIX: &str = "ebpf-cni/";
+
+/// (network, container id, ifname) of a host veth's alias (`cni-plugin`'s
+/// `naming::parse_alias`: ids and ifnames hold no '/', a network name may).
+fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let rest = alias.strip_prefix(POD_ALIAS_PREFIX)?;
+    let (rest, ifname) = rest.rsplit_once('/')?;
+    let (network, container_id) = rest.rsplit_once('/')?;
+    Some((network, container_id, ifname))
+}
+
+/// The plugin's host veth of (container id, ifname) (`cni-plugin`'s
+/// `naming::host_veth`): `veb` and the first 6 bytes of SHA-256(container id, 0, ifname)
+/// in hex.
+fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(container_id.as_bytes())
+        .chain_update([0])
+        .chain_update(ifname.as_bytes())
+        .finalize();
+    let hex: String = digest
+        .iter()
+        .take(6)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("veb{hex}")
+}
+
+/// The id in a record's file name (`<container id>@<ifname>`, see `record_path`).
+fn id_of_record(stem: &str) -> Option<EndpointId> {
+    let (container_id, ifname) = stem.split_once('@')?;
+    Some(EndpointId {
+        container_id: container_id.to_owned(),
+        ifname: ifname.to_owned(),
+    })
+}
+
+fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// The map value of `endpoint`.
 fn endpoint_info(endpoint: &Endpoint) -> Result<EndpointInfo, EndpointError> {
     let mut flags = 0;
@@ -241,15 +450,31 @@ fn read_record(path: &Path) -> Result<Endpoint, EndpointError> {
     })
 }
 
-/// Writes through a temporary file and a rename, so a crash never leaves half a record.
+/// Writes through a temporary file (mode 0600), fsync, a rename and an fsync of the
+/// folder, so that a crash, even of the machine, leaves the old record or the new one,
+/// never half of one.
 fn write_record(path: &Path, endpoint: &Endpoint) -> Result<(), EndpointError> {
-    let tmp = path.with_extension("json.tmp");
+    let tmp = path.with_extension(&TMP_SUFFIX[1..]);
     let bytes = serde_json::to_vec_pretty(endpoint).map_err(|source| EndpointError::Corrupt {
         path: path.display().to_string(),
         source,
     })?;
-    fs::write(&tmp, bytes).map_err(|source| state_error(&tmp, source))?;
-    fs::rename(&tmp, path).map_err(|source| state_error(path, source))
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|source| state_error(&tmp, source))?;
+    file.write_all(&bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|source| state_error(&tmp, source))?;
+    drop(file);
+    fs::rename(&tmp, path).map_err(|source| state_error(path, source))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|source| state_error(dir, source))
 }
 
 fn remove_file(path: &Path) -> Result<(), EndpointError> {
@@ -275,6 +500,32 @@ mod tests {
             parse_mac("0a:58:0A:f4:00:1b").expect("valid"),
             [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x1b]
         );
+    }
+
+    #[test]
+    fn mac_bytes_format_as_text() {
+        let mac = [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x1b];
+        assert_eq!(parse_mac(&format_mac(mac)).expect("valid"), mac);
+    }
+
+    #[test]
+    fn host_veth_names_are_the_plugins() {
+        // `cni-plugin`'s naming::host_veth("0123456789abcdef", "eth0").
+        let name = host_veth_name("0123456789abcdef", "eth0");
+        assert_eq!(name.len(), 15);
+        assert!(name.starts_with("veb"));
+        assert_ne!(name, host_veth_name("0123456789abcdef", "eth1"));
+        assert_ne!(host_veth_name("ab", "c"), host_veth_name("a", "bc"));
+    }
+
+    #[test]
+    fn record_names_give_their_id() {
+        let id = id_of_record("c0ffee@eth0").expect("an id");
+        assert_eq!(
+            (id.container_id.as_str(), id.ifname.as_str()),
+            ("c0ffee", "eth0")
+        );
+        assert!(id_of_record("no-separator").is_none());
     }
 
     #[test]

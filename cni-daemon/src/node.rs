@@ -75,7 +75,8 @@ pub struct Node {
 impl Node {
     /// Reconciles after a (re)start: this daemon's `from_pod` goes into the pods' TC
     /// block (replacing the previous daemon's in place), records whose veth is gone are
-    /// dropped with their counters, every remaining pod's veth is bound to the block, and
+    /// dropped with their counters, every remaining pod's veth is bound to the block (one
+    /// holding a clsact that is not ours is left as it is, with a warning), and
     /// the per-veth links an earlier daemon pinned go, with a record or without. Then
     /// NAT starts as `nat` says (`None`: off), see [`nat::start`]. hostPorts: the
     /// mappings of the records, the node's addresses, and the socket programs on
@@ -94,7 +95,15 @@ impl Node {
             datapath.forget_counters(endpoint.host_ifindex)?;
         }
         for endpoint in endpoints.list() {
-            datapath.attach_pod(&endpoint.host_veth)?;
+            // One veth that cannot be bound (a clsact someone else put there) must not
+            // keep every other pod's CNI calls from being served.
+            if let Err(error) = datapath.attach_pod(&endpoint.host_veth) {
+                tracing::warn!(
+                    %error,
+                    veth = %endpoint.host_veth,
+                    "a pod's veth cannot be bound to the pods' block: left as it is"
+                );
+            }
         }
         for veth in datapath.pinned_pods() {
             if !endpoints.list().any(|endpoint| endpoint.host_veth == veth) {
@@ -114,7 +123,10 @@ impl Node {
             endpoints.list(),
         )?;
         let mut node_addrs = NodeAddrs::open(maps.node_addrs);
-        node_addrs.sync()?;
+        if let Err(error) = node_addrs.sync() {
+            // The address watcher tries again at the next change.
+            tracing::warn!(%error, "cannot fill the node's addresses");
+        }
         let mut sock_config = maps.sock_config;
         if let Some(cgroup) = cgroup {
             let netns_cookie =
@@ -169,11 +181,12 @@ impl Node {
     }
 
     /// After a change of the namespace's addresses: refills `NODE_ADDRS` (returned) and
-    /// has source NAT follow the uplink (see [`Self::follow_uplink`]).
+    /// has source NAT follow the uplink (see [`Self::follow_uplink`]), whether or not
+    /// the refill succeeded.
     pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
-        let addrs = self.node_addrs.sync()?;
+        let addrs = self.node_addrs.sync();
         self.follow_uplink()?;
-        Ok(addrs)
+        Ok(addrs?)
     }
 
     /// Has source NAT follow the uplink's address, its device and, when the uplink is
@@ -197,7 +210,9 @@ impl Node {
     /// Binds `host_veth`'s ingress to the pods' TC block before its endpoint is known
     /// ([`cni_api::Request::Prepare`], sent while the plugin runs IPAM), so that the pod
     /// program runs on it from its first frame; [`Self::attach`] then finds it in place.
+    /// Only the plugin's own veths are accepted ([`Datapath::check_pod_veth`]).
     pub fn prepare(&mut self, host_veth: &str) -> Result<(), NodeError> {
+        self.datapath.check_pod_veth(host_veth)?;
         self.datapath.attach_pod(host_veth)?;
         self.prepared.insert(host_veth.to_owned());
         Ok(())
@@ -205,7 +220,16 @@ impl Node {
 
     /// Detaches what [`Self::prepare`] attached, unless an endpoint uses it by now.
     /// Returns whether it detached anything.
+    /// Only names [`Self::prepare`] accepted are looked at (the veth itself may be
+    /// gone by now).
     pub fn unprepare(&mut self, host_veth: &str) -> Result<bool, NodeError> {
+        if !crate::datapath::is_pod_veth_name(host_veth) {
+            return Err(DatapathError::NotPodVeth {
+                name: host_veth.to_owned(),
+                reason: "not a name the plugin gives",
+            }
+            .into());
+        }
         if !self.prepared.remove(host_veth)
             || self
                 .endpoints
@@ -219,48 +243,74 @@ impl Node {
     }
 
     /// Binds the pod's veth to the pods' block (unless [`Self::prepare`] did), records
-    /// the endpoint, adds its cluster ranges and its hostPort mappings; a failure undoes
-    /// them.
+    /// the endpoint, adds its cluster ranges and its hostPort mappings. All or nothing:
+    /// everything that can be checked is checked before anything changes, and a later
+    /// failure puts back what was there (a re-ADD's live endpoint keeps its record, map
+    /// entries, hostPorts and binding; a prepared veth stays prepared).
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
-        // hostPorts are checked before anything changes: a conflict leaves no trace.
         if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {
             return Err(HostPortError::Conflict(conflict).into());
         }
-        let mappings = hostports::entries(&endpoint)?;
-        let id = endpoint.id.clone();
-        if let Some(previous) = self.endpoints.get(&id).cloned() {
-            self.host_ports.remove(&previous)?;
-        }
+        hostports::entries(&endpoint)?;
+        self.endpoints.check(&endpoint)?;
         let veth = endpoint.host_veth.clone();
-        let ifindex = endpoint.host_ifindex;
-        let with_ports = (!mappings.is_empty()).then(|| endpoint.clone());
-        if !self.prepared.remove(&veth) {
+        let prepared = self.prepared.contains(&veth);
+        if !prepared {
+            self.datapath.check_pod_veth(&veth)?;
+        }
+        let id = endpoint.id.clone();
+        let previous = self.endpoints.get(&id).cloned();
+        // Bound already: prepared, or the live endpoint's own veth (a re-ADD).
+        let bound = prepared
+            || previous
+                .as_ref()
+                .is_some_and(|previous| previous.host_veth == veth);
+        if !bound {
             self.datapath.attach_pod(&veth)?;
         }
-        if let Err(error) = self.endpoints.attach(endpoint) {
-            let _ = self.datapath.detach_pod(&veth);
-            let _ = self.datapath.forget_counters(ifindex);
+        let unbind = |node: &mut Self| {
+            if !bound {
+                let _ = node.datapath.detach_pod(&veth);
+                let _ = node.datapath.forget_counters(endpoint.host_ifindex);
+            }
+        };
+        if let Some(previous) = &previous
+            && let Err(error) = self.host_ports.remove(previous)
+        {
+            let _ = self.host_ports.add(previous);
+            unbind(self);
+            return Err(error.into());
+        }
+        if let Err(error) = self.host_ports.add(&endpoint) {
+            // `add` left none of the new mappings behind.
+            if let Some(previous) = &previous {
+                let _ = self.host_ports.add(previous);
+            }
+            unbind(self);
+            return Err(error.into());
+        }
+        let undo_ports = |node: &mut Self| {
+            let _ = node.host_ports.remove(&endpoint);
+            if let Some(previous) = &previous {
+                let _ = node.host_ports.add(previous);
+            }
+        };
+        if let Err(error) = self.endpoints.attach(endpoint.clone()) {
+            undo_ports(self);
+            unbind(self);
             return Err(error.into());
         }
         if let Err(error) = self.sync_cluster_cidrs() {
-            let _ = self.endpoints.detach(&id);
-            let _ = self.datapath.detach_pod(&veth);
-            let _ = self.datapath.forget_counters(ifindex);
+            let _ = match &previous {
+                Some(previous) => self.endpoints.attach(previous.clone()).map(drop),
+                None => self.endpoints.detach(&id).map(drop),
+            };
             let _ = self.sync_cluster_cidrs();
+            undo_ports(self);
+            unbind(self);
             return Err(error);
         }
-        if let Some(Err(error)) = with_ports
-            .as_ref()
-            .map(|endpoint| self.host_ports.add(endpoint))
-        {
-            // `add` left none of this endpoint's mappings behind; the rest goes too.
-            if let Ok(Some(endpoint)) = self.endpoints.detach(&id) {
-                let _ = self.datapath.detach_pod(&endpoint.host_veth);
-                let _ = self.datapath.forget_counters(endpoint.host_ifindex);
-                let _ = self.sync_cluster_cidrs();
-            }
-            return Err(error.into());
-        }
+        self.prepared.remove(&veth);
         Ok(())
     }
 

@@ -41,6 +41,7 @@ pub struct RunConfig {
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
+    raise_file_limit();
     // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     bpffs::prepare(&config.bpf_dir)?;
@@ -92,7 +93,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         ))
     });
     let outcome = tokio::select! {
-        served = server::serve(listener, Arc::clone(&node)) => served.context("socket failed"),
+        () = server::serve(listener, Arc::clone(&node)) => Ok(()),
         _ = terminate.recv() => Ok(()),
         _ = interrupt.recv() => Ok(()),
     };
@@ -106,6 +107,21 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome
+}
+
+/// Raises the soft limit of open files to the hard one: every pod's connection, every
+/// map and program is a file, and the default soft limit (1024) is the runtime's
+/// choice, not ours. A failure is logged; the daemon runs with what it has.
+fn raise_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "open-file limit raised"),
+            Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read the open-file limit"),
+    }
 }
 
 /// The root of the machine's cgroup v2 hierarchy: where the socket programs reach every
@@ -134,6 +150,8 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
     // The first tick is immediate; start sweeping one interval after start.
     ticks.tick().await;
     let mut flows = Some(flows);
+    // Chunks the sweep program failed to run since start (each sweep's are logged).
+    let mut failed_chunks = 0usize;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -153,6 +171,15 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             Ok((owned, outcome)) => {
                 flows = Some(owned);
                 match outcome {
+                    Ok(sweep) if sweep.failed_chunks > 0 => {
+                        failed_chunks += sweep.failed_chunks;
+                        tracing::warn!(
+                            failed_chunks = sweep.failed_chunks,
+                            since_start = failed_chunks,
+                            "NAT sweep incomplete: the flows of its failed chunks wait for \
+                             the next sweep"
+                        );
+                    }
                     Ok(sweep) if sweep.removed_any() => {
                         tracing::debug!(
                             flows = sweep.flows,

@@ -1,16 +1,23 @@
 //! The unix socket the plugin talks to: root-only (mode 0600), one request per
 //! connection, answered from the synchronous core under a mutex, on a blocking thread.
+//!
+//! A client is bounded in number and in time: at most [`MAX_CONNECTIONS`] are served at
+//! once (the rest wait in the listen backlog, using no file of the daemon's), each has
+//! [`IO_TIMEOUT`] to send its request and take the answer, and a failed `accept` (out of
+//! files) is retried with a backoff rather than ending the daemon.
 
 use std::{
     fs, io,
     os::unix::fs::PermissionsExt,
     path::Path,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
+    sync::Semaphore,
 };
 
 use cni_api::{self as api, Envelope, PROTOCOL_VERSION, Request, Response};
@@ -22,10 +29,34 @@ use crate::{
     node::{Node, NodeError},
 };
 
-/// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600 and
-/// its folder created 0700.
+/// Connections served at once. Requests run one at a time under the node's lock, so
+/// more in flight would not answer faster; 32 covers a runtime's parallel ADDs and DELs
+/// (kubelet starts pods a few at a time) with room, while bounding what idle or slow
+/// clients hold: 32 sockets and at most 32 request buffers (4 MiB each at most,
+/// `cni_api::MAX_FRAME`).
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// Time a client has to send its whole request, and then to take the answer. The
+/// plugin writes its request as soon as it is connected (a few KiB) and waits 10 s for
+/// the answer: 5 s is far more than a busy node needs, and frees an idle connection's
+/// slot quickly.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// First and longest pause after a failed `accept` (doubling in between, reset by the
+/// next success): long enough not to spin while the process is out of files, short
+/// enough to serve again soon after a connection closes.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600. A
+/// folder it has to create is made 0700; an existing one is left as it is (it may be
+/// `/run`).
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
-    if let Some(parent) = path.parent() {
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        && !parent.exists()
+    {
         fs::create_dir_all(parent)?;
         fs::set_permissions(parent, fs::Permissions::from_mode(0o700))?;
     }
@@ -35,24 +66,53 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Accepts connections until the listener fails.
-pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>) -> io::Result<()> {
+/// Accepts connections for as long as the daemon runs, [`MAX_CONNECTIONS`] at a time.
+pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
-        let (stream, _) = listener.accept().await?;
+        // The semaphore is never closed: acquiring only waits.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                stream
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?backoff, "cannot accept a connection");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
+        };
         let node = Arc::clone(&node);
         tokio::spawn(async move {
             if let Err(error) = handle(stream, node).await {
                 tracing::warn!(%error, "request failed");
             }
+            drop(slot);
         });
     }
 }
 
+/// Reads the request frame of `stream`, within [`IO_TIMEOUT`].
+async fn read_request(stream: &mut UnixStream) -> anyhow::Result<Vec<u8>> {
+    let read = async {
+        let mut prefix = [0u8; 4];
+        stream.read_exact(&mut prefix).await?;
+        let mut body = vec![0u8; api::frame_len(prefix)?];
+        stream.read_exact(&mut body).await?;
+        anyhow::Ok(body)
+    };
+    tokio::time::timeout(IO_TIMEOUT, read)
+        .await
+        .map_err(|_| anyhow::anyhow!("no complete request within {IO_TIMEOUT:?}"))?
+}
+
 async fn handle(mut stream: UnixStream, node: Arc<Mutex<Node>>) -> anyhow::Result<()> {
-    let mut prefix = [0u8; 4];
-    stream.read_exact(&mut prefix).await?;
-    let mut body = vec![0u8; api::frame_len(prefix)?];
-    stream.read_exact(&mut body).await?;
+    let body = read_request(&mut stream).await?;
     let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
         Ok(envelope) if envelope.version == PROTOCOL_VERSION => {
             // Node work blocks (maps, netlink, files, the node's lock): on a blocking
@@ -96,7 +156,9 @@ async fn handle(mut stream: UnixStream, node: Arc<Mutex<Node>>) -> anyhow::Resul
         version: PROTOCOL_VERSION,
         body: response,
     })?;
-    stream.write_all(&frame).await?;
+    tokio::time::timeout(IO_TIMEOUT, stream.write_all(&frame))
+        .await
+        .map_err(|_| anyhow::anyhow!("the client took no answer within {IO_TIMEOUT:?}"))??;
     Ok(())
 }
 

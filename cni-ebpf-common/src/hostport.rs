@@ -13,6 +13,12 @@
 //!   recvmsg4, getpeername4) that give the node's own processes their hostPorts: the
 //!   network namespace they act in, and per socket the address it really dialled.
 
+/// Entries of `NODE_ADDRS`. With kube-proxy in IPVS mode every ClusterIP is an address
+/// of the node (on `kube-ipvs0`), so the map holds thousands: 16,384 covers the largest
+/// clusters' Service counts for a preallocated cost of about 1 MiB (a hash element of
+/// a 4-byte key and 1-byte value is ~64 bytes in the kernel). See docs/decisions.md.
+pub const NODE_ADDRS_MAX: u32 = 16_384;
+
 /// A host port: protocol, node address (0.0.0.0: any) and port (host byte order).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -20,8 +20,8 @@ pub mod stats;
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
 pub use flow::{Segment, Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
-    HAIRPIN_ADDR, HostPortFlow, PortKey, PortTarget, SockConfig, SockRevKey, TARGET_COUNT,
-    TARGET_WORDS,
+    HAIRPIN_ADDR, HostPortFlow, NODE_ADDRS_MAX, PortKey, PortTarget, SockConfig, SockRevKey,
+    TARGET_COUNT, TARGET_WORDS,
 };
 pub use metrics::{DropReason, EndpointCounters};
 pub use nat::{

@@ -98,6 +98,12 @@ impl Instance {
         })
     }
 
+    /// Sends `request` to the daemon's socket as any client could, and returns its answer.
+    pub fn request(&self, request: &cni_api::Request) -> cni_api::Response {
+        cni_api::call(&self.socket, request, Duration::from_secs(10))
+            .unwrap_or_else(|error| panic!("{request:?}: {error}"))
+    }
+
     /// Everything the daemon logged so far (all of its runs).
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
@@ -147,6 +153,18 @@ impl Daemon {
 
     /// Like [`Self::start`], with extra `run` flags (NAT timeouts, port range...).
     pub fn start_with(node: &Netns, instance: &Instance, attach: &[&str], flags: &[&str]) -> Self {
+        Self::start_under(node, instance, &[], attach, flags)
+    }
+
+    /// Like [`Self::start_with`], run through `wrapper` (a command and its arguments
+    /// that ends by running the daemon, for example `prlimit --nofile=64 --`).
+    pub fn start_under(
+        node: &Netns,
+        instance: &Instance,
+        wrapper: &[&str],
+        attach: &[&str],
+        flags: &[&str],
+    ) -> Self {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -155,7 +173,14 @@ impl Daemon {
         if let Ok(mut netns) = instance.netns.lock() {
             *netns = Some(node.path());
         }
-        let mut command = node.command(bins::path("ebpf-cnid"));
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = node.command(program);
+                command.args(args).arg(bins::path("ebpf-cnid"));
+                command
+            }
+            None => node.command(bins::path("ebpf-cnid")),
+        };
         command
             .args(instance.flags())
             .arg("run")

@@ -19,6 +19,7 @@ pub mod tc_block;
 mod upgrade;
 mod uplink;
 
+pub use pod::is_pod_veth_name;
 pub use uplink::remove_uplink_filters;
 
 use std::path::{Path, PathBuf};
@@ -83,6 +84,8 @@ pub enum DatapathError {
     },
     #[error("no interface {0} in the daemon's network namespace")]
     NoInterface(String),
+    #[error("{name} is not a pod veth of this plugin ({reason}): refused")]
+    NotPodVeth { name: String, reason: &'static str },
     #[error("pods' TC block: {0}")]
     TcBlock(#[from] tc_block::TcBlockError),
     #[error("cannot open the cgroup folder {path}: {source}")]

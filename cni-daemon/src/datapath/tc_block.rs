@@ -51,6 +51,11 @@ pub enum TcBlockError {
     },
     #[error("no interface {0} in the daemon's network namespace")]
     NoInterface(String),
+    #[error(
+        "link {0} has a clsact qdisc the daemon did not create (not bound to block \
+         {POD_BLOCK}); it is left alone"
+    )]
+    ForeignQdisc(u32),
 }
 
 pub(super) fn netlink(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> TcBlockError {
@@ -133,7 +138,8 @@ pub fn remove() -> Result<(), TcBlockError> {
 }
 
 /// Binds `interface`'s ingress to the block (a `clsact` qdisc with `ingress_block`);
-/// already bound is fine, another `clsact` there is replaced. Returns `false`, binding
+/// already bound is fine, another `clsact` there is refused ([`TcBlockError::ForeignQdisc`]:
+/// it may hold someone else's filters). Returns `false`, binding
 /// nothing, when the anchor pair is gone: deleted by hand with no pod bound, it took the
 /// block and its filter along, and the caller must [`install`] them again first.
 pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
@@ -150,14 +156,18 @@ pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
     })
 }
 
-/// Removes `interface`'s `clsact` qdisc (it leaves the block); a missing interface or
-/// qdisc is not an error.
+/// Removes `interface`'s `clsact` qdisc when it is bound to the block (it leaves the
+/// block); a missing interface or qdisc is not an error, and a `clsact` bound elsewhere
+/// or of its own is never removed (not ours: it may hold another program's filters).
 pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
     let interface = interface.to_owned();
     with_netlink(move |handle| async move {
         let Some(index) = link_index(&handle, &interface).await? else {
             return Ok(());
         };
+        if bound_block(&handle, index).await? != Some(POD_BLOCK) {
+            return Ok(());
+        }
         match request(
             &handle,
             RouteNetlinkMessage::DelQueueDiscipline(clsact(index)),
@@ -182,18 +192,8 @@ pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
 async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
     match bound_block(handle, index).await? {
         Some(POD_BLOCK) => return Ok(()),
-        Some(_) => {
-            // A clsact of someone else's making, or bound elsewhere: ours replaces it.
-            request(
-                handle,
-                RouteNetlinkMessage::DelQueueDiscipline(clsact(index)),
-                0,
-            )
-            .await
-            .map_err(netlink(format!(
-                "removing the clsact qdisc of link {index}"
-            )))?;
-        }
+        // A clsact of someone else's making, or bound elsewhere: never ours to replace.
+        Some(_) => return Err(TcBlockError::ForeignQdisc(index)),
         None => {}
     }
     let mut qdisc = clsact(index);
@@ -258,6 +258,78 @@ fn clsact(index: u32) -> TcMessage {
         .attributes
         .push(TcAttribute::Kind("clsact".to_owned()));
     qdisc
+}
+
+/// What the daemon checks of a link before it binds or unbinds it: whether it is a veth
+/// and its alias.
+pub struct LinkFacts {
+    pub is_veth: bool,
+    pub alias: Option<String>,
+}
+
+/// [`LinkFacts`] of `name`; `None` when there is no such link.
+pub fn link_facts(name: &str) -> Result<Option<LinkFacts>, TcBlockError> {
+    use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
+    let name = name.to_owned();
+    with_netlink(move |handle| async move {
+        let mut links = handle.link().get().match_name(name.clone()).execute();
+        let message = match links.try_next().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(None),
+            Err(error) if errno(&error) == Some(libc::ENODEV) => return Ok(None),
+            Err(error) => return Err(netlink(format!("looking up {name}"))(error)),
+        };
+        let mut facts = LinkFacts {
+            is_veth: false,
+            alias: None,
+        };
+        for attribute in &message.attributes {
+            match attribute {
+                LinkAttribute::IfAlias(alias) => facts.alias = Some(alias.clone()),
+                LinkAttribute::LinkInfo(infos) => {
+                    facts.is_veth = infos
+                        .iter()
+                        .any(|info| matches!(info, LinkInfo::Kind(InfoKind::Veth)));
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(facts))
+    })
+}
+
+/// A link whose alias starts with a given prefix: (name, index, alias).
+pub type AliasedLink = (String, u32, String);
+
+/// Every link of the daemon's namespace whose alias starts with `prefix`.
+pub fn aliased_links(prefix: &str) -> Result<Vec<AliasedLink>, TcBlockError> {
+    use rtnetlink::packet_route::link::LinkAttribute;
+    let prefix = prefix.to_owned();
+    with_netlink(move |handle| async move {
+        let messages: Vec<_> = handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(netlink("listing links"))?;
+        Ok(messages
+            .iter()
+            .filter_map(|message| {
+                let mut name = None;
+                let mut alias = None;
+                for attribute in &message.attributes {
+                    match attribute {
+                        LinkAttribute::IfName(value) => name = Some(value.clone()),
+                        LinkAttribute::IfAlias(value) => alias = Some(value.clone()),
+                        _ => {}
+                    }
+                }
+                let alias = alias.filter(|alias| alias.starts_with(&prefix))?;
+                Some((name?, message.header.index, alias))
+            })
+            .collect())
+    })
 }
 
 async fn link_index(handle: &Handle, name: &str) -> Result<Option<u32>, TcBlockError> {

@@ -6,6 +6,7 @@
 //!   (before the sequence numbers), read and unpinned, and their flows written into the
 //!   tables the load creates ([`Carried`]);
 //! - a `NAT_CONFIG` an earlier release pinned with a shorter value is unpinned;
+//! - a `NODE_ADDRS` of another size (an earlier release's 256) is unpinned;
 //! - `NAT_INBOUND` and `HOSTPORT_FLOWS` of another size, or of an earlier release's 8
 //!   or 24 bytes a flow, are read and unpinned, and their flows carried likewise.
 //!
@@ -20,7 +21,8 @@ use aya::{
     maps::{HashMap, Map, MapData, MapInfo},
 };
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, NatReverseKey, ip_proto, map_names, tcp_state, udp_state,
+    NODE_ADDRS_MAX, NatConfig, NatEntry, NatKey, NatReverseKey, ip_proto, map_names, tcp_state,
+    udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
@@ -88,6 +90,7 @@ pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried,
     resize_nat_tables(bpf_dir, nat_max_flows)?;
     let (out, replies) = take_earlier_nat_tables(bpf_dir)?;
     replace_resized_config(bpf_dir)?;
+    replace_resized_node_addrs(bpf_dir)?;
     let mut flows = [
         (map_names::NAT_INBOUND, earlier_note as fn(&_, _) -> _),
         (map_names::HOSTPORT_FLOWS, earlier_hostport_flow),
@@ -191,6 +194,18 @@ fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError> {
         size,
         "NAT_CONFIG pinned by an earlier release is created anew at this release's size"
     );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
+}
+
+/// Makes room for a `NODE_ADDRS` of [`NODE_ADDRS_MAX`] entries: a pin of another size
+/// is unpinned, so that the load creates it anew. Nothing is lost: the daemon fills it
+/// whole at start.
+fn replace_resized_node_addrs(bpf_dir: &Path) -> Result<(), DatapathError> {
+    let pin = bpf_dir.join(map_names::NODE_ADDRS);
+    if !pin.exists() || MapInfo::from_pin(&pin)?.max_entries() == NODE_ADDRS_MAX {
+        return Ok(());
+    }
+    tracing::info!("NODE_ADDRS pinned by an earlier release is created anew at {NODE_ADDRS_MAX}");
     fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
 }
 

@@ -13,9 +13,9 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FragmentKey, FragmentTarget,
-    HostPortFlow, MAX_SERVICE_CIDRS, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
-    PortKey, PortTarget, ServiceClient, SockConfig, SockRevKey, SourceKey, TARGET_WORDS,
-    TrafficCounters, Uplinks,
+    HostPortFlow, MAX_SERVICE_CIDRS, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey,
+    NatReverseKey, PortKey, PortTarget, ServiceClient, SockConfig, SockRevKey, SourceKey,
+    TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -109,7 +109,7 @@ pub static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPING
 pub static HOSTPORT_FLOWS: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
 
 #[map(name = "NODE_ADDRS")]
-static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(256, 0);
+static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(NODE_ADDRS_MAX, 0);
 
 #[map(name = "HOSTPORT_TARGETS")]
 pub static HOSTPORT_TARGETS: Array<u32> = Array::pinned(TARGET_WORDS + 1, 0);

@@ -30,6 +30,9 @@ pub struct Sweep {
     pub from_outside: usize,
     /// Expired connections through hostPort mappings.
     pub hostport: usize,
+    /// Chunks the `nat_sweep` program failed to run (each logged); their flows stay
+    /// for the next sweep, and the chunks after them still run.
+    pub failed_chunks: usize,
 }
 
 impl Sweep {
@@ -63,7 +66,9 @@ impl Flows {
     /// those connections. `NAT_OUT` first, so a port is never free in `NAT_IN` while
     /// `NAT_OUT` still hands it out. What this costs, and what it replaced: see
     /// docs/decisions.md ("The NAT sweep's removals in the kernel", "The NAT sweep reads
-    /// its tables in batches").
+    /// its tables in batches"). A chunk the program fails to run is counted
+    /// ([`Sweep::failed_chunks`]) and skipped; the error returned is a table that cannot
+    /// be read.
     pub fn sweep(&mut self, now_ns: u64, timeouts: &Timeouts) -> Result<Sweep, MapError> {
         let (out, inbound) = (snapshot(&self.out)?, snapshot(&self.inbound)?);
         let from_outside = snapshot(&self.from_outside)?;
@@ -93,7 +98,14 @@ impl Flows {
             {
                 room.copy_from_slice(item_bytes(&removal.item()));
             }
-            let gone = batch::run(&self.sweeper, &frame[..len])?;
+            let gone = match batch::run(&self.sweeper, &frame[..len]) {
+                Ok(gone) => gone,
+                Err(error) => {
+                    sweep.failed_chunks += 1;
+                    tracing::warn!(%error, items = chunk.len(), "a NAT sweep chunk failed");
+                    continue;
+                }
+            };
             let count = |shift: u32| ((gone >> shift) & sweep::COUNT_MASK) as usize;
             sweep.flows += count(0);
             sweep.orphans += count(sweep::ORPHAN_SHIFT);
