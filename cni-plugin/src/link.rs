@@ -72,7 +72,8 @@ fn errno(error: &rtnetlink::Error) -> Option<i32> {
 #[derive(Clone, Copy)]
 pub struct VethPair<'a> {
     pub host: &'a str,
-    /// The host side's alias (who the pair belongs to).
+    /// The host side's alias (who the pair belongs to), set by [`Netlink::set_alias`]
+    /// once the pair exists.
     pub alias: &'a str,
     pub pod: &'a str,
     pub pod_netns: &'a File,
@@ -104,8 +105,7 @@ impl Netlink {
             .name(pod.to_owned())
             .setns_by_fd(pair.pod_netns.as_raw_fd());
         let mut link = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
-            .name(host.to_owned())
-            .alias(pair.alias.to_owned());
+            .name(host.to_owned());
         if let Some(mtu) = pair.mtu {
             peer = peer.mtu(mtu);
             link = link.mtu(mtu);
@@ -139,6 +139,20 @@ impl Netlink {
                     LinkError::netlink(format!("creating the veth pair {host}/{pod}"))(source)
                 }
             })
+    }
+
+    /// Sets the alias of the link `name`. (The kernel applies IFLA_IFALIAS on a change
+    /// of a link, not on its creation, hence a request of its own.)
+    pub async fn set_alias(&self, name: &str, alias: &str) -> Result<(), LinkError> {
+        let message = LinkUnspec::new_with_name(name)
+            .alias(alias.to_owned())
+            .build();
+        self.handle
+            .link()
+            .set(message)
+            .execute()
+            .await
+            .map_err(LinkError::netlink(format!("setting the alias of {name}")))
     }
 
     /// The link named `name`, if any.

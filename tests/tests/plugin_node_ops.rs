@@ -66,6 +66,38 @@ fn gc_removes_every_attachment_not_listed_as_valid() {
 }
 
 #[test]
+fn gc_finds_host_veths_by_their_alias_when_the_daemon_lost_its_records() {
+    require_root();
+    let mut node = Node::start("10.244.22.0/24");
+    let config = node.network.config("1.1.0");
+    let pods: Vec<Netns> = (0..2).map(|_| node.pod("pod")).collect();
+    for (n, pod) in pods.iter().enumerate() {
+        Call::new("ADD", &format!("lost-{n}"), "eth0", Some(pod), &config)
+            .run(&node.netns)
+            .ok();
+    }
+    for veth in node.host_veths() {
+        let out = node.netns.ip(&["-j", "-d", "link", "show", "dev", &veth]);
+        let link: Value = serde_json::from_str(&out).expect("ip -j prints JSON");
+        let alias = link[0]["ifalias"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            alias.starts_with(&format!("ebpf-cni/{}/lost-", node.network.name)),
+            "{veth} carries who it belongs to: {link}"
+        );
+    }
+    // The daemon comes back without its records: only the links know the pods.
+    assert!(node.daemon.stop());
+    std::fs::remove_dir_all(&node.instance.state_dir).expect("remove the records");
+    node.daemon = ebpf_cni_tests::daemon::Daemon::start(&node.netns, &node.instance, &[]);
+
+    let mut gc = config.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    assert_eq!(Call::bare("GC", &gc).run(&node.netns).ok(), Value::Null);
+    assert!(node.host_veths().is_empty(), "GC found the veths by alias");
+    assert!(node.network.allocated().is_empty());
+}
+
+#[test]
 fn thirty_parallel_adds_then_thirty_parallel_dels_leave_nothing() {
     require_root();
     const PODS: usize = 30;

@@ -223,7 +223,8 @@ fn create_link(
     veth: &VethPair<'_>,
     applied: &mut Applied,
 ) -> Result<(), CniError> {
-    block_on(async {
+    // The alias says who the pair belongs to, for GC when the daemon lost its records.
+    let aliased = block_on(async {
         let netlink = Netlink::connect().map_err(setup_error)?;
         let created = netlink.create_veth(veth).await;
         created.map_err(|error| match error {
@@ -232,9 +233,11 @@ fn create_link(
                 format!("cannot create the veth pair: {what} already exists"),
             ),
             other => setup_error(other),
-        })
+        })?;
+        Ok::<_, CniError>(netlink.set_alias(veth.host, veth.alias).await)
     })??;
     applied.veth = true;
+    aliased.map_err(setup_error)?;
     inv.daemon().prepare(veth.host)?;
     applied.prepared = true;
     Ok(())
