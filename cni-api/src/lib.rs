@@ -3,10 +3,12 @@
 //! this crate and nothing of each other.
 //!
 //! - [`messages`]: the requests and responses, versioned by [`PROTOCOL_VERSION`];
-//! - [`frame`]: their framing on the unix socket, and the synchronous client [`call`].
+//! - [`frame`]: their framing on the unix socket, and the synchronous client [`call`];
+//! - [`naming`]: the pods' host veth names and aliases.
 
 pub mod frame;
 pub mod messages;
+pub mod naming;
 
 pub use frame::{ClientError, MAX_FRAME, call, encode, frame_len};
 pub use messages::*;

@@ -21,7 +21,7 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use cni_ebpf_common::{EndpointInfo, EndpointKey, endpoint_flags};
 
-use cni_api::{Endpoint, EndpointId};
+use cni_api::{Endpoint, EndpointId, naming};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -118,25 +118,25 @@ impl Endpoints {
 
     /// Rebuilds the records of `ids`, set aside unreadable, from what the node still
     /// has: the host veth that carries the id in its alias (`ebpf-cni/<network>/<container
-    /// id>/<ifname>`) or the plugin's name for it ([`host_veth_name`]; the network is
+    /// id>/<ifname>`) or the plugin's name for it ([`naming::host_veth`]; the network is
     /// then the other records' one) and the endpoints map's entries for that veth (addresses, MACs,
     /// masquerading). What only the record held is lost: the netns path, the port
     /// mappings (the pod's hostPorts come back with its next ADD) and the bandwidth;
     /// the cluster ranges are taken from another endpoint of the same network. An id
     /// with no such veth, or no entry in the map, is dropped.
     fn rebuild(&mut self, ids: Vec<EndpointId>) -> Result<(), EndpointError> {
-        let links = crate::datapath::tc_block::aliased_links(POD_ALIAS_PREFIX)
+        let links = crate::datapath::tc_block::aliased_links(naming::ALIAS_PREFIX)
             .map_err(|error| EndpointError::Rebuild(error.to_string()))?;
         let entries: Vec<(EndpointKey, EndpointInfo)> =
             self.map.iter().collect::<Result<_, _>>()?;
         for id in ids {
             let by_alias = links.iter().find_map(|(name, index, alias)| {
-                let (network, container_id, ifname) = parse_alias(alias)?;
+                let (network, container_id, ifname) = naming::parse_alias(alias)?;
                 (container_id == id.container_id && ifname == id.ifname)
                     .then(|| (Some(network.to_owned()), name.clone(), *index))
             });
             let found = by_alias.or_else(|| {
-                let name = host_veth_name(&id.container_id, &id.ifname);
+                let name = naming::host_veth(&id.container_id, &id.ifname);
                 let index = nix::net::if_::if_nametoindex(name.as_str()).ok()?;
                 Some((None, name, index))
             });
@@ -348,36 +348,6 @@ impl Endpoints {
 const TMP_SUFFIX: &str = ".json.tmp";
 /// Suffix given to an unreadable record set aside at start.
 const BAD_SUFFIX: &str = ".bad";
-/// The alias prefix of the plugin's host veths (`cni-plugin`'s `naming::ALIAS_PREFIX`).
-const POD_ALIAS_PREFIX: &str = "ebpf-cni/";
-
-/// (network, container id, ifname) of a host veth's alias (`cni-plugin`'s
-/// `naming::parse_alias`: ids and ifnames hold no '/', a network name may).
-fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
-    let rest = alias.strip_prefix(POD_ALIAS_PREFIX)?;
-    let (rest, ifname) = rest.rsplit_once('/')?;
-    let (network, container_id) = rest.rsplit_once('/')?;
-    Some((network, container_id, ifname))
-}
-
-/// The plugin's host veth of (container id, ifname) (`cni-plugin`'s
-/// `naming::host_veth`): `veb` and the first 6 bytes of SHA-256(container id, 0, ifname)
-/// in hex.
-fn host_veth_name(container_id: &str, ifname: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::new()
-        .chain_update(container_id.as_bytes())
-        .chain_update([0])
-        .chain_update(ifname.as_bytes())
-        .finalize();
-    let hex: String = digest
-        .iter()
-        .take(6)
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
-    format!("veb{hex}")
-}
-
 /// The id in a record's file name (`<container id>@<ifname>`, see `record_path`).
 fn id_of_record(stem: &str) -> Option<EndpointId> {
     let (container_id, ifname) = stem.split_once('@')?;
@@ -506,16 +476,6 @@ mod tests {
     fn mac_bytes_format_as_text() {
         let mac = [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x1b];
         assert_eq!(parse_mac(&format_mac(mac)).expect("valid"), mac);
-    }
-
-    #[test]
-    fn host_veth_names_are_the_plugins() {
-        // `cni-plugin`'s naming::host_veth("0123456789abcdef", "eth0").
-        let name = host_veth_name("0123456789abcdef", "eth0");
-        assert_eq!(name.len(), 15);
-        assert!(name.starts_with("veb"));
-        assert_ne!(name, host_veth_name("0123456789abcdef", "eth1"));
-        assert_ne!(host_veth_name("ab", "c"), host_veth_name("a", "bc"));
     }
 
     #[test]

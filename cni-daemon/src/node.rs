@@ -223,7 +223,7 @@ impl Node {
     /// Only names [`Self::prepare`] accepted are looked at (the veth itself may be
     /// gone by now).
     pub fn unprepare(&mut self, host_veth: &str) -> Result<bool, NodeError> {
-        if !crate::datapath::is_pod_veth_name(host_veth) {
+        if !cni_api::naming::is_host_veth(host_veth) {
             return Err(DatapathError::NotPodVeth {
                 name: host_veth.to_owned(),
                 reason: "not a name the plugin gives",

@@ -2,15 +2,14 @@
 //!
 //! - [`spec`]: the CNI protocol (environment, config, results, errors, versions);
 //! - [`commands`]: one module per verb;
-//! - [`ipam`]: delegation to the IPAM plugin; [`link`], [`netns`], [`naming`]: the veth
-//!   pair, addresses and routes; [`daemon`]: the hand-off to `ebpf-cnid`.
+//! - [`ipam`]: delegation to the IPAM plugin; [`link`], [`netns`]: the veth pair,
+//!   addresses and routes (named by `cni_api::naming`); [`daemon`]: the hand-off to `ebpf-cnid`.
 
 pub mod commands;
 pub mod daemon;
 pub mod ipam;
 pub mod link;
 pub mod log;
-pub mod naming;
 pub mod netns;
 pub mod output;
 pub mod spec;

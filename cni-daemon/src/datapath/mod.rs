@@ -19,7 +19,6 @@ pub mod tc_block;
 mod upgrade;
 mod uplink;
 
-pub use pod::is_pod_veth_name;
 pub use uplink::remove_uplink_filters;
 
 use std::path::{Path, PathBuf};

@@ -14,26 +14,10 @@ use std::{
     path::PathBuf,
 };
 
-use cni_api::Attachment;
+use cni_api::{Attachment, naming};
 use cni_ebpf_common::program_names;
 
 use super::{Datapath, DatapathError, classifier, links::remove_pin, tc_block};
-
-/// The plugin's host veths: `veb` and 12 lowercase hex digits (`cni-plugin`'s
-/// `naming::host_veth`), with an alias `ebpf-cni/<network>/<container>/<ifname>`.
-const POD_VETH_PREFIX: &str = "veb";
-const POD_VETH_HEX: usize = 12;
-const POD_ALIAS_PREFIX: &str = "ebpf-cni/";
-
-/// Whether `name` has the shape of the plugin's host veth names.
-pub fn is_pod_veth_name(name: &str) -> bool {
-    name.strip_prefix(POD_VETH_PREFIX).is_some_and(|hex| {
-        hex.len() == POD_VETH_HEX
-            && hex
-                .bytes()
-                .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
-    })
-}
 
 /// How `status` shows the block's attachment.
 const BLOCK_MODE: &str = "tc block";
@@ -75,14 +59,14 @@ impl Datapath {
     }
 
     /// Refuses `host_veth` unless it is one of the plugin's host veths: its name
-    /// ([`is_pod_veth_name`]), a veth device, without an alias other than the plugin's. A request naming
+    /// (`cni_api::naming::is_host_veth`), a veth device, without an alias other than the plugin's. A request naming
     /// any other link (the uplink, the anchor) must never bind or unbind it.
     pub fn check_pod_veth(&self, host_veth: &str) -> Result<(), DatapathError> {
         let refuse = |reason: &'static str| DatapathError::NotPodVeth {
             name: host_veth.to_owned(),
             reason,
         };
-        if !is_pod_veth_name(host_veth) {
+        if !naming::is_host_veth(host_veth) {
             return Err(refuse("not a name the plugin gives"));
         }
         let facts = tc_block::link_facts(host_veth)?
@@ -94,7 +78,7 @@ impl Datapath {
         // plugin passes it: a veth of ours may have none, but never another one.
         if facts
             .alias
-            .is_some_and(|alias| !alias.starts_with(POD_ALIAS_PREFIX))
+            .is_some_and(|alias| !alias.starts_with(naming::ALIAS_PREFIX))
         {
             return Err(refuse("its alias is not the plugin's"));
         }
@@ -159,27 +143,5 @@ impl Datapath {
     /// `<bpf dir>/links`, where the pod and uplink links are pinned.
     pub(super) fn links_dir(&self) -> PathBuf {
         self.bpf_dir.join("links")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_pod_veth_name;
-
-    #[test]
-    fn only_the_plugins_veth_names_pass() {
-        assert!(is_pod_veth_name("veb0123456789ab"));
-        for other in [
-            "uplink0",
-            "eth0",
-            "ecnblock0",
-            "veb0123456789a",
-            "veb0123456789abc",
-            "veb0123456789AB",
-            "veb0123456789ag",
-            "",
-        ] {
-            assert!(!is_pod_veth_name(other), "{other:?} must be refused");
-        }
     }
 }

@@ -19,7 +19,7 @@ use crate::{
     },
     ipam::{self, Ipam},
     link::{LinkError, LinkInfo, Netlink, VethPair, format_mac},
-    naming, netns,
+    netns,
     spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, NetConf, Route},
 };
 
@@ -43,8 +43,8 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
     let gso_max_size = inv.daemon().require_ready()?.pod_gso_max_size;
     let pod_mac = inv.conf.runtime_mac()?;
     refuse_unimplemented(&inv.conf)?;
-    let host_veth = naming::host_veth(container_id, ifname);
-    let alias = naming::host_alias(&inv.conf.name, container_id, ifname);
+    let host_veth = cni_api::naming::host_veth(container_id, ifname);
+    let alias = cni_api::naming::host_alias(&inv.conf.name, container_id, ifname);
 
     let mut applied = Applied::default();
     let veth = VethPair {

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use crate::{
     commands::{Invocation, add::pod_link, block_on, teardown::setup_error},
     link::{Netlink, format_mac},
-    naming, netns,
+    netns,
     spec::{CniError, CniResult, ErrorCode},
 };
 
@@ -40,7 +40,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     }
     check_pod_addresses_and_routes(&pod_netns, pod.index, &prev)?;
 
-    let host_veth = naming::host_veth(container_id, ifname);
+    let host_veth = cni_api::naming::host_veth(container_id, ifname);
     let host = block_on(async {
         let netlink = Netlink::connect().map_err(setup_error)?;
         netlink.get(&host_veth).await.map_err(setup_error)

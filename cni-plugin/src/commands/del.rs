@@ -7,12 +7,11 @@ use crate::{
         Invocation,
         teardown::{self, Failures},
     },
-    naming,
     spec::CniError,
 };
 
 pub fn run(inv: &Invocation) -> Result<(), CniError> {
-    let host_veth = naming::host_veth(inv.container_id()?, inv.ifname()?);
+    let host_veth = cni_api::naming::host_veth(inv.container_id()?, inv.ifname()?);
     let mut failures = Failures::default();
     failures.record(
         "daemon detach",

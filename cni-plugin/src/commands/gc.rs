@@ -15,7 +15,6 @@ use crate::{
     },
     ipam::CallEnv,
     link::Netlink,
-    naming,
     spec::{CniError, CniVersion},
 };
 
@@ -42,7 +41,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     // A missing veth is success, so a pod known only to the daemon or only to the link
     // table is handled the same way.
     for id in &stale {
-        let name = naming::host_veth(&id.container_id, &id.ifname);
+        let name = cni_api::naming::host_veth(&id.container_id, &id.ifname);
         failures.record("veth removal", teardown::delete_host_veth(&name));
     }
 
@@ -78,7 +77,7 @@ fn stale_links(network: &str, keep: &[EndpointId]) -> Result<Vec<EndpointId>, Cn
     Ok(links
         .into_iter()
         .filter_map(|link| {
-            let (net, container_id, ifname) = naming::parse_alias(link.alias.as_deref()?)?;
+            let (net, container_id, ifname) = cni_api::naming::parse_alias(link.alias.as_deref()?)?;
             let id = EndpointId {
                 container_id: container_id.to_owned(),
                 ifname: ifname.to_owned(),

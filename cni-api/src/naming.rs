@@ -1,5 +1,6 @@
-//! Deterministic names, so that DEL, CHECK and GC find what ADD made without any saved
-//! state.
+//! The names of a pod's host veth, deterministic so that DEL, CHECK and GC find what ADD
+//! made without any saved state, and shared with the daemon, which accepts only such
+//! veths and rebuilds lost records from them.
 
 use sha2::{Digest, Sha256};
 
@@ -25,6 +26,17 @@ pub fn host_veth(container_id: &str, ifname: &str) -> String {
         .map(|byte| format!("{byte:02x}"))
         .collect();
     format!("{HOST_VETH_PREFIX}{hex}")
+}
+
+/// Whether `name` has the shape of [`host_veth`]'s names: the prefix and 12 lowercase
+/// hex digits.
+pub fn is_host_veth(name: &str) -> bool {
+    name.strip_prefix(HOST_VETH_PREFIX).is_some_and(|hex| {
+        hex.len() == 12
+            && hex
+                .bytes()
+                .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+    })
 }
 
 /// The alias of a host-side veth.
@@ -56,6 +68,19 @@ mod tests {
         assert_ne!(a, host_veth("0123456789abcdeg", "eth0"));
         // The separator keeps ("ab", "c") and ("a", "bc") apart.
         assert_ne!(host_veth("ab", "c"), host_veth("a", "bc"));
+        assert!(is_host_veth(&a));
+        for other in [
+            "uplink0",
+            "eth0",
+            "ecnblock0",
+            "veb0123456789a",
+            "veb0123456789abc",
+            "veb0123456789AB",
+            "veb0123456789ag",
+            "",
+        ] {
+            assert!(!is_host_veth(other), "{other}");
+        }
     }
 
     #[test]
