@@ -34,7 +34,12 @@ pub fn send_udp_as(
     to: SocketAddrV4,
     payload: &[u8],
 ) -> io::Result<()> {
-    let packet = udp_packet(source, source_port, to, payload);
+    send_raw(netns, to, udp_packet(source, source_port, to, payload))
+}
+
+/// Sends `packet`, an IPv4 packet with its header, from `netns` to `to` through a raw
+/// `IPPROTO_RAW` socket: the kernel fills in the header checksum, nothing else.
+fn send_raw(netns: &Netns, to: SocketAddrV4, packet: Vec<u8>) -> io::Result<()> {
     run_in(netns, move || {
         let socket = Socket::new(
             Domain::IPV4,
@@ -43,6 +48,18 @@ pub fn send_udp_as(
         )?;
         socket.send_to(&packet, &SockAddr::from(to)).map(drop)
     })
+}
+
+/// An IPv4 header (no options, Don't Fragment, TTL 64, checksum left at 0) for
+/// `payload_len` bytes of `proto` from `source` to `to`.
+fn ipv4_header(source: Ipv4Addr, to: Ipv4Addr, proto: u8, payload_len: usize) -> Vec<u8> {
+    let total = u16::try_from(20 + payload_len).expect("a small packet");
+    let mut header = vec![0x45, 0];
+    header.extend(total.to_be_bytes());
+    header.extend([0, 0, 0x40, 0, 64, proto, 0, 0]);
+    header.extend(source.octets());
+    header.extend(to.octets());
+    header
 }
 
 /// Sends one TCP segment (no payload) from `netns` claiming `source`, to `to`, with
@@ -56,11 +73,6 @@ pub fn send_tcp_as(
     flags: u8,
     (seq, ack): (u32, u32),
 ) -> io::Result<()> {
-    let mut packet = vec![0x45, 0];
-    packet.extend(40u16.to_be_bytes());
-    packet.extend([0, 0, 0x40, 0, 64, 6, 0, 0]);
-    packet.extend(source.ip().octets());
-    packet.extend(to.ip().octets());
     let mut segment = [source.port().to_be_bytes(), to.port().to_be_bytes()].concat();
     segment.extend(seq.to_be_bytes());
     segment.extend(ack.to_be_bytes());
@@ -70,15 +82,9 @@ pub fn send_tcp_as(
     pseudo.extend(&segment);
     let checksum = crate::frames::internet_checksum(&pseudo);
     segment[16..18].copy_from_slice(&checksum.to_be_bytes());
+    let mut packet = ipv4_header(*source.ip(), *to.ip(), 6, segment.len());
     packet.extend(segment);
-    run_in(netns, move || {
-        let socket = Socket::new(
-            Domain::IPV4,
-            Type::RAW,
-            Some(Protocol::from(libc::IPPROTO_RAW)),
-        )?;
-        socket.send_to(&packet, &SockAddr::from(to)).map(drop)
-    })
+    send_raw(netns, to, packet)
 }
 
 /// A UDP datagram from `source` to `to` in an Ethernet frame from `src_mac` to `dst_mac`,
@@ -157,12 +163,7 @@ impl Capture {
 /// UDP header without a checksum (zero: none, as IPv4 allows).
 fn udp_packet(source: Ipv4Addr, source_port: u16, to: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     let udp_len = u16::try_from(8 + payload.len()).expect("a small payload");
-    let total = 20 + udp_len;
-    let mut packet = vec![0x45, 0];
-    packet.extend(total.to_be_bytes());
-    packet.extend([0, 0, 0x40, 0, 64, 17, 0, 0]);
-    packet.extend(source.octets());
-    packet.extend(to.ip().octets());
+    let mut packet = ipv4_header(source, *to.ip(), 17, usize::from(udp_len));
     packet.extend(source_port.to_be_bytes());
     packet.extend(to.port().to_be_bytes());
     packet.extend(udp_len.to_be_bytes());

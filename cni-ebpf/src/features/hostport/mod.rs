@@ -71,14 +71,11 @@ pub fn is_host_port(proto: u8, port: u16, node_addr: [u8; 4]) -> bool {
 /// keyed from the pod's side as `HOSTPORT_FLOWS` is.
 #[inline(always)]
 fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u8) -> NatKey {
-    NatKey {
-        pod_addr: target.pod_addr,
-        remote_addr: client_addr,
-        pod_port: target.pod_port,
-        remote_port: client_port,
+    NatKey::new(
+        (target.pod_addr, target.pod_port),
+        (client_addr, client_port),
         proto,
-        pad: [0, 0, 0],
-    }
+    )
 }
 
 /// Notes a packet of `flow` from its client (TCP header `seg`, 0 for UDP) through the
@@ -156,14 +153,11 @@ pub fn outbound(
     if !is_target_port(pod_port) {
         return Ok(None);
     }
-    let flow = NatKey {
-        pod_addr: ip.src_addr,
-        remote_addr: ip.dst_addr,
-        pod_port,
-        remote_port,
-        proto: ip.proto as u8,
-        pad: [0, 0, 0],
-    };
+    let flow = NatKey::new(
+        (ip.src_addr, pod_port),
+        (ip.dst_addr, remote_port),
+        ip.proto as u8,
+    );
     let Some(host) = host_of(&flow, Some(seg)) else {
         return Ok(None);
     };

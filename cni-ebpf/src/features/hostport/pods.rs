@@ -38,14 +38,7 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     };
     let (src_port, dst_port, seg) = packet::ports_and_flags(ctx, proto, l4)?;
     if ip.dst_addr == HAIRPIN_ADDR {
-        let flow = NatKey {
-            pod_addr: ip.src_addr,
-            remote_addr: HAIRPIN_ADDR,
-            pod_port: src_port,
-            remote_port: dst_port,
-            proto,
-            pad: [0, 0, 0],
-        };
+        let flow = NatKey::new((ip.src_addr, src_port), (HAIRPIN_ADDR, dst_port), proto);
         let Some(host) = host_of(&flow, Some(&seg)) else {
             return Ok(None);
         };

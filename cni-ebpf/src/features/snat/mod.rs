@@ -80,14 +80,11 @@ pub fn egress(
             None => return Ok(TC_ACT_OK),
         },
     };
-    let key = NatKey {
-        pod_addr: ip.src_addr,
-        remote_addr: ip.dst_addr,
-        pod_port,
-        remote_port,
-        proto: ip.proto as u8,
-        pad: [0, 0, 0],
-    };
+    let key = NatKey::new(
+        (ip.src_addr, pod_port),
+        (ip.dst_addr, remote_port),
+        ip.proto as u8,
+    );
     let now = clock::now_ns();
     // A flow in the table was found to need translation when it began: its packets
     // skip the endpoint and cluster-range lookups (two more maps to touch per packet).
