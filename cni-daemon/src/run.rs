@@ -139,16 +139,24 @@ fn root_cgroup() -> Option<PathBuf> {
     found
 }
 
-/// Every `interval`, and whenever a pod is detached (`detached`; detaches during a sweep
-/// make one more sweep, not one each), removes the NAT flows idle past their timeout
-/// and those of pods gone. The sweep is synchronous map work:
+/// Every `interval`, whenever a pod is detached (`detached`; detaches during a sweep
+/// make one more sweep, not one each), and within a second of a new flow refused for a
+/// full table, removes the NAT flows idle past their timeout and those of pods gone,
+/// and makes room in a table nearly full (early drop). The sweep is synchronous map work:
 /// it runs on a blocking thread, which owns the flow tables for the sweep and hands
 /// them back; it never takes the node's lock.
+/// How often the sweeper looks whether a new flow met a full table.
+const PRESSURE_CHECK: Duration = Duration::from_secs(1);
+
 async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detached: Arc<Notify>) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; start sweeping one interval after start.
     ticks.tick().await;
+    // Once a second: has a new flow met a full table since?
+    let mut pressure = tokio::time::interval(PRESSURE_CHECK);
+    pressure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut refused_for_room = flows.refused_for_room().unwrap_or_default();
     let mut flows = Some(flows);
     // Chunks the sweep program failed to run since start (each sweep's are logged).
     let mut failed_chunks = 0usize;
@@ -156,6 +164,13 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
         tokio::select! {
             _ = ticks.tick() => {}
             () = detached.notified() => {}
+            _ = pressure.tick() => {
+                let refused = flows.as_ref().and_then(|f| f.refused_for_room().ok());
+                match refused {
+                    Some(count) if count > refused_for_room => refused_for_room = count,
+                    _ => continue,
+                }
+            }
         }
         let Some(mut owned) = flows.take() else {
             return;
@@ -180,6 +195,16 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
                              the next sweep"
                         );
                     }
+                    Ok(sweep) if sweep.early_dropped > 0 => {
+                        tracing::warn!(
+                            early_dropped = sweep.early_dropped,
+                            flows = sweep.flows,
+                            from_outside = sweep.from_outside,
+                            hostport = sweep.hostport,
+                            "a flow table was nearly full: unanswered, opening and closing \
+                             flows removed to make room (established ones stay)"
+                        );
+                    }
                     Ok(sweep) if sweep.removed_any() => {
                         tracing::debug!(
                             flows = sweep.flows,
@@ -195,7 +220,8 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             }
             Err(error) => {
                 // The tables went down with the panicked task: no more sweeps. The
-                // datapath still takes expired ports over; the LRU tables evict.
+                // datapath still takes expired ports over; new flows meeting a full
+                // table are refused.
                 tracing::error!(%error, "NAT sweep task failed; sweeping stops");
                 return;
             }

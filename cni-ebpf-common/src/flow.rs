@@ -338,6 +338,21 @@ pub const fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u
     }
 }
 
+/// Whether a flow of `proto` in `state` may go before its timeout when its table
+/// fills up (conntrack's early drop takes flows not yet assured): TCP not established
+/// (opening, closing, closed), UDP and the others before a reply, ICMP echo always
+/// (a ping's flow is one request and its reply). An established TCP connection and
+/// a UDP stream that had a reply never go for room.
+#[inline(always)]
+#[must_use]
+pub const fn early_droppable(proto: u8, state: u8) -> bool {
+    match proto {
+        TCP => state != tcp_state::ESTABLISHED,
+        ICMP => true,
+        _ => state != udp_state::REPLIED,
+    }
+}
+
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// Idle timeouts in seconds, per kind of flow: what the daemon is configured with and

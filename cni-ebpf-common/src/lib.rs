@@ -8,6 +8,7 @@
 //! unit tests.
 #![no_std]
 
+pub mod budget;
 pub mod endpoint;
 pub mod flow;
 pub mod hostport;
@@ -17,6 +18,7 @@ pub mod protocol;
 pub mod services;
 pub mod stats;
 
+pub use budget::{FlowCounts, FlowTable, Refusal, RefusedFlows};
 pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
 pub use flow::{Segment, Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
@@ -42,15 +44,21 @@ pub mod map_names {
     pub const ENDPOINT_COUNTERS: &str = "ENDPOINT_COUNTERS";
     /// Per-CPU array of `u64`, indexed by [`crate::DropReason`].
     pub const DROPS: &str = "DROPS";
-    /// LRU hash: [`crate::NatKey`] -> [`crate::NatEntry`] (pod side of each flow).
+    /// Hash: [`crate::NatKey`] -> [`crate::NatEntry`] (pod side of each flow).
     pub const NAT_OUT: &str = "NAT_OUT";
-    /// LRU hash: [`crate::NatReverseKey`] -> [`crate::NatEntry`] (node side).
+    /// Hash: [`crate::NatReverseKey`] -> [`crate::NatEntry`] (node side).
     pub const NAT_IN: &str = "NAT_IN";
     /// Array of one [`crate::NatConfig`].
     pub const NAT_CONFIG: &str = "NAT_CONFIG";
-    /// LRU per-CPU hash: a pod's address (`[u8; 4]`) -> `u64`, its new flows to
-    /// translate that were refused (no node port free toward their destination).
+    /// LRU per-CPU hash: a pod's address (`[u8; 4]`) -> [`crate::RefusedFlows`], its
+    /// new flows refused, by reason.
     pub const NAT_REFUSED: &str = "NAT_REFUSED";
+    /// Hash: a pod's address (`[u8; 4]`) -> [`crate::FlowCounts`], its entries in each
+    /// flow table (see [`crate::budget`]).
+    pub const FLOW_COUNTS: &str = "FLOW_COUNTS";
+    /// Hash: [`crate::NatKey`] with pod port 0 (a pod and a destination) -> `u32`, the
+    /// node ports that pod holds toward that destination.
+    pub const DEST_PORTS: &str = "DEST_PORTS";
     /// Array of one [`crate::Uplinks`]: the devices source NAT translates on.
     pub const UPLINKS: &str = "UPLINKS";
     /// LPM trie: [`crate::CidrKey`] -> `u8`, destinations that are not translated.
@@ -72,13 +80,13 @@ pub mod map_names {
     /// LRU hash: [`crate::FragmentKey`] -> [`crate::FragmentTarget`], what the first
     /// fragment of a translated datagram was given, for the fragments after it.
     pub const NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
-    /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::NatEntry`] (the pod "translated"
+    /// Hash: [`crate::NatKey`] (pod side) -> [`crate::NatEntry`] (the pod "translated"
     /// to itself): flows a host outside opened to a pod's own address, whose answers keep
     /// it.
     pub const NAT_INBOUND: &str = "NAT_INBOUND";
     /// Hash: [`crate::PortKey`] -> [`crate::PortTarget`], the hostPort mappings.
     pub const HOSTPORTS: &str = "HOSTPORTS";
-    /// LRU hash: [`crate::NatKey`] (pod side) -> [`crate::NatEntry`] (its node address
+    /// Hash: [`crate::NatKey`] (pod side) -> [`crate::NatEntry`] (its node address
     /// and port: the host address and port the client reached).
     pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
     /// Hash: node IPv4 address (`[u8; 4]`) -> `u8` (1).

@@ -51,11 +51,19 @@ pub enum DropReason {
     SpoofedIpv4Source = 8,
     /// ARP from a pod whose sender address or MAC is not the pod's own.
     SpoofedArp = 9,
+    /// A new flow of a pod that holds its budget of entries in the flow table
+    /// (`cni_ebpf_common::budget`).
+    NatFlowBudget = 10,
+    /// A new translated flow of a pod that holds its budget of node ports toward that
+    /// destination.
+    NatPortBudget = 11,
+    /// A new flow whose flow table is full: established flows are never evicted for it.
+    NatTableFull = 12,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -66,6 +74,9 @@ impl DropReason {
         DropReason::SpoofedMac,
         DropReason::SpoofedIpv4Source,
         DropReason::SpoofedArp,
+        DropReason::NatFlowBudget,
+        DropReason::NatPortBudget,
+        DropReason::NatTableFull,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -84,6 +95,9 @@ impl DropReason {
             DropReason::SpoofedMac => "spoofed_mac",
             DropReason::SpoofedIpv4Source => "spoofed_ipv4_source",
             DropReason::SpoofedArp => "spoofed_arp",
+            DropReason::NatFlowBudget => "nat_flow_budget",
+            DropReason::NatPortBudget => "nat_port_budget",
+            DropReason::NatTableFull => "nat_table_full",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Source NAT (masquerade) of pod traffic leaving the node: the connection-tracking /
 //! NAT tables, their configuration and counters.
 //!
-//! Two LRU hashes hold every translated flow, one per direction, with the same value:
+//! Two hashes hold every translated flow, one per direction, with the same value:
 //! - `NAT_OUT`: [`NatKey`] (pod side) -> [`NatEntry`], used on the uplink's egress;
 //! - `NAT_IN`: [`NatReverseKey`] (node side) -> [`NatEntry`], used on its ingress.
 //!
@@ -113,6 +113,16 @@ impl NatKey {
             pad: [0, 0, 0],
         }
     }
+
+    /// The key of this flow's pod and destination in `DEST_PORTS`: the pod port 0.
+    #[inline(always)]
+    #[must_use]
+    pub const fn destination(&self) -> NatKey {
+        NatKey {
+            pod_port: 0,
+            ..*self
+        }
+    }
 }
 
 impl NatReverseKey {
@@ -213,6 +223,12 @@ pub struct NatConfig {
     /// earlier size is replaced at start (the daemon writes the map whole at every
     /// start, so nothing is lost).
     pub udp_stream_secs: u32,
+    /// Entries one pod may hold in each flow table (see [`crate::budget`]); 0: no
+    /// budget (the daemon wrote none: NAT off).
+    pub pod_flow_budget: u32,
+    /// Node ports one pod may hold toward one destination (remote address, port and
+    /// protocol); 0: no budget.
+    pub dest_port_budget: u32,
 }
 
 impl NatConfig {
@@ -275,10 +291,16 @@ pub enum NatCounter {
     FragmentsOut = 6,
     /// The same on the way in: given the pod's address back.
     FragmentsIn = 7,
+    /// New flows refused because their table was full (of every kind: translated,
+    /// from outside, hostPort; per pod in `NAT_REFUSED`).
+    TableFull = 8,
+    /// New flows refused because their pod held its budget (flows, or node ports
+    /// toward their destination).
+    OverBudget = 9,
 }
 
 impl NatCounter {
-    pub const ALL: [NatCounter; 8] = [
+    pub const ALL: [NatCounter; 10] = [
         NatCounter::TranslatedOut,
         NatCounter::TranslatedIn,
         NatCounter::IcmpErrorsIn,
@@ -287,8 +309,12 @@ impl NatCounter {
         NatCounter::PortProbes,
         NatCounter::FragmentsOut,
         NatCounter::FragmentsIn,
+        NatCounter::TableFull,
+        NatCounter::OverBudget,
     ];
-    pub const SLOTS: u32 = 8;
+    /// Size of the counter array (room for counters added later; a pin of another
+    /// size is created anew at start).
+    pub const SLOTS: u32 = 16;
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -300,6 +326,8 @@ impl NatCounter {
             NatCounter::PortProbes => "port_probes",
             NatCounter::FragmentsOut => "fragments_out",
             NatCounter::FragmentsIn => "fragments_in",
+            NatCounter::TableFull => "table_full",
+            NatCounter::OverBudget => "over_budget",
         }
     }
 }
@@ -404,7 +432,7 @@ const _: () = assert!(core::mem::size_of::<SweepItem>() == 40);
 const _: () = assert!(sweep::MAX_ITEMS as u32 <= sweep::COUNT_MASK);
 // The last count fits below the return value's sign bit.
 const _: () = assert!((sweep::MAX_ITEMS as u64) << sweep::HOSTPORT_SHIFT < 1 << 31);
-const _: () = assert!(core::mem::size_of::<NatConfig>() == 36);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 44);
 const _: () = assert!(core::mem::size_of::<CidrKey>() == 8);
 const _: () = assert!(core::mem::size_of::<FragmentKey>() == 12);
 const _: () = assert!(core::mem::size_of::<FragmentTarget>() == 16);

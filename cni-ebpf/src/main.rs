@@ -10,6 +10,10 @@
 //! and timeouts) is in `cni_ebpf_common`.
 #![no_std]
 #![no_main]
+// The atomic adds of `features::budget`: the target has no `AtomicU32` (no
+// compare-and-swap), but the instruction set has atomic add.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod features;
 mod primitives;

@@ -18,9 +18,9 @@ use aya::{
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
 };
 use cni_ebpf_common::{
-    DropReason, EndpointCounters, EndpointInfo, EndpointKey, FragmentKey, FragmentTarget,
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, PortKey, PortTarget, TARGET_COUNT,
-    Uplinks, map_names,
+    DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
+    FragmentTarget, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, PortKey, PortTarget,
+    RefusedFlows, TARGET_COUNT, Uplinks, map_names,
 };
 use nix::{
     mount::{MsFlags, mount},
@@ -112,17 +112,33 @@ pub struct BpfObject {
 impl BpfObject {
     /// Loads the object with fresh maps and loads the classifiers named in `programs`.
     pub fn load(tag: &str, programs: &[&str]) -> Self {
+        Self::load_sized(tag, programs, None)
+    }
+
+    /// Like [`Self::load`], with flow tables (and `DEST_PORTS`) of `max_flows` entries
+    /// each when given, as the daemon's `--nat-max-flows` sizes them.
+    pub fn load_sized(tag: &str, programs: &[&str], max_flows: Option<u32>) -> Self {
         let folder = BpfFolder::new(tag);
         let path = object_path();
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(folder.path())
-            .load_file(&path)
-            .unwrap_or_else(|error| {
-                panic!(
-                    "cannot load {} (build it with `cargo xtask build`): {error}",
-                    path.display()
-                )
-            });
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(folder.path());
+        if let Some(max_flows) = max_flows {
+            for name in [
+                map_names::NAT_OUT,
+                map_names::NAT_IN,
+                map_names::NAT_INBOUND,
+                map_names::HOSTPORT_FLOWS,
+                map_names::DEST_PORTS,
+            ] {
+                loader.map_max_entries(name, max_flows);
+            }
+        }
+        let mut ebpf = loader.load_file(&path).unwrap_or_else(|error| {
+            panic!(
+                "cannot load {} (build it with `cargo xtask build`): {error}",
+                path.display()
+            )
+        });
         for &name in programs {
             classifier_mut(&mut ebpf, name)
                 .load()
@@ -176,19 +192,46 @@ impl BpfObject {
         self.hash_insert(map_names::ENDPOINTS, EndpointKey { addr }, info);
     }
 
-    /// The counters of the endpoint behind `ifindex`, summed over CPUs (zero when absent).
-    /// New flows of the pod at `pod_addr` refused (`NAT_REFUSED`), summed over CPUs.
-    pub fn nat_refused(&self, pod_addr: [u8; 4]) -> u64 {
-        let refused: PerCpuHashMap<_, [u8; 4], u64> =
+    /// New flows of the pod at `pod_addr` refused (`NAT_REFUSED`), by reason, summed
+    /// over CPUs.
+    pub fn nat_refused(&self, pod_addr: [u8; 4]) -> RefusedFlows {
+        let refused: PerCpuHashMap<_, [u8; 4], RefusedFlows> =
             PerCpuHashMap::try_from(self.map(map_names::NAT_REFUSED))
                 .expect("NAT_REFUSED is a per-CPU LRU hash map");
         match refused.get(&pod_addr, 0) {
-            Ok(per_cpu) => per_cpu.iter().sum(),
-            Err(MapError::KeyNotFound) => 0,
+            Ok(per_cpu) => per_cpu
+                .iter()
+                .fold(RefusedFlows::default(), |sum, cpu| sum.add(cpu)),
+            Err(MapError::KeyNotFound) => RefusedFlows::default(),
             Err(error) => panic!("cannot read the refusals of {pod_addr:?}: {error}"),
         }
     }
 
+    /// The pod at `pod_addr`'s entries in the flow tables as its budget counts them
+    /// (`FLOW_COUNTS`; zero when absent).
+    pub fn flow_counts(&self, pod_addr: [u8; 4]) -> FlowCounts {
+        let counts: HashMap<_, [u8; 4], FlowCounts> =
+            HashMap::try_from(self.map(map_names::FLOW_COUNTS)).expect("FLOW_COUNTS is a hash map");
+        match counts.get(&pod_addr, 0) {
+            Ok(counts) => counts,
+            Err(MapError::KeyNotFound) => FlowCounts::default(),
+            Err(error) => panic!("cannot read the flow counts of {pod_addr:?}: {error}"),
+        }
+    }
+
+    /// The node ports the pod of `flow` holds toward its destination (`DEST_PORTS`; 0
+    /// when absent).
+    pub fn dest_ports(&self, flow: &NatKey) -> u32 {
+        let held: HashMap<_, NatKey, u32> =
+            HashMap::try_from(self.map(map_names::DEST_PORTS)).expect("DEST_PORTS is a hash map");
+        match held.get(&flow.destination(), 0) {
+            Ok(count) => count,
+            Err(MapError::KeyNotFound) => 0,
+            Err(error) => panic!("cannot read the ports of {flow:?}: {error}"),
+        }
+    }
+
+    /// The counters of the endpoint behind `ifindex`, summed over CPUs (zero when absent).
     pub fn endpoint_counters(&self, ifindex: u32) -> EndpointCounters {
         let map = self
             .ebpf

@@ -98,6 +98,8 @@ pub const fn nat_config() -> NatConfig {
         uplink_ifindex: LOOPBACK,
         tcp_closed_secs: 10,
         udp_stream_secs: 120,
+        pod_flow_budget: 0,
+        dest_port_budget: 0,
     }
 }
 
@@ -109,9 +111,15 @@ pub fn uplink() -> BpfObject {
 
 /// Like [`uplink`], with `config`.
 pub fn uplink_with(config: NatConfig) -> BpfObject {
-    let mut object = BpfObject::load(
+    uplink_sized(config, None)
+}
+
+/// Like [`uplink_with`], with flow tables of `max_flows` entries when given.
+pub fn uplink_sized(config: NatConfig, max_flows: Option<u32>) -> BpfObject {
+    let mut object = BpfObject::load_sized(
         "nat",
         &[program_names::UPLINK_EGRESS, program_names::UPLINK_INGRESS],
+        max_flows,
     );
     for pod in [&MASQ, &MASQ_2, &PLAIN] {
         object.insert_endpoint(pod.ip, pod.info);

@@ -74,9 +74,9 @@ fn a_new_flow_whose_only_port_is_held_by_a_live_flow_is_dropped_and_counted() {
     assert_eq!(all_drops(&object), drops, "one drop, nat_ports_exhausted");
     assert_eq!(object.nat_counter(NatCounter::AllocationFailures), 1);
     assert_eq!(
-        object.nat_refused(MASQ.ip),
+        object.nat_refused(MASQ.ip).no_port,
         1,
-        "counted for the pod that was refused"
+        "counted for the pod that was refused, as no port"
     );
     assert_eq!(object.nat_counter(NatCounter::NewFlows), 0);
     assert_eq!(object.nat_counter(NatCounter::TranslatedOut), 0);

@@ -127,6 +127,7 @@ impl Datapath {
             .map_max_entries(map_names::NAT_IN, nat_max_flows)
             .map_max_entries(map_names::NAT_INBOUND, nat_max_flows)
             .map_max_entries(map_names::HOSTPORT_FLOWS, nat_max_flows)
+            .map_max_entries(map_names::DEST_PORTS, nat_max_flows)
             .load(OBJECT)?;
         carried.write(&mut ebpf)?;
         spawn_log_forwarder(&mut ebpf);

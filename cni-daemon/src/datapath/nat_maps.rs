@@ -3,7 +3,7 @@
 //! endpoints, the flow tables it sweeps, and the program that removes what a sweep decided.
 
 use aya::{
-    maps::{Array, HashMap, LpmTrie, Map, MapData},
+    maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray},
     programs::ProgramFd,
 };
 use cni_ebpf_common::{
@@ -24,6 +24,8 @@ pub type FromOutside = HashMap<MapData, NatKey, NatEntry>;
 pub type HostPortFlows = HashMap<MapData, NatKey, NatEntry>;
 /// `ENDPOINTS`, the node's pods by address (another handle on the map the node keeps).
 pub type Endpoints = HashMap<MapData, EndpointKey, EndpointInfo>;
+/// `NAT_STATS`: source NAT's counters, per CPU, by `cni_ebpf_common::NatCounter`.
+pub type NatStats = PerCpuArray<MapData, u64>;
 /// `CLUSTER_CIDRS` as user space sees it: (prefix length, address in network order) -> 1.
 pub type ClusterCidrs = LpmTrie<MapData, [u8; 4], u8>;
 
@@ -40,6 +42,8 @@ pub struct NatMaps {
     pub sweeper: ProgramFd,
     /// The pinned `ENDPOINTS` map, read by the sweeps: flows of pods no longer there go.
     pub endpoints: Endpoints,
+    /// The counters, whose `table_full` calls a sweep at once.
+    pub stats: NatStats,
 }
 
 impl Datapath {
@@ -57,6 +61,7 @@ impl Datapath {
         let config = take(map_names::NAT_CONFIG)?;
         let uplinks = take(map_names::UPLINKS)?;
         let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
+        let stats = take(map_names::NAT_STATS)?;
         let name = program_names::NAT_SWEEP;
         let program_error = |source| DatapathError::Program {
             program: name,
@@ -79,6 +84,7 @@ impl Datapath {
             config: Array::try_from(config)?,
             uplinks: Array::try_from(uplinks)?,
             cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
+            stats: PerCpuArray::try_from(stats)?,
             sweeper,
         })
     }

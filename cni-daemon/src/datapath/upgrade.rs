@@ -8,7 +8,13 @@
 //! - a `NAT_CONFIG` an earlier release pinned with a shorter value is unpinned;
 //! - a `NODE_ADDRS` of another size (an earlier release's 256) is unpinned;
 //! - `NAT_INBOUND` and `HOSTPORT_FLOWS` of another size, or of an earlier release's 8
-//!   or 24 bytes a flow, are read and unpinned, and their flows carried likewise.
+//!   or 24 bytes a flow, are read and unpinned, and their flows carried likewise;
+//! - flow tables an earlier release pinned as LRU hashes (which evicted the least
+//!   recently used flow, established or not, to make room) are read and unpinned, and
+//!   their flows carried into the plain hashes the load creates;
+//! - counters whose layout changed (`NAT_STATS` of 8 slots, `NAT_REFUSED` of one count
+//!   a pod) and a `DEST_PORTS` of another size are unpinned: they start from zero (the
+//!   budgets count only flows created from then on, see `cni_ebpf_common::budget`).
 //!
 //! The load then creates what was unpinned. Links of earlier daemons are upgraded where
 //! they are attached: the per-veth links in [`pod`](super::pod), uplink links pinned
@@ -18,11 +24,11 @@ use std::{fs, path::Path};
 
 use aya::{
     Ebpf, Pod,
-    maps::{HashMap, Map, MapData, MapInfo},
+    maps::{HashMap, Map, MapData, MapInfo, MapType},
 };
 use cni_ebpf_common::{
-    NODE_ADDRS_MAX, NatConfig, NatEntry, NatKey, NatReverseKey, ip_proto, map_names, tcp_state,
-    udp_state,
+    NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, RefusedFlows, ip_proto,
+    map_names, tcp_state, udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
@@ -91,6 +97,7 @@ pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried,
     let (out, replies) = take_earlier_nat_tables(bpf_dir)?;
     replace_resized_config(bpf_dir)?;
     replace_resized_node_addrs(bpf_dir)?;
+    replace_counters(bpf_dir, nat_max_flows)?;
     let mut flows = [
         (map_names::NAT_INBOUND, earlier_note as fn(&_, _) -> _),
         (map_names::HOSTPORT_FLOWS, earlier_hostport_flow),
@@ -119,7 +126,7 @@ fn take_earlier_nat_tables(
 }
 
 /// The flows of table `name` when it is pinned with [`EarlierNatEntry`] values, upgraded,
-/// its pin removed; nothing otherwise.
+/// or as an LRU hash, its pin removed; nothing otherwise.
 fn take_earlier_layout<K: Pod>(
     bpf_dir: &Path,
     name: &'static str,
@@ -128,17 +135,23 @@ fn take_earlier_layout<K: Pod>(
     if !pin.exists() {
         return Ok(Vec::new());
     }
-    let value_size = usize::try_from(MapInfo::from_pin(&pin)?.value_size()).unwrap_or(0);
-    if value_size != size_of::<EarlierNatEntry>() {
+    let info = MapInfo::from_pin(&pin)?;
+    let value_size = usize::try_from(info.value_size()).unwrap_or(0);
+    let earlier = value_size == size_of::<EarlierNatEntry>();
+    if !earlier && !is_lru(&info) {
         return Ok(Vec::new());
     }
-    let old: HashMap<_, K, EarlierNatEntry> =
-        HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
-    let flows: Vec<(K, NatEntry)> = old
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, value)| (key, value.upgrade()))
-        .collect();
+    let map = Map::LruHashMap(MapData::from_pin(&pin)?);
+    let flows: Vec<(K, NatEntry)> = if earlier {
+        let old: HashMap<_, K, EarlierNatEntry> = HashMap::try_from(map)?;
+        old.iter()
+            .filter_map(Result::ok)
+            .map(|(key, value)| (key, value.upgrade()))
+            .collect()
+    } else {
+        let old: HashMap<_, K, NatEntry> = HashMap::try_from(map)?;
+        old.iter().filter_map(Result::ok).collect()
+    };
     tracing::info!(
         table = name,
         flows = flows.len(),
@@ -232,7 +245,7 @@ fn take_resized(
     }
     let info = MapInfo::from_pin(&pin)?;
     let value_size = usize::try_from(info.value_size()).unwrap_or(usize::MAX);
-    if value_size == size_of::<NatEntry>() && info.max_entries() == max_flows {
+    if value_size == size_of::<NatEntry>() && info.max_entries() == max_flows && !is_lru(&info) {
         return Ok(Vec::new());
     }
     let map = Map::LruHashMap(MapData::from_pin(&pin)?);
@@ -262,6 +275,44 @@ fn take_resized(
     Ok(flows)
 }
 
+/// Whether the pinned map of `info` is an LRU hash (an earlier release's flow table).
+fn is_lru(info: &MapInfo) -> bool {
+    matches!(info.map_type(), Ok(MapType::LruHash))
+}
+
+/// Whether a pinned map (its info, and `--nat-max-flows`) fits this release.
+type Fits = fn(&MapInfo, u32) -> bool;
+
+/// Unpins the counters this release lays out otherwise, for the load to create anew:
+/// `NAT_STATS` of fewer slots than [`NatCounter::SLOTS`], `NAT_REFUSED` of another
+/// value than [`RefusedFlows`], `DEST_PORTS` of another size than `max_flows`. What
+/// they counted starts again from zero.
+fn replace_counters(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError> {
+    let fits: [(&str, Fits); 3] = [
+        (map_names::NAT_STATS, |info, _| {
+            info.max_entries() == NatCounter::SLOTS
+        }),
+        (map_names::NAT_REFUSED, |info, _| {
+            usize::try_from(info.value_size()).is_ok_and(|size| size == size_of::<RefusedFlows>())
+        }),
+        (map_names::DEST_PORTS, |info, max_flows| {
+            info.max_entries() == max_flows
+        }),
+    ];
+    for (name, fits) in fits {
+        let pin = bpf_dir.join(name);
+        if !pin.exists() || fits(&MapInfo::from_pin(&pin)?, max_flows) {
+            continue;
+        }
+        tracing::info!(
+            map = name,
+            "created anew at this release's layout; its counts restart"
+        );
+        fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
+    }
+    Ok(())
+}
+
 /// The state an earlier release's flow of `key` comes over with: answered.
 fn answered(key: &NatKey) -> u8 {
     if key.proto == ip_proto::TCP {
@@ -287,8 +338,8 @@ fn earlier_hostport_flow(key: &NatKey, value: [u8; 8]) -> NatEntry {
     }
 }
 
-/// Writes `flows` (see [`take_resized`]) into the loaded table `name`; more than it
-/// holds and the LRU keeps the last written.
+/// Writes `flows` (see [`take_resized`]) into the loaded table `name`; what does not fit
+/// (a table made smaller) is left out, said at warn.
 fn write_carried<K: Pod>(
     ebpf: &mut Ebpf,
     name: &'static str,
@@ -299,8 +350,18 @@ fn write_carried<K: Pod>(
     }
     let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
     let mut table: HashMap<_, K, NatEntry> = HashMap::try_from(map)?;
+    let mut left_out = 0usize;
     for (key, flow) in flows {
-        table.insert(key, flow, 0)?;
+        if table.insert(key, flow, 0).is_err() {
+            left_out += 1;
+        }
+    }
+    if left_out > 0 {
+        tracing::warn!(
+            table = name,
+            left_out,
+            "flows carried over did not fit the table"
+        );
     }
     Ok(())
 }

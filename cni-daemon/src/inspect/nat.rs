@@ -8,7 +8,7 @@ use std::{
 };
 
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey,
+    FlowCounts, NatConfig, NatEntry, NatKey, RefusedFlows,
     flow::idle_ns,
     ip_proto::{ESP, GRE, ICMP, IPIP, SCTP, TCP, UDP},
     tcp_state, udp_state,
@@ -36,13 +36,15 @@ pub struct NatView {
     pub timeouts: Timeouts,
     /// Flows each table holds at most (`--nat-max-flows`).
     pub max_flows: u32,
+    /// Each pod's share of the tables (0: no budget).
+    pub budgets: Budgets,
     pub counters: BTreeMap<&'static str, u64>,
     pub entries: Vec<FlowView>,
     /// Flows a host outside opened to a pod's own address (a routed pod network), whose
     /// answers leave untranslated: `node` is the pod's own address and port.
     pub from_outside: Vec<FlowView>,
-    /// Per pod address: its translated flows and its new flows refused, for every pod
-    /// with either.
+    /// Per pod address: its translated flows, its entries as its budget counts them
+    /// and its new flows refused, for every pod with any.
     pub endpoints: Vec<EndpointNatView>,
 }
 
@@ -52,9 +54,23 @@ pub struct EndpointNatView {
     pub pod: Ipv4Addr,
     /// Its flows in `NAT_OUT` (expired ones the sweep has not removed yet included).
     pub flows: u64,
-    /// Its new flows dropped for want of a node port (`nat_ports_exhausted`), since the
-    /// count began (the daemon's first start on this node, or the pod's first refusal).
+    /// Its entries in each flow table as its budget counts them (`FLOW_COUNTS`).
+    pub counted: FlowCounts,
+    /// Its new flows refused, whatever the reason, since the count began (the
+    /// daemon's first start on this node, or the pod's first refusal).
     pub refused: u64,
+    /// The same by reason: no node port free, its flow budget, its budget of ports
+    /// toward the destination, a full table.
+    pub refused_by: RefusedFlows,
+}
+
+/// Each pod's share of the flow tables, as `NAT_CONFIG` holds it (0: no budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budgets {
+    /// Entries per pod in each flow table.
+    pub pod_flows: u32,
+    /// Node ports per pod toward one destination.
+    pub ports_per_destination: u32,
 }
 
 /// A device source NAT translates on.
@@ -94,6 +110,7 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         flows_in,
         from_outside: notes,
         refused,
+        counts,
     } = tables;
     let node_addr = config
         .has_address()
@@ -109,7 +126,7 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         })
         .collect();
     let timeouts = Timeouts::from_config(&config);
-    let endpoints = endpoint_views(flows_out.keys(), &refused);
+    let endpoints = endpoint_views(flows_out.keys(), &counts, &refused);
     let mut entries = Vec::new();
     for (key, out) in flows_out {
         let inbound = flows_in
@@ -142,6 +159,10 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         },
         timeouts,
         max_flows,
+        budgets: Budgets {
+            pod_flows: config.pod_flow_budget,
+            ports_per_destination: config.dest_port_budget,
+        },
         counters,
         entries,
         from_outside,
@@ -149,25 +170,33 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
     }
 }
 
-/// Per pod address, the flows of `flows` (keys of `NAT_OUT`) and the `refused` counts,
-/// in address order.
+/// Per pod address, the flows of `flows` (keys of `NAT_OUT`), the `counted` entries
+/// and the `refused` counts, in address order; pods with none of them are left out.
 fn endpoint_views<'a>(
     flows: impl Iterator<Item = &'a NatKey>,
-    refused: &BTreeMap<[u8; 4], u64>,
+    counted: &BTreeMap<[u8; 4], FlowCounts>,
+    refused: &BTreeMap<[u8; 4], RefusedFlows>,
 ) -> Vec<EndpointNatView> {
-    let mut by_pod: BTreeMap<[u8; 4], (u64, u64)> = BTreeMap::new();
+    let mut by_pod: BTreeMap<[u8; 4], (u64, FlowCounts, RefusedFlows)> = BTreeMap::new();
     for key in flows {
         by_pod.entry(key.pod_addr).or_default().0 += 1;
     }
-    for (pod, count) in refused {
-        by_pod.entry(*pod).or_default().1 = *count;
+    for (pod, counts) in counted {
+        if *counts != FlowCounts::default() {
+            by_pod.entry(*pod).or_default().1 = *counts;
+        }
+    }
+    for (pod, by_reason) in refused {
+        by_pod.entry(*pod).or_default().2 = *by_reason;
     }
     by_pod
         .into_iter()
-        .map(|(pod, (flows, refused))| EndpointNatView {
+        .map(|(pod, (flows, counted, refused_by))| EndpointNatView {
             pod: Ipv4Addr::from(pod),
             flows,
-            refused,
+            counted,
+            refused: refused_by.total(),
+            refused_by,
         })
         .collect()
 }

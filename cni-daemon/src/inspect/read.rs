@@ -9,8 +9,8 @@ use std::{
 
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray, PerCpuHashMap};
 use cni_ebpf_common::{
-    DropReason, EndpointCounters, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
-    SourceKey, TrafficCounters, Uplinks, map_names,
+    DropReason, EndpointCounters, FlowCounts, NatConfig, NatCounter, NatEntry, NatKey,
+    NatReverseKey, RefusedFlows, SourceKey, TrafficCounters, Uplinks, map_names,
 };
 use serde::Serialize;
 
@@ -161,8 +161,10 @@ pub struct NatTables {
     pub flows_in: StdHashMap<NatReverseKey, NatEntry>,
     /// `NAT_INBOUND`: flows a host outside opened to a pod's own address.
     pub from_outside: StdHashMap<NatKey, NatEntry>,
-    /// `NAT_REFUSED`: new flows refused per pod address, summed over CPUs.
-    pub refused: BTreeMap<[u8; 4], u64>,
+    /// `NAT_REFUSED`: new flows refused per pod address, by reason, summed over CPUs.
+    pub refused: BTreeMap<[u8; 4], RefusedFlows>,
+    /// `FLOW_COUNTS`: each pod's entries in the flow tables, as its budget counts them.
+    pub counts: BTreeMap<[u8; 4], FlowCounts>,
 }
 
 /// Reads [`NatTables`].
@@ -190,17 +192,29 @@ pub fn nat_tables(bpf_dir: &Path) -> Result<NatTables, InspectError> {
         flows_in,
         from_outside,
         refused: refused_flows(bpf_dir)?,
+        counts: flow_counts(bpf_dir)?,
     })
 }
 
-/// New flows refused per pod address (`NAT_REFUSED`), summed over CPUs.
-fn refused_flows(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], u64>, InspectError> {
+/// New flows refused per pod address (`NAT_REFUSED`), by reason, summed over CPUs.
+fn refused_flows(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], RefusedFlows>, InspectError> {
     let data = open_pinned(bpf_dir, map_names::NAT_REFUSED)?;
-    let map: PerCpuHashMap<_, [u8; 4], u64> = PerCpuHashMap::try_from(Map::PerCpuLruHashMap(data))?;
+    let map: PerCpuHashMap<_, [u8; 4], RefusedFlows> =
+        PerCpuHashMap::try_from(Map::PerCpuLruHashMap(data))?;
     let mut refused = BTreeMap::new();
     for entry in map.iter() {
         let (pod, per_cpu) = entry?;
-        refused.insert(pod, per_cpu.iter().sum());
+        let sum = per_cpu
+            .iter()
+            .fold(RefusedFlows::default(), |sum, cpu| sum.add(cpu));
+        refused.insert(pod, sum);
     }
     Ok(refused)
+}
+
+/// Each pod's entries in the flow tables (`FLOW_COUNTS`).
+fn flow_counts(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], FlowCounts>, InspectError> {
+    let map: HashMap<_, [u8; 4], FlowCounts> =
+        HashMap::try_from(pinned(bpf_dir, map_names::FLOW_COUNTS)?)?;
+    Ok(flows::snapshot(&map)?.into_iter().collect())
 }

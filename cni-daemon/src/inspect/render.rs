@@ -121,14 +121,28 @@ pub fn nat_table(view: &NatView) -> String {
         "nat disabled\n".to_owned()
     };
     out.push_str(&format!("counters: {}\n", counters_line(&view.counters)));
+    out.push_str(&format!(
+        "budget per pod: {} entries a table, {} ports a destination (0: none)\n",
+        view.budgets.pod_flows, view.budgets.ports_per_destination
+    ));
     if !view.endpoints.is_empty() {
-        out.push_str(&format!("{:<16} {:>8} {:>8}\n", "POD", "FLOWS", "REFUSED"));
+        out.push_str(&format!(
+            "{:<16} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+            "POD", "FLOWS", "INBOUND", "HOSTPORT", "REFUSED", "NO_PORT", "FLOWS>", "PORTS>", "FULL"
+        ));
         for endpoint in &view.endpoints {
+            let (counted, by) = (&endpoint.counted, &endpoint.refused_by);
             out.push_str(&format!(
-                "{:<16} {:>8} {:>8}\n",
+                "{:<16} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
                 endpoint.pod.to_string(),
                 endpoint.flows,
-                endpoint.refused
+                counted.from_outside,
+                counted.hostport,
+                endpoint.refused,
+                by.no_port,
+                by.flow_budget,
+                by.port_budget,
+                by.table_full
             ));
         }
     }

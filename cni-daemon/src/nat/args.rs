@@ -99,10 +99,12 @@ pub struct NatArgs {
     /// opened from outside to pods' own addresses) and `HOSTPORT_FLOWS` (connections
     /// through hostPort mappings): about 100 bytes of kernel memory per
     /// flow and table, taken when the tables are created (about 100 MiB at the default,
-    /// the size of the kernel's own conntrack table on a node of 24 GiB). When full, the
-    /// least recently used flow makes room. A new size takes effect at the next start
-    /// and resets the translated flows: the pinned tables are created anew (the notes
-    /// of `NAT_INBOUND` and the hostPort connections are carried over).
+    /// the size of the kernel's own conntrack table on a node of 24 GiB). Nothing is
+    /// evicted: a new flow meeting a full table is refused (counted as `table_full`),
+    /// and the sweep makes room at once, unanswered and closing flows first. A new size
+    /// takes effect at the next start and resets the translated flows: the pinned
+    /// tables are created anew (the notes of `NAT_INBOUND` and the hostPort
+    /// connections are carried over).
     #[arg(
         long,
         env = "EBPF_CNID_NAT_MAX_FLOWS",
@@ -110,6 +112,35 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u32).range(i64::from(MIN_NAT_FLOWS)..=i64::from(MAX_NAT_FLOWS))
     )]
     pub nat_max_flows: u32,
+    /// Entries one pod may hold in each flow table (translated flows, flows opened from
+    /// outside to its own address, connections through its hostPorts); a new flow past
+    /// it is refused and counted for that pod (`flow_budget`). Default: half of
+    /// `--nat-max-flows` (131,072 at its default), so that no pod, nor the clients of
+    /// one pod's hostPort, can take more than half of a table: the node's other pods
+    /// always keep room for new flows. That is room for a pod opening 10,000
+    /// connections a second, each held its closed timeout (10 s) after it ends. 0: no
+    /// budget.
+    #[arg(long, env = "EBPF_CNID_NAT_POD_MAX_FLOWS")]
+    pub nat_pod_max_flows: Option<u32>,
+    /// Node ports one pod may hold toward one destination (remote address, port and
+    /// protocol); past it, a new flow there takes over one of the pod's own expired
+    /// ports or is refused (`port_budget`). Default: three quarters of
+    /// `--nat-port-range` (23,808 ports at its default), so that one pod hammering a
+    /// shared upstream (a DNS server) leaves the other pods a quarter of the ports
+    /// toward it. A pod at its budget still opens new connections there as fast as its
+    /// closed ones free their ports (2 s after a close the pod began). 0: no budget.
+    #[arg(long, env = "EBPF_CNID_NAT_POD_PORTS_PER_DESTINATION")]
+    pub nat_pod_ports_per_destination: Option<u32>,
+}
+
+/// Each pod's share of the flow tables (see `cni_ebpf_common::budget`), as
+/// [`NatArgs::budgets`] resolves it; 0 is no budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budgets {
+    /// Entries per pod in each flow table.
+    pub pod_flows: u32,
+    /// Node ports per pod toward one destination.
+    pub ports_per_destination: u32,
 }
 
 /// Bounds of `--nat-max-flows`.
@@ -125,6 +156,16 @@ impl NatArgs {
             udp: self.nat_udp_timeout,
             udp_stream: self.nat_udp_stream_timeout,
             icmp: self.nat_icmp_timeout,
+        }
+    }
+
+    /// The budgets the flags ask for, or their defaults: half of `--nat-max-flows` and
+    /// three quarters of `--nat-port-range`.
+    pub fn budgets(&self) -> Budgets {
+        let range = u32::from(self.nat_port_range.max - self.nat_port_range.min) + 1;
+        Budgets {
+            pod_flows: self.nat_pod_max_flows.unwrap_or(self.nat_max_flows / 2),
+            ports_per_destination: self.nat_pod_ports_per_destination.unwrap_or(range / 4 * 3),
         }
     }
 
@@ -294,6 +335,14 @@ mod tests {
         );
         assert!(<Cli as clap::Parser>::try_parse_from(["test", "--nat-udp-timeout", "0"]).is_err());
         assert_eq!(cli.nat.nat_max_flows, 262_144);
+        assert_eq!(
+            cli.nat.budgets(),
+            Budgets {
+                pod_flows: 131_072,
+                ports_per_destination: 23_808,
+            },
+            "half the table per pod, three quarters of the ports per destination"
+        );
         for (size, ok) in [
             ("1023", false),
             ("1024", true),

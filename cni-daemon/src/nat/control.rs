@@ -83,6 +83,7 @@ impl Nat {
             cluster_cidrs,
             sweeper,
             endpoints,
+            stats,
         } = maps;
         let previous = config.get(&0, 0)?;
         let previous_uplinks = uplinks.get(&0, 0)?;
@@ -97,6 +98,7 @@ impl Nat {
                 hostport,
                 sweeper,
                 endpoints,
+                stats,
             }),
             settings,
             previous,

@@ -8,10 +8,12 @@ use aya::{
     maps::{HashMap, IterableMap, MapData, MapError},
     programs::ProgramFd,
 };
-use cni_ebpf_common::{NatKey, NatReverseKey};
+use cni_ebpf_common::{NatCounter, NatKey, NatReverseKey};
 
 use super::{args::MAX_NAT_FLOWS, batch};
-use crate::datapath::nat_maps::{Endpoints, FlowsIn, FlowsOut, FromOutside, HostPortFlows};
+use crate::datapath::nat_maps::{
+    Endpoints, FlowsIn, FlowsOut, FromOutside, HostPortFlows, NatStats,
+};
 
 /// Most entries one sweep reads from a table: as many as the largest tables hold.
 const MAX_SCAN: usize = MAX_NAT_FLOWS as usize;
@@ -27,9 +29,21 @@ pub struct Flows {
     pub(super) sweeper: ProgramFd,
     /// The pinned `ENDPOINTS` map: flows of pods no longer there go.
     pub(super) endpoints: Endpoints,
+    /// Source NAT's counters: new flows refused for a full table call a sweep at once.
+    pub(super) stats: NatStats,
 }
 
 impl Flows {
+    /// New flows refused so far because their table was full (`table_full`, summed over
+    /// CPUs): when it moves, a sweep makes room at once rather than at its next tick.
+    pub fn refused_for_room(&self) -> Result<u64, MapError> {
+        Ok(self
+            .stats
+            .get(&(NatCounter::TableFull as u32), 0)?
+            .iter()
+            .sum())
+    }
+
     /// Empties the flow tables (NAT is off: no program uses them).
     pub(super) fn flush(&mut self) -> Result<(), MapError> {
         let out: Vec<NatKey> = snapshot(&self.out)?.into_keys().collect();

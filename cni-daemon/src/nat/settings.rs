@@ -8,7 +8,7 @@ use cni_ebpf_common::{MAX_UPLINKS, NatConfig, Uplinks};
 
 use super::{
     NatError,
-    args::{NatArgs, PortRange, Timeouts},
+    args::{Budgets, NatArgs, PortRange, Timeouts},
     uplink,
 };
 
@@ -22,6 +22,7 @@ pub struct NatSettings {
     pub by_default_route: bool,
     pub ports: PortRange,
     pub timeouts: Timeouts,
+    pub budgets: Budgets,
 }
 
 /// A device source NAT translates on.
@@ -81,6 +82,8 @@ impl NatSettings {
             uplink_ifindex: first.ifindex,
             tcp_closed_secs: self.timeouts.tcp_closed,
             udp_stream_secs: self.timeouts.udp_stream,
+            pod_flow_budget: self.budgets.pod_flows,
+            dest_port_budget: self.budgets.ports_per_destination,
         }
     }
 
@@ -138,6 +141,7 @@ impl NatArgs {
             by_default_route: self.uplinks.is_empty(),
             ports: self.nat_port_range,
             timeouts: self.timeouts(),
+            budgets: self.budgets(),
         }))
     }
 }
@@ -174,6 +178,10 @@ mod tests {
                 udp_stream: 120,
                 icmp: 20,
             },
+            budgets: Budgets {
+                pod_flows: 500,
+                ports_per_destination: 3000,
+            },
         };
         assert_eq!(
             settings.config(),
@@ -188,6 +196,8 @@ mod tests {
                 uplink_ifindex: 4,
                 tcp_closed_secs: 10,
                 udp_stream_secs: 120,
+                pod_flow_budget: 500,
+                dest_port_budget: 3000,
             }
         );
         let uplinks = settings.uplinks();

@@ -439,3 +439,24 @@ fn other_protocols_keep_no_sequence_marks() {
     assert_eq!((after.state, after.seq_seen), (udp_state::REPLIED, 0));
     assert_eq!(opening_seq(UDP, &seg(0, 5, 0)), (0, [0, 0]));
 }
+
+#[test]
+fn only_answered_flows_are_kept_from_early_drop() {
+    use crate::{
+        flow::early_droppable,
+        ip_proto::{ICMP, TCP, UDP},
+    };
+    assert!(!early_droppable(TCP, tcp_state::ESTABLISHED));
+    for state in [
+        tcp_state::SYN_SENT,
+        tcp_state::CLOSING,
+        tcp_state::REMOTE_CLOSING,
+        tcp_state::CLOSED,
+        tcp_state::POD_CLOSED,
+    ] {
+        assert!(early_droppable(TCP, state), "TCP state {state}");
+    }
+    assert!(!early_droppable(UDP, udp_state::REPLIED));
+    assert!(early_droppable(UDP, 0));
+    assert!(early_droppable(ICMP, 0));
+}

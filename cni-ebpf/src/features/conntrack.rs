@@ -3,15 +3,18 @@
 //! states and the timeout rule are `cni_ebpf_common::flow`'s, which the daemon's sweep
 //! follows too.
 
-use aya_ebpf::maps::LruHashMap;
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap};
 use cni_ebpf_common::{
-    NatConfig, NatEntry, NatKey, NatReverseKey, Segment, Timeouts, Way,
+    FlowTable, NatConfig, NatEntry, NatKey, NatReverseKey, Refusal, Segment, Timeouts, Way,
     flow::{Followed, follow, opening_seq, opening_state, twin_seen},
 };
 
-use crate::primitives::{
-    clock,
-    maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
+use crate::{
+    features::budget,
+    primitives::{
+        clock,
+        maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
+    },
 };
 
 /// An entry's timestamp is refreshed at most this often, to spare map writes on the
@@ -26,18 +29,19 @@ pub const REFRESH_NS: u64 = 1_000_000_000;
 /// take the map's locks, twice per TCP state change (about eight times per
 /// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
 /// the same flow at once write the same kind of values: whichever lands is right. An
-/// entry missing from the other table (evicted) is written back whole; one that now
+/// entry missing from the other table (removed by a sweep while this one saw a packet)
+/// is written back whole, and `true` returned for the caller to count it; one that now
 /// belongs to another flow (its port taken over) is left alone.
 #[inline(always)]
 pub fn refresh<K>(
     this: *mut NatEntry,
-    other_table: &LruHashMap<K, NatEntry>,
+    other_table: &HashMap<K, NatEntry>,
     other: &K,
     now: u64,
     followed: &Followed,
     (way, flags): (Way, u8),
     node_addr: [u8; 4],
-) {
+) -> bool {
     // SAFETY: `this` points into a map value, valid for the program run.
     let entry = unsafe {
         (*this).last_seen_ns = now;
@@ -64,10 +68,11 @@ pub fn refresh<K>(
                 (*twin).seq[side] = followed.seq[side];
                 (*twin).node_addr = node_addr;
             }
+            false
         },
-        None => {
-            let _ = other_table.insert(other, &entry, 0);
-        }
+        None => other_table
+            .insert(other, &entry, BPF_NOEXIST as u64)
+            .is_ok(),
     }
 }
 
@@ -111,7 +116,9 @@ pub fn live_entry(
     if followed.state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
         let forward = key.forward(&entry);
         let packet = (Way::In, flags);
-        refresh(slot, &NAT_OUT, &forward, now, &followed, packet, node_addr);
+        if refresh(slot, &NAT_OUT, &forward, now, &followed, packet, node_addr) {
+            budget::added(entry.pod_addr, FlowTable::Out);
+        }
     } else if followed.changes_seq(&entry) {
         mark(slot, &followed);
     }
@@ -122,19 +129,36 @@ pub fn live_entry(
 /// for other protocols) arriving from a host outside for the pod's own address: the stack
 /// routes it to the pod, and the pod's answers keep its address (see
 /// [`opened_from_outside`]). A flow whose note expired (or that has none) opens anew.
-/// Written when the state changes, else at most once a second per flow.
+/// Written when the state changes, else at most once a second per flow. A new note over
+/// its pod's budget, or meeting a full table, is refused: the packet must then be
+/// dropped, as the pod's answers would leave translated.
 #[inline(always)]
-pub fn saw_inbound(flow: &NatKey, seg: &Segment, config: &NatConfig, now: u64) {
+pub fn saw_inbound(
+    flow: &NatKey,
+    seg: &Segment,
+    config: &NatConfig,
+    now: u64,
+) -> Result<(), Refusal> {
     let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
-        let _ = NAT_INBOUND.insert(flow, &opened(flow, seg, now), 0);
-        return;
+        if !budget::within(flow.pod_addr, FlowTable::FromOutside, config) {
+            return Err(Refusal::FlowBudget);
+        }
+        return match NAT_INBOUND.insert(flow, &opened(flow, seg, now), BPF_NOEXIST as u64) {
+            Ok(()) => {
+                budget::added(flow.pod_addr, FlowTable::FromOutside);
+                Ok(())
+            }
+            Err(error) if budget::is_full(error) => Err(Refusal::TableFull),
+            // Another CPU noted it meanwhile.
+            Err(_) => Ok(()),
+        };
     };
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let note = unsafe { *slot };
     if expired(&note, flow.proto, config, now) {
         // SAFETY: as above.
         unsafe { *slot = opened(flow, seg, now) };
-        return;
+        return Ok(());
     }
     touch(
         slot,
@@ -142,6 +166,7 @@ pub fn saw_inbound(flow: &NatKey, seg: &Segment, config: &NatConfig, now: u64) {
         &follow(&note, flow.proto, seg, Way::Out, true),
         now,
     );
+    Ok(())
 }
 
 /// The note of `flow`, a flow a host outside opens with `seg` (its first packet).

@@ -10,12 +10,14 @@
 //! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
 //! - [`fragments`]: the fragments after a datagram's first one, following it;
 //! - [`sweep`]: the removals the daemon's NAT sweep decided;
-//! - [`pod_source`]: what a pod may send as (its MAC, its addresses, no VLAN tags).
+//! - [`pod_source`]: what a pod may send as (its MAC, its addresses, no VLAN tags);
+//! - [`budget`]: each pod's share of the flow tables, and the flows it was refused.
 //!
 //! A feature uses only features listed after it, never one before: no two import each
 //! other.
 
 pub mod arp;
+pub mod budget;
 pub mod conntrack;
 pub mod fragments;
 pub mod hostport;

@@ -1,4 +1,4 @@
-//! The NAT sweep's removals, done in the kernel: the `nat_sweep` program, never
+//! The NAT sweep's removals, done in the kernel, each counted off its pod's budgets: the `nat_sweep` program, never
 //! attached, which the daemon runs with BPF_PROG_TEST_RUN on a frame of [`SweepItem`]s
 //! it decided on (`cni-daemon/src/nat/sweep/`), [`sweep::MAX_ITEMS`] a run.
 //!
@@ -12,12 +12,15 @@
 //! until a later packet out restores its entry (`conntrack::refresh`).
 
 use aya_ebpf::{
-    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, maps::LruHashMap,
+    bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, maps::HashMap,
     programs::TcContext,
 };
-use cni_ebpf_common::{NatEntry, SweepItem, sweep};
+use cni_ebpf_common::{FlowTable, NatEntry, NatKey, NatReverseKey, SweepItem, sweep};
 
-use crate::primitives::maps::{HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT};
+use crate::{
+    features::budget,
+    primitives::maps::{HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT},
+};
 
 /// Removes the frame's items; returns how many of each kind went, packed as
 /// [`sweep`] says.
@@ -68,35 +71,73 @@ extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
         return 1;
     };
     if item.kind & sweep::HOSTPORT != 0 {
-        if remove_if_idle(&HOSTPORT_FLOWS, &item.out, item.decided_ns) {
+        if remove_if_idle(
+            &HOSTPORT_FLOWS,
+            &item.out,
+            item.decided_ns,
+            FlowTable::HostPort,
+        ) {
             run.hostport += 1;
         }
     } else if item.kind & sweep::FROM_OUTSIDE != 0 {
-        if remove_if_idle(&NAT_INBOUND, &item.out, item.decided_ns) {
+        if remove_if_idle(
+            &NAT_INBOUND,
+            &item.out,
+            item.decided_ns,
+            FlowTable::FromOutside,
+        ) {
             run.notes += 1;
         }
     } else if item.kind & sweep::ORPHAN != 0 {
-        if remove_if_idle(&NAT_IN, &item.inbound, item.decided_ns) {
+        if remove_port_if_idle(&item.inbound, item.decided_ns) {
             run.orphans += 1;
         }
-    } else if item.kind & sweep::FLOW != 0 && remove_if_idle(&NAT_OUT, &item.out, item.decided_ns) {
+    } else if item.kind & sweep::FLOW != 0
+        && remove_if_idle(&NAT_OUT, &item.out, item.decided_ns, FlowTable::Out)
+    {
         // NAT_OUT first: a port is never free in NAT_IN while NAT_OUT still hands it out.
         if item.kind & sweep::PAIR != 0 {
-            remove_if_idle(&NAT_IN, &item.inbound, item.decided_ns);
+            remove_port_if_idle(&item.inbound, item.decided_ns);
         }
         run.flows += 1;
     }
     0
 }
 
-/// Deletes `key` unless its entry was stamped after `decided_ns`. Whether it is gone.
+/// Deletes `key` from `table` (which its pod's budget counts as `counted`) unless its
+/// entry was stamped after `decided_ns`. Whether it is gone.
 #[inline(always)]
-fn remove_if_idle<K>(table: &LruHashMap<K, NatEntry>, key: &K, decided_ns: u64) -> bool {
+fn remove_if_idle(
+    table: &HashMap<NatKey, NatEntry>,
+    key: &NatKey,
+    decided_ns: u64,
+    counted: FlowTable,
+) -> bool {
     // SAFETY: the value is read at once.
-    match unsafe { table.get(key) } {
+    match unsafe { table.get(key) }.copied() {
         Some(entry) if entry.last_seen_ns > decided_ns => false,
-        Some(_) => {
-            let _ = table.remove(key);
+        Some(entry) => {
+            if table.remove(key).is_ok() {
+                budget::removed(entry.pod_addr, counted);
+            }
+            true
+        }
+        None => true,
+    }
+}
+
+/// Deletes the node port `key` from `NAT_IN` unless its entry was stamped after
+/// `decided_ns`, and counts it off its pod's ports toward its destination. Whether it
+/// is gone.
+#[inline(always)]
+fn remove_port_if_idle(key: &NatReverseKey, decided_ns: u64) -> bool {
+    // SAFETY: the value is read at once.
+    match unsafe { NAT_IN.get(key) }.copied() {
+        Some(entry) if entry.last_seen_ns > decided_ns => false,
+        Some(entry) => {
+            if NAT_IN.remove(key).is_ok() {
+                budget::port_removed(entry.pod_addr, &key.forward(&entry));
+            }
             true
         }
         None => true,

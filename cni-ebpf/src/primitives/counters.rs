@@ -5,7 +5,7 @@
 use aya_ebpf::bindings::TC_ACT_SHOT;
 use cni_ebpf_common::{DropReason, EndpointCounters, NatCounter, SourceKey, TrafficCounters};
 
-use super::maps::{DROPS, ENDPOINT_COUNTERS, NAT_REFUSED, NAT_STATS, SOURCE_STATS};
+use super::maps::{DROPS, ENDPOINT_COUNTERS, NAT_STATS, SOURCE_STATS};
 
 /// Which way a packet crossed the endpoint's veth.
 #[derive(Clone, Copy)]
@@ -41,19 +41,6 @@ pub fn endpoint(ifindex: u32, direction: Direction, bytes: u32) {
     }
     // A full map only loses counting, never the packet.
     let _ = ENDPOINT_COUNTERS.insert(ifindex, first, 0);
-}
-
-/// Adds one to the new flows refused to the pod at `pod_addr` (`NAT_REFUSED`): which pods
-/// found no node port, where `AllocationFailures` only says how often.
-#[inline(always)]
-pub fn nat_refused(pod_addr: [u8; 4]) {
-    if let Some(count) = NAT_REFUSED.get_ptr_mut(&pod_addr) {
-        // SAFETY: a valid pointer into this CPU's slot.
-        unsafe { *count += 1 };
-        return;
-    }
-    // A full map evicts another pod's count, never loses the packet's verdict.
-    let _ = NAT_REFUSED.insert(&pod_addr, &1u64, 0);
 }
 
 /// Counts a drop for `reason` and returns the verdict that drops the packet.

@@ -12,10 +12,10 @@ use aya_ebpf::{
     },
 };
 use cni_ebpf_common::{
-    DropReason, EndpointCounters, EndpointInfo, EndpointKey, FragmentKey, FragmentTarget,
-    HostPortFlow, MAX_SERVICE_CIDRS, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey,
-    NatReverseKey, PortKey, PortTarget, ServiceClient, SockConfig, SockRevKey, SourceKey,
-    TARGET_WORDS, TrafficCounters, Uplinks,
+    DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
+    FragmentTarget, HostPortFlow, MAX_SERVICE_CIDRS, NODE_ADDRS_MAX, NatConfig, NatCounter,
+    NatEntry, NatKey, NatReverseKey, PortKey, PortTarget, RefusedFlows, ServiceClient, SockConfig,
+    SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -42,24 +42,26 @@ pub static SOURCE_STATS: PerCpuHashMap<SourceKey, TrafficCounters> =
 
 // Source NAT and connection tracking.
 
-/// Flows tracked at once in each flow table; the LRU evicts the oldest when full.
+/// Flows tracked at once in each flow table. The tables are plain hashes: nothing is
+/// evicted to make room, a new flow meeting a full table is refused, and the daemon's
+/// sweep makes room (see `cni_ebpf_common::budget`).
 const MAX_FLOWS: u32 = 262_144;
 const MAX_CIDRS: u32 = 256;
 /// Fragmented datagrams tracked at once (each record is 28 bytes of key and value).
 const MAX_DATAGRAMS: u32 = 16384;
 
 #[map(name = "NAT_OUT")]
-pub static NAT_OUT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+pub static NAT_OUT: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_FLOWS, 0);
 
 #[map(name = "NAT_IN")]
-pub static NAT_IN: LruHashMap<NatReverseKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+pub static NAT_IN: HashMap<NatReverseKey, NatEntry> = HashMap::pinned(MAX_FLOWS, 0);
 
 /// Flows a host outside opened to a pod's own address (a routed pod network), keyed
 /// from the pod's side as `NAT_OUT` is: their TCP state (or whether the pod answered)
 /// and when a packet of theirs last passed, in a [`NatEntry`] that "translates" the pod
 /// to itself (see `conntrack::opened_from_outside`). Swept with the NAT tables.
 #[map(name = "NAT_INBOUND")]
-pub static NAT_INBOUND: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+pub static NAT_INBOUND: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_FLOWS, 0);
 
 /// log2 of the number of per-destination port cursors (see `snat::ports`).
 pub const CURSOR_BITS: u32 = 10;
@@ -78,10 +80,20 @@ static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
 #[map(name = "CLUSTER_CIDRS")]
 static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
 
-/// New flows refused per pod address (see `counters::nat_refused`); the least recently
-/// counted pods go first when it is full.
+/// New flows refused per pod address, by reason (see `budget::refuse`); the least
+/// recently counted pods go first when it is full.
 #[map(name = "NAT_REFUSED")]
-pub static NAT_REFUSED: LruPerCpuHashMap<[u8; 4], u64> = LruPerCpuHashMap::pinned(MAX_ENDPOINTS, 0);
+pub static NAT_REFUSED: LruPerCpuHashMap<[u8; 4], RefusedFlows> =
+    LruPerCpuHashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// Each pod's entries in the flow tables (see `budget`).
+#[map(name = "FLOW_COUNTS")]
+pub static FLOW_COUNTS: HashMap<[u8; 4], FlowCounts> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// The node ports each pod holds toward each destination (see `budget`): at most one
+/// key per translated flow, so as many as a flow table holds.
+#[map(name = "DEST_PORTS")]
+pub static DEST_PORTS: HashMap<NatKey, u32> = HashMap::pinned(MAX_FLOWS, 0);
 
 #[map(name = "NAT_STATS")]
 pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
@@ -106,7 +118,7 @@ pub static HOSTPORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_MAPPING
 /// swept by the daemon as they are (idle past their timeout, closed, or their pod gone);
 /// as many as the NAT tables hold (see docs/decisions.md, "hostPort connections").
 #[map(name = "HOSTPORT_FLOWS")]
-pub static HOSTPORT_FLOWS: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+pub static HOSTPORT_FLOWS: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_FLOWS, 0);
 
 #[map(name = "NODE_ADDRS")]
 static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(NODE_ADDRS_MAX, 0);

@@ -47,13 +47,18 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
 }
 
 fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
-    on_uplink(ctx, |config, node_addr, eth, ip| {
-        if fragments::is_later(ip) {
-            rev_nat::later_fragment(ctx, eth, ip)
-        } else {
-            rev_nat::ingress(ctx, config, node_addr, eth, ip)
-        }
-    })
+    // Inlined: its arguments and result would not fit the registers of a BPF call.
+    on_uplink(
+        ctx,
+        #[inline(always)]
+        |config, node_addr, eth, ip| {
+            if fragments::is_later(ip) {
+                rev_nat::later_fragment(ctx, eth, ip)
+            } else {
+                rev_nat::ingress(ctx, config, node_addr, eth, ip)
+            }
+        },
+    )
 }
 
 /// Runs `translate` on an IPv4 packet crossing the uplink, with NAT's configuration and

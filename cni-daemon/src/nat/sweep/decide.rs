@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 
-use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey};
+use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, flow::early_droppable};
 
 use crate::nat::{Timeouts, expiry};
 
@@ -69,6 +69,39 @@ pub(super) fn expired(
         }
     }
     removals
+}
+
+/// How full a table may stay after a sweep before early drop makes room (a fraction of
+/// its capacity), and down to how full early drop takes it: seven eighths and three
+/// quarters. The datapath refuses new flows only at the brim, so a sweep that leaves a
+/// table below seven eighths leaves room for every new flow until the next one.
+pub(super) const EARLY_DROP_ABOVE: (usize, usize) = (7, 8);
+pub(super) const EARLY_DROP_TO: (usize, usize) = (3, 4);
+
+/// Early drop, as conntrack's: when more than [`EARLY_DROP_ABOVE`] of `capacity` would
+/// stay in a table of `entries` after the removals decided (`gone`, keys of that
+/// table), the flows [`early_droppable`] (unanswered, opening, closing), least recently
+/// seen first, until [`EARLY_DROP_TO`] stays; never an established TCP connection nor
+/// an answered UDP flow. Each comes with the entry decided on (the fresher of a flow's
+/// two); the caller makes them removals.
+pub(super) fn early_drop<'a, K: Eq + std::hash::Hash + Copy + 'a>(
+    entries: impl Iterator<Item = (K, NatEntry, u8)> + 'a,
+    count: usize,
+    gone: &HashSet<K>,
+    capacity: usize,
+) -> Vec<(K, NatEntry)> {
+    let staying = count.saturating_sub(gone.len());
+    if staying * EARLY_DROP_ABOVE.1 <= capacity * EARLY_DROP_ABOVE.0 {
+        return Vec::new();
+    }
+    let target = capacity * EARLY_DROP_TO.0 / EARLY_DROP_TO.1;
+    let mut candidates: Vec<(K, NatEntry)> = entries
+        .filter(|(key, entry, proto)| !gone.contains(key) && early_droppable(*proto, entry.state))
+        .map(|(key, entry, _)| (key, entry))
+        .collect();
+    candidates.sort_by_key(|(_, entry)| entry.last_seen_ns);
+    candidates.truncate(staying.saturating_sub(target));
+    candidates
 }
 
 /// The entries of `table` (`NAT_INBOUND`'s notes or `HOSTPORT_FLOWS`'s connections,
@@ -239,6 +272,39 @@ mod tests {
                 reverse: key.reverse(2000),
                 entry: orphan,
             }]
+        );
+    }
+
+    #[test]
+    fn early_drop_takes_unanswered_flows_oldest_first_and_never_an_answered_one() {
+        // 16 flows in a table of 16: 8 answered (REPLIED), 8 not, of various ages.
+        let mut table = Vec::new();
+        for port in 0..16u16 {
+            let key = flow(1000 + port);
+            let mut e = entry(&key, 2000 + port, u64::from(port));
+            e.state = if port % 2 == 0 { 1 } else { 0 };
+            table.push((key, e, 17));
+        }
+        let dropped = early_drop(table.iter().copied(), 16, &HashSet::new(), 16);
+        // Down to three quarters (12): four go, the oldest unanswered ones.
+        let ports: Vec<u16> = dropped.iter().map(|(key, _)| key.pod_port).collect();
+        assert_eq!(ports, [1015, 1013, 1011, 1009], "idle longest first");
+        assert!(
+            dropped.iter().all(|(_, e)| e.state == 0),
+            "answered flows stay"
+        );
+        // Removals already decided count: 3 gone leave 13, below 7/8 of 16.
+        let gone: HashSet<NatKey> = [flow(1000), flow(1002), flow(1004)].into();
+        assert_eq!(early_drop(table.iter().copied(), 16, &gone, 16), []);
+        // A table of answered flows only: nothing to take, however full.
+        let answered: Vec<_> = table
+            .iter()
+            .filter(|(_, e, _)| e.state == 1)
+            .copied()
+            .collect();
+        assert_eq!(
+            early_drop(answered.iter().copied(), 8, &HashSet::new(), 8),
+            []
         );
     }
 

@@ -5,17 +5,18 @@
 mod decide;
 mod items;
 
-use std::collections::HashSet;
+use std::collections::{HashMap as StdHashMap, HashSet};
 
+use aya::maps::IterableMap;
 use aya::maps::MapError;
-use cni_ebpf_common::{SweepItem, sweep};
+use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, SweepItem, sweep};
 
 use self::{
-    decide::{Removal, expired, expired_notes},
+    decide::{Removal, early_drop, expired, expired_notes},
     items::item_bytes,
 };
 use super::{
-    Timeouts, batch,
+    Timeouts, batch, expiry,
     flows::{Flows, snapshot},
 };
 
@@ -33,6 +34,9 @@ pub struct Sweep {
     /// Chunks the `nat_sweep` program failed to run (each logged); their flows stay
     /// for the next sweep, and the chunks after them still run.
     pub failed_chunks: usize,
+    /// Of the removals decided, those made for room in a table nearly full (early
+    /// drop: unanswered, opening and closing flows), not for their timeout.
+    pub early_dropped: usize,
 }
 
 impl Sweep {
@@ -88,7 +92,12 @@ impl Flows {
             expired_notes(&hostport, &pods, now_ns, timeouts)
                 .map(|(key, entry)| Removal::HostPort { key, entry }),
         );
-        let mut sweep = Sweep::default();
+        let decided = removals.len();
+        self.early_drop(&out, &inbound, &from_outside, &hostport, &mut removals)?;
+        let mut sweep = Sweep {
+            early_dropped: removals.len() - decided,
+            ..Sweep::default()
+        };
         let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
         for chunk in removals.chunks(sweep::MAX_ITEMS) {
             let len = sweep::HEADER + chunk.len() * size_of::<SweepItem>();
@@ -113,5 +122,64 @@ impl Flows {
             sweep.hostport += count(sweep::HOSTPORT_SHIFT);
         }
         Ok(sweep)
+    }
+
+    /// Adds to `removals` what early drop takes from each table nearly full once they
+    /// are done (see [`early_drop`]): flows of `NAT_OUT` with their `NAT_IN` pair (the
+    /// fresher entry decides), notes of `NAT_INBOUND`, connections of `HOSTPORT_FLOWS`.
+    fn early_drop(
+        &self,
+        out: &StdHashMap<NatKey, NatEntry>,
+        inbound: &StdHashMap<NatReverseKey, NatEntry>,
+        from_outside: &StdHashMap<NatKey, NatEntry>,
+        hostport: &StdHashMap<NatKey, NatEntry>,
+        removals: &mut Vec<Removal>,
+    ) -> Result<(), MapError> {
+        let capacity = self.out.map().info()?.max_entries() as usize;
+        let gone_of = |removals: &[Removal], kind: fn(&Removal) -> Option<NatKey>| {
+            removals
+                .iter()
+                .filter_map(kind)
+                .collect::<HashSet<NatKey>>()
+        };
+        let pair = |key: &NatKey, entry: &NatEntry| {
+            let reverse = key.reverse(entry.node_port);
+            inbound
+                .get(&reverse)
+                .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port)
+                .map(|e| (reverse, e))
+        };
+        let gone = gone_of(removals, |r| match r {
+            Removal::Flow { key, .. } => Some(*key),
+            _ => None,
+        });
+        let flows = out.iter().map(|(key, entry)| {
+            let decided = *expiry::latest(entry, pair(key, entry).map(|(_, e)| e));
+            (*key, decided, key.proto)
+        });
+        for (key, decided) in early_drop(flows, out.len(), &gone, capacity) {
+            removals.push(Removal::Flow {
+                key,
+                reverse: pair(&key, &decided).map(|(reverse, _)| reverse),
+                decided,
+            });
+        }
+        let gone = gone_of(removals, |r| match r {
+            Removal::FromOutside { key, .. } => Some(*key),
+            _ => None,
+        });
+        let notes = from_outside.iter().map(|(k, e)| (*k, *e, k.proto));
+        for (key, note) in early_drop(notes, from_outside.len(), &gone, capacity) {
+            removals.push(Removal::FromOutside { key, note });
+        }
+        let gone = gone_of(removals, |r| match r {
+            Removal::HostPort { key, .. } => Some(*key),
+            _ => None,
+        });
+        let connections = hostport.iter().map(|(k, e)| (*k, *e, k.proto));
+        for (key, entry) in early_drop(connections, hostport.len(), &gone, capacity) {
+            removals.push(Removal::HostPort { key, entry });
+        }
+        Ok(())
     }
 }

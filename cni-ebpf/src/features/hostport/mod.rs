@@ -15,14 +15,15 @@ pub mod pods;
 pub mod sock;
 pub mod uplink;
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
 use cni_ebpf_common::{
-    HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, Segment, TARGET_COUNT, Way, flow,
+    FlowTable, HostPortFlow, NatEntry, NatKey, PortKey, PortTarget, Refusal, Segment, TARGET_COUNT,
+    Way, flow,
 };
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
-    features::conntrack,
+    features::{budget, conntrack},
     primitives::{
         clock,
         csum::{self, L4Csum},
@@ -80,10 +81,16 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
 
 /// Notes a packet of `flow` from its client (TCP header `seg`, 0 for UDP) through the
 /// mapping `host_addr`:`host_port`: the connection's state moves on, in place (no map
-/// update: that takes the bucket's lock and recycles an LRU node); one that expired, or
-/// went through another mapping, opens anew.
+/// update: that takes the bucket's lock); one that expired, or went through another
+/// mapping, opens anew. A new connection over its pod's budget, or meeting a full table,
+/// is refused (the packet is to be dropped: the pod's replies would find no way back).
 #[inline(always)]
-fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, seg: &Segment) {
+fn remember(
+    flow: &NatKey,
+    host_addr: [u8; 4],
+    host_port: u16,
+    seg: &Segment,
+) -> Result<(), Refusal> {
     let now = clock::now_ns();
     if let Some(slot) = HOSTPORT_FLOWS.get_ptr_mut(flow) {
         // SAFETY: a pointer into the map value, valid for the program run; copied at once.
@@ -94,15 +101,39 @@ fn remember(flow: &NatKey, host_addr: [u8; 4], host_port: u16, seg: &Segment) {
         {
             let followed = flow::follow(&entry, flow.proto, seg, Way::Out, true);
             conntrack::touch(slot, &entry, &followed, now);
-            return;
+            return Ok(());
         }
+        // Counted already: opens anew in place.
+        // SAFETY: as above.
+        unsafe { *slot = opening(flow, host_addr, host_port, seg, now) };
+        return Ok(());
     }
-    let entry = NatEntry {
+    // Budgets as the daemon wrote them (none while it wrote no timeouts: NAT off).
+    let config = maps::timeouts().unwrap_or_default();
+    if !budget::within(flow.pod_addr, FlowTable::HostPort, &config) {
+        return Err(Refusal::FlowBudget);
+    }
+    let entry = opening(flow, host_addr, host_port, seg, now);
+    match HOSTPORT_FLOWS.insert(flow, &entry, BPF_NOEXIST as u64) {
+        Ok(()) => {
+            budget::added(flow.pod_addr, FlowTable::HostPort);
+            Ok(())
+        }
+        Err(error) if budget::is_full(error) => Err(Refusal::TableFull),
+        // Another CPU opened it meanwhile.
+        Err(_) => Ok(()),
+    }
+}
+
+/// The entry of `flow`, a connection its client opens through `host_addr`:`host_port`
+/// with `seg`.
+#[inline(always)]
+fn opening(flow: &NatKey, host_addr: [u8; 4], host_port: u16, seg: &Segment, now: u64) -> NatEntry {
+    NatEntry {
         node_addr: host_addr,
         node_port: host_port,
         ..conntrack::opened(flow, seg, now)
-    };
-    let _ = HOSTPORT_FLOWS.insert(flow, &entry, 0);
+    }
 }
 
 /// Whether the connection `entry` of `proto` idled past its timeout (never while the

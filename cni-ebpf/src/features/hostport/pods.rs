@@ -11,11 +11,14 @@ use cni_ebpf_common::{
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::{any_mapping, flow_to, host_of, lookup, outbound, remember};
-use crate::primitives::{
-    csum::{self, L4Csum},
-    deliver,
-    maps::{self, is_node_addr},
-    packet::{self, IP_CSUM, IP_DST, IP_SRC},
+use crate::{
+    features::budget,
+    primitives::{
+        csum::{self, L4Csum},
+        deliver,
+        maps::{self, is_node_addr},
+        packet::{self, IP_CSUM, IP_DST, IP_SRC},
+    },
 };
 
 /// A pod's TCP/UDP packet for an address that is not a pod's: a connection to a node
@@ -61,7 +64,9 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let hairpin = target.pod_addr == ip.src_addr;
     let client = if hairpin { HAIRPIN_ADDR } else { ip.src_addr };
     let flow = flow_to(&target, client, src_port, proto);
-    remember(&flow, ip.dst_addr, dst_port, &seg);
+    if let Err(why) = remember(&flow, ip.dst_addr, dst_port, &seg) {
+        return Ok(Some(budget::refuse(target.pod_addr, why)));
+    }
     if hairpin {
         csum::set_addr(ctx, IP_SRC, IP_CSUM, ip.src_addr, HAIRPIN_ADDR, l4_csum)?;
     }

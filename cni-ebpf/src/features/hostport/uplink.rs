@@ -8,7 +8,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::{flow_to, host_of, mapping, remember};
 use crate::{
-    features::fragments,
+    features::{budget, fragments},
     primitives::{
         csum::{self, L4Csum},
         deliver, maps,
@@ -35,7 +35,9 @@ pub fn inbound(
         return Ok(None);
     };
     let flow = flow_to(&target, ip.src_addr, client_port, proto);
-    remember(&flow, ip.dst_addr, host_port, &seg);
+    if let Err(why) = remember(&flow, ip.dst_addr, host_port, &seg) {
+        return Ok(Some(budget::refuse(target.pod_addr, why)));
+    }
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, host_port, target.pod_port, l4_csum)?;
     // The fragments after a first one follow it (`deliver` hands it over above TTL 1).

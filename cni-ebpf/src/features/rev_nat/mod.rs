@@ -7,7 +7,7 @@ mod icmp_error;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{
-    FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey, Segment,
+    FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey, Refusal, Segment,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
@@ -15,6 +15,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use self::icmp_error::icmp_error;
 use crate::{
     features::{
+        budget,
         conntrack::{self, live_entry},
         fragments, hostport, services,
     },
@@ -27,7 +28,9 @@ use crate::{
 };
 
 /// Translates back `ip` (no later fragment), arriving in `eth` on an uplink whose
-/// address is `node_addr`, under NAT's `config`.
+/// address is `node_addr`, under NAT's `config`. Inlined: its five arguments and its
+/// result would not fit the registers of a BPF call.
+#[inline(always)]
 pub fn ingress(
     ctx: &TcContext,
     config: &NatConfig,
@@ -46,8 +49,10 @@ pub fn ingress(
         // whose answers must keep that address. From inside the cluster ranges (another
         // node's pod) nothing is noted: answers there are never translated.
         if maps::endpoint(ip.dst_addr).is_some() {
-            if !maps::in_cluster(ip.src_addr) {
-                remember_inbound(ctx, ip, l4, config)?;
+            if !maps::in_cluster(ip.src_addr)
+                && let Err(why) = remember_inbound(ctx, ip, l4, config)?
+            {
+                return Ok(budget::refuse(ip.dst_addr, why));
             }
             return Ok(TC_ACT_OK);
         }
@@ -166,18 +171,18 @@ fn host_port_or_stack(
 }
 
 /// Notes the flow of `ip`, arriving from outside for a pod's own address (see
-/// `conntrack::opened_from_outside`). ICMP needs nothing: a pod's echo replies and errors
-/// open no translated flow.
+/// `conntrack::opened_from_outside`); the refusal of a new note the pod has no room
+/// for. ICMP needs nothing: a pod's echo replies and errors open no translated flow.
 #[inline(always)]
 fn remember_inbound(
     ctx: &TcContext,
     ip: &Ipv4Hdr,
     l4: usize,
     config: &NatConfig,
-) -> Result<(), i64> {
+) -> Result<Result<(), Refusal>, i64> {
     let proto = ip.proto as u8;
     let Some((remote_port, pod_port)) = packet::flow_ports(ctx, proto, l4)? else {
-        return Ok(());
+        return Ok(Ok(()));
     };
     let seg = if proto == TCP {
         packet::ports_and_flags(ctx, proto, l4)?.2
@@ -185,8 +190,7 @@ fn remember_inbound(
         Segment::flags(0)
     };
     let flow = NatKey::new((ip.dst_addr, pod_port), (ip.src_addr, remote_port), proto);
-    conntrack::saw_inbound(&flow, &seg, config, clock::now_ns());
-    Ok(())
+    Ok(conntrack::saw_inbound(&flow, &seg, config, clock::now_ns()))
 }
 
 /// The `NAT_IN` key of a packet from `remote_addr`:`remote_port` to `node_port`.

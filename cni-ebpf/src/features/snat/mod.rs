@@ -9,11 +9,12 @@ mod icmp_error;
 mod ports;
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, TC_ACT_OK},
+    bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK},
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    DropReason, FragmentKey, NatConfig, NatCounter, NatKey, Segment, Way, endpoint_flags,
+    DropReason, FlowTable, FragmentKey, NatConfig, NatCounter, NatKey, Refusal, Segment, Way,
+    endpoint_flags,
     flow::{Followed, follow, opening_seq, opening_state},
     ip_proto::{ICMP, TCP, UDP},
     tcp_flags,
@@ -25,7 +26,7 @@ use self::{
     ports::{allocate, flow_entry, keep_port, rewrites_port},
 };
 use crate::{
-    features::{conntrack, fragments, hostport},
+    features::{budget, conntrack, fragments, hostport},
     primitives::{
         clock, counters,
         csum::{self, L4Csum},
@@ -109,7 +110,9 @@ pub fn egress(
             {
                 let reverse = key.reverse(entry.node_port);
                 let packet = (Way::Out, seg.flags);
-                conntrack::refresh(slot, &NAT_IN, &reverse, now, &followed, packet, node_addr);
+                if conntrack::refresh(slot, &NAT_IN, &reverse, now, &followed, packet, node_addr) {
+                    budget::port_added(&key);
+                }
             } else if followed.changes_seq(&entry) {
                 conntrack::mark(slot, &followed);
             }
@@ -137,25 +140,41 @@ pub fn egress(
                 seq_seen,
                 seq,
             };
+            // A flow whose expired entry is still there is counted already; its pod's
+            // budget of ports toward the destination is the port search's.
+            if found.is_none() && !budget::within(key.pod_addr, FlowTable::Out, config) {
+                return Ok(budget::refuse(key.pod_addr, Refusal::FlowBudget));
+            }
             let port = if rewrites_port(key.proto) {
                 allocate(&key, config, node_addr, now, &opening)
             } else {
                 keep_port(&key, config, node_addr, now)
             };
-            let Some(port) = port else {
-                counters::nat(NatCounter::AllocationFailures);
-                counters::nat_refused(key.pod_addr);
-                return Ok(counters::drop_packet(DropReason::NatPortsExhausted));
+            let port = match port {
+                Ok(port) => port,
+                Err(why) => return Ok(budget::refuse(key.pod_addr, why)),
             };
             let entry = flow_entry(&key, port, node_addr, now, &opening);
             match found {
                 // The flow's expired entry (a pod reusing a port after a close) is
-                // rewritten in place: no LRU node taken, none freed.
+                // rewritten in place: no room taken, none freed.
                 // SAFETY: a pointer into the map value, valid for the program run.
                 Some(slot) => unsafe { *slot = entry },
-                None => {
-                    let _ = NAT_OUT.insert(&key, &entry, BPF_ANY as u64);
-                }
+                None => match NAT_OUT.insert(&key, &entry, BPF_NOEXIST as u64) {
+                    Ok(()) => budget::added(key.pod_addr, FlowTable::Out),
+                    Err(error) if budget::is_full(error) => {
+                        // The port claimed goes back: no half of a flow stays.
+                        if NAT_IN.remove(&key.reverse(port)).is_ok() {
+                            budget::port_removed(key.pod_addr, &key);
+                        }
+                        return Ok(budget::refuse(key.pod_addr, Refusal::TableFull));
+                    }
+                    // A packet of the same flow on another CPU wrote it meanwhile:
+                    // this one's port stands.
+                    Err(_) => {
+                        let _ = NAT_OUT.insert(&key, &entry, BPF_ANY as u64);
+                    }
+                },
             }
             counters::nat(NatCounter::NewFlows);
             port

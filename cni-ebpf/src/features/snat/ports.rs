@@ -7,13 +7,13 @@ use aya_ebpf::{
     helpers::generated::{bpf_get_prandom_u32, bpf_loop},
 };
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey,
+    NatConfig, NatCounter, NatEntry, NatKey, Refusal,
     flow::Followed,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 
 use crate::{
-    features::{conntrack, hostport},
+    features::{budget, conntrack, hostport},
     primitives::{
         counters,
         maps::{CURSOR_BITS, NAT_CURSORS, NAT_IN},
@@ -32,7 +32,9 @@ const LINEAR_PROBES: u32 = 8;
 const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 
 /// Finds a free node port for `key` (same remote address, port and protocol) and claims
-/// it in `NAT_IN`. A port whose flow has expired is taken over.
+/// it in `NAT_IN`. A port whose flow has expired is taken over. Refused with
+/// [`Refusal::NoPort`] when every port probed is held, [`Refusal::TableFull`] when
+/// `NAT_IN` has no room for the claim.
 ///
 /// Ports are handed out in sequence per destination, from a cursor that starts at a
 /// random port (after RFC 6056's double-hash selection, which Linux uses for its own
@@ -59,20 +61,29 @@ pub(super) fn allocate(
     node_addr: [u8; 4],
     now: u64,
     opening: &Followed,
-) -> Option<u16> {
-    let size = u32::from(config.port_max.checked_sub(config.port_min)?) + 1;
-    let cursor = NAT_CURSORS.get_ptr_mut(cursor_slot(key))?;
+) -> Result<u16, Refusal> {
+    let span = config.port_max.checked_sub(config.port_min);
+    let size = u32::from(span.ok_or(Refusal::NoPort)?) + 1;
+    let cursor = NAT_CURSORS
+        .get_ptr_mut(cursor_slot(key))
+        .ok_or(Refusal::NoPort)?;
     // SAFETY: a pointer into this CPU's slot, valid for the program run.
-    let start = match unsafe { *cursor } {
+    let mut start = match unsafe { *cursor } {
         // Not used yet: a random start.
         // SAFETY: a helper without arguments.
         0 => unsafe { bpf_get_prandom_u32() },
         next => next - 1,
     } % size;
+    // A pod at its budget of ports toward the destination can only take over its own
+    // expired ones: the cursor handed them out in a row, the oldest about a budget
+    // behind it, so the search starts there.
+    if !budget::ports_within(key, config) {
+        start = (start + size - config.dest_port_budget.min(size)) % size;
+    }
     let mut search = Search {
         flow: NewFlow {
             key: *key,
-            config: *config,
+            config,
             node_addr,
             now,
             opening: *opening,
@@ -81,6 +92,8 @@ pub(super) fn allocate(
         size,
         stride: ((u64::from(size) * GOLDEN_STRIDE) >> 32) as u32,
         port: 0,
+        full: false,
+        over_budget: false,
     };
     // SAFETY: `probe` has the callback signature bpf_loop expects and reads `search`,
     // which outlives the call, as the `Search` it is.
@@ -92,12 +105,19 @@ pub(super) fn allocate(
             0,
         )
     };
+    if search.full {
+        return Err(Refusal::TableFull);
+    }
     if search.port == 0 {
-        return None;
+        return Err(if search.over_budget {
+            Refusal::PortBudget
+        } else {
+            Refusal::NoPort
+        });
     }
     // SAFETY: as above; the next offset, plus one (0 means "not used yet").
     unsafe { *cursor = (u32::from(search.port - config.port_min) + 1) % size + 1 };
-    Some(search.port)
+    Ok(search.port)
 }
 
 /// Whether flows of `proto` get a node port (or identifier) of their own: those whose
@@ -108,7 +128,7 @@ pub(super) fn rewrites_port(proto: u8) -> bool {
 }
 
 /// Claims the pod's own port for `key`, a flow of a protocol whose port is not rewritten
-/// (see below): `None` when another pod's live flow holds it.
+/// (see below): refused when another pod's live flow holds it, or `NAT_IN` is full.
 ///
 /// Decision: SCTP keeps its ports, since rewriting one means recomputing
 /// the CRC32c over the whole packet, and protocols without ports (GRE, ESP, IP in IP)
@@ -122,10 +142,10 @@ pub(super) fn keep_port(
     config: &NatConfig,
     node_addr: [u8; 4],
     now: u64,
-) -> Option<u16> {
+) -> Result<u16, Refusal> {
     let flow = NewFlow {
         key: *key,
-        config: *config,
+        config,
         node_addr,
         now,
         opening: Followed {
@@ -134,7 +154,12 @@ pub(super) fn keep_port(
             seq: [0; 2],
         },
     };
-    claim(&flow, key.pod_port).then_some(key.pod_port)
+    match claim(&flow, key.pod_port) {
+        Claim::Taken => Ok(key.pod_port),
+        Claim::Held => Err(Refusal::NoPort),
+        Claim::OverBudget => Err(Refusal::PortBudget),
+        Claim::Full => Err(Refusal::TableFull),
+    }
 }
 
 /// A port search of [`allocate`], shared with its [`probe`] callback.
@@ -143,21 +168,28 @@ pub(super) fn keep_port(
 /// loop is walked once per iteration and per path into it, which puts `uplink_egress`
 /// at the verifier's million-instruction limit.
 #[repr(C)]
-struct Search {
-    flow: NewFlow,
+struct Search<'a> {
+    flow: NewFlow<'a>,
     start: u32,
     size: u32,
     /// How far apart blocks of [`LINEAR_PROBES`] start ([`GOLDEN_STRIDE`] of `size`).
     stride: u32,
     /// The port claimed; 0 while none (node ports are 1024 and above).
     port: u16,
+    /// Whether the search stopped on a full `NAT_IN`.
+    full: bool,
+    /// Whether a free port was passed over for the pod's budget of ports toward the
+    /// destination.
+    over_budget: bool,
 }
 
-/// A new flow claiming a node port (see [`claim`]).
+/// A new flow claiming a node port (see [`claim`]). The configuration is the
+/// caller's, by reference: a copy would cost the program's frame 44 bytes, and with the
+/// port search's it must stay within 512.
 #[repr(C)]
-struct NewFlow {
+struct NewFlow<'a> {
     key: NatKey,
-    config: NatConfig,
+    config: &'a NatConfig,
     /// The uplink's address, which the flow leaves with.
     node_addr: [u8; 4],
     now: u64,
@@ -166,10 +198,10 @@ struct NewFlow {
 }
 
 /// Probe `index` of a [`Search`]: claims its port and stops the loop (1), or counts a
-/// held port and goes on (0).
+/// held port and goes on (0); stops on a full `NAT_IN` (no other port would fit either).
 extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the pointer `allocate` gave it.
-    let search = unsafe { &mut *search.cast::<Search>() };
+    let search = unsafe { &mut *search.cast::<Search<'_>>() };
     if search.size == 0 {
         // Never so (`allocate` sets one or more); tells the compiler the division
         // below cannot panic, which would leave the callback without an exit.
@@ -180,12 +212,39 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     let offset = (search.start + index % LINEAR_PROBES + index / LINEAR_PROBES * search.stride)
         % search.size;
     let port = search.flow.config.port_min + offset as u16;
-    if claim(&search.flow, port) {
-        search.port = port;
-        return 1;
+    match claim(&search.flow, port) {
+        Claim::Taken => {
+            search.port = port;
+            1
+        }
+        Claim::Full => {
+            search.full = true;
+            1
+        }
+        Claim::Held => {
+            counters::nat(NatCounter::PortProbes);
+            0
+        }
+        Claim::OverBudget => {
+            search.over_budget = true;
+            counters::nat(NatCounter::PortProbes);
+            0
+        }
     }
-    counters::nat(NatCounter::PortProbes);
-    0
+}
+
+/// What [`claim`] made of a port.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Claimed for the new flow.
+    Taken,
+    /// Held by another live flow (or a host port).
+    Held,
+    /// Free, but the pod holds its budget of ports toward the destination: only a port
+    /// of its own expired flows would do.
+    OverBudget,
+    /// Free, but `NAT_IN` has no room for its entry.
+    Full,
 }
 
 /// The cursor slot of `key`'s destination (remote address, port and protocol).
@@ -221,7 +280,12 @@ pub(super) fn flow_entry(
 }
 
 /// Claims node `port` for `flow` in `NAT_IN` if it is free, held by this
-/// very flow, or held by an expired one (the caller writes `NAT_OUT`). Node ports are
+/// very flow, or held by an expired one (the caller writes `NAT_OUT`), and counts it
+/// as its pod's toward the destination (`DEST_PORTS`, which counts exactly the
+/// `NAT_IN` entries of each pod and destination): a free port, or another pod's
+/// expired one, only while the pod is within its budget; a port of the pod's own
+/// expired flow changes no count, so a pod at its budget goes on with the ports its
+/// closed flows leave behind (where [`allocate`] then starts its search). Node ports are
 /// one space for all uplinks (`NAT_IN` is keyed without the node address): a remote
 /// reached by two uplinks never sees the same node port from both.
 ///
@@ -232,18 +296,24 @@ pub(super) fn flow_entry(
 /// Deleting it here would cost each SYN two more cold bucket walks (docs/decisions.md,
 /// "Node ports for new flows").
 #[inline(always)]
-fn claim(flow: &NewFlow, port: u16) -> bool {
-    let (key, config, now) = (&flow.key, &flow.config, flow.now);
+fn claim(flow: &NewFlow<'_>, port: u16) -> Claim {
+    let (key, config, now) = (&flow.key, flow.config, flow.now);
     // Host ports belong to their mappings.
     if hostport::is_host_port(key.proto, port, flow.node_addr) {
-        return false;
+        return Claim::Held;
     }
     let reverse = key.reverse(port);
     let entry = flow_entry(key, port, flow.node_addr, now, &flow.opening);
     match NAT_IN.get_ptr_mut(&reverse) {
         None => {
-            if NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64).is_err() {
-                return false;
+            if !budget::ports_within(key, config) {
+                return Claim::OverBudget;
+            }
+            match NAT_IN.insert(&reverse, &entry, BPF_NOEXIST as u64) {
+                Ok(()) => budget::port_added(key),
+                Err(error) if budget::is_full(error) => return Claim::Full,
+                // Another CPU claimed it meanwhile.
+                Err(_) => return Claim::Held,
             }
         }
         Some(holder) => {
@@ -253,11 +323,19 @@ fn claim(flow: &NewFlow, port: u16) -> bool {
             // had expired): it keeps it.
             let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
             if !same_flow && !conntrack::expired(&old, key.proto, config, now) {
-                return false;
+                return Claim::Held;
+            }
+            let other_pod = old.pod_addr != key.pod_addr;
+            if other_pod && !budget::ports_within(key, config) {
+                return Claim::OverBudget;
             }
             // SAFETY: as above; the port changes hands in place.
             unsafe { *holder = entry };
+            if other_pod {
+                budget::port_removed(old.pod_addr, key);
+                budget::port_added(key);
+            }
         }
     }
-    true
+    Claim::Taken
 }

@@ -1,0 +1,198 @@
+//! Each pod's share of the flow tables, in `uplink_egress` run by the kernel through
+//! BPF_PROG_TEST_RUN: a full table refuses new flows (counted as `table_full`) and
+//! keeps the established ones, where an LRU table evicted them; a pod past its budget
+//! of flows, or of node ports toward one destination, is refused (counted for that pod
+//! by reason) while other pods and destinations are not; a pod at its port budget goes
+//! on with the ports of its own expired flows. Budgets and counts:
+//! `cni_ebpf_common::budget`.
+
+use cni_ebpf_common::{DropReason, NatConfig, NatCounter, NatKey, tcp_state};
+use ebpf_cni_tests::{
+    bpf_object::BpfObject,
+    frames::{TC_ACT_OK, TC_ACT_SHOT},
+    nat_frames::{
+        MASQ, MASQ_2, NODE_ADDR, POD_PORT, REMOTE, REMOTE_PORT, TCP, TCP_ACK, TCP_SYN, UDP, egress,
+        inbound, ingress, monotonic_ns, nat_config, out_key, outbound, port, tcp, udp,
+        uplink_sized,
+    },
+    require_root,
+};
+
+/// A UDP datagram of `pod` from `pod_port` to [`REMOTE`]`:remote_port`.
+fn datagram(pod: [u8; 4], pod_port: u16, remote_port: u16) -> Vec<u8> {
+    outbound(pod, REMOTE, UDP, &udp(pod_port, remote_port, b"x"))
+}
+
+/// Sends a datagram for each of `pod_ports` and returns the verdicts.
+fn open_udp(
+    object: &BpfObject,
+    pod: [u8; 4],
+    pod_ports: impl Iterator<Item = u16>,
+    remote_port: u16,
+) -> Vec<u32> {
+    pod_ports
+        .map(|pod_port| egress(object, &datagram(pod, pod_port, remote_port)).verdict)
+        .collect()
+}
+
+/// [`MASQ_2`]'s TCP connection to [`REMOTE`], opened and answered: its node port.
+fn established(object: &BpfObject) -> u16 {
+    let syn = outbound(MASQ_2.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_SYN));
+    let run = egress(object, &syn);
+    assert_eq!(run.verdict, TC_ACT_OK, "the SYN leaves");
+    let node_port = port(&run.frame, 34);
+    let syn_ack = inbound(
+        REMOTE,
+        NODE_ADDR,
+        TCP,
+        &tcp(REMOTE_PORT, node_port, TCP_SYN | TCP_ACK),
+    );
+    let run = ingress(object, &syn_ack);
+    assert_ne!(run.verdict, TC_ACT_SHOT, "the SYN-ACK is delivered");
+    let key = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
+    let entry = object.nat_out(&key).expect("the connection is in NAT_OUT");
+    assert_eq!(entry.state, tcp_state::ESTABLISHED);
+    node_port
+}
+
+#[test]
+fn a_full_table_refuses_new_flows_and_keeps_the_established_one() {
+    require_root();
+    let object = uplink_sized(nat_config(), Some(64));
+    let node_port = established(&object);
+    // Another pod opens 200 one-packet UDP flows into a table of 64.
+    let verdicts = open_udp(&object, MASQ.ip, 1000..1200, 53);
+    let passed = verdicts.iter().filter(|&&v| v == TC_ACT_OK).count();
+    assert_eq!(
+        passed, 63,
+        "the table holds 64 flows, one of them the connection"
+    );
+    assert!(
+        verdicts[passed..].iter().all(|&v| v == TC_ACT_SHOT),
+        "every flow past the brim is refused: {verdicts:?}"
+    );
+    let refused = object.nat_refused(MASQ.ip);
+    assert_eq!(
+        refused.table_full, 137,
+        "counted for the pod, as table_full"
+    );
+    assert_eq!(object.drops(DropReason::NatTableFull), 137);
+    assert_eq!(object.nat_counter(NatCounter::TableFull), 137);
+    assert_eq!(
+        object.flow_counts(MASQ.ip).out,
+        63,
+        "its budget counts its 63"
+    );
+    assert_eq!(
+        object.nat_in_entries().len(),
+        object.nat_out_entries().len(),
+        "no half of a refused flow stays in NAT_IN"
+    );
+    // The established connection was not evicted: its next segment leaves from its port.
+    let ack = outbound(MASQ_2.ip, REMOTE, TCP, &tcp(POD_PORT, REMOTE_PORT, TCP_ACK));
+    let run = egress(&object, &ack);
+    assert_eq!(run.verdict, TC_ACT_OK);
+    assert_eq!(
+        port(&run.frame, 34),
+        node_port,
+        "the same node port as before"
+    );
+}
+
+#[test]
+fn a_pod_past_its_flow_budget_is_refused_and_another_pod_is_not() {
+    require_root();
+    let object = uplink_sized(
+        NatConfig {
+            pod_flow_budget: 10,
+            ..nat_config()
+        },
+        None,
+    );
+    let verdicts = open_udp(&object, MASQ.ip, 1000..1012, 53);
+    assert_eq!(
+        verdicts[..10],
+        [TC_ACT_OK; 10],
+        "ten flows within the budget"
+    );
+    assert_eq!(
+        verdicts[10..],
+        [TC_ACT_SHOT; 2],
+        "the eleventh and twelfth refused"
+    );
+    assert_eq!(object.nat_refused(MASQ.ip).flow_budget, 2);
+    assert_eq!(object.drops(DropReason::NatFlowBudget), 2);
+    assert_eq!(object.flow_counts(MASQ.ip).out, 10);
+    // A flow already open goes on; another pod opens new ones.
+    assert_eq!(
+        open_udp(&object, MASQ.ip, 1000..1001, 53),
+        [TC_ACT_OK],
+        "an open flow is no new flow"
+    );
+    assert_eq!(
+        open_udp(&object, MASQ_2.ip, 1000..1005, 53),
+        [TC_ACT_OK; 5],
+        "the other pod's budget is its own"
+    );
+    assert_eq!(object.nat_refused(MASQ_2.ip).total(), 0);
+}
+
+#[test]
+fn a_pod_past_its_port_budget_toward_a_destination_is_refused_there_only() {
+    require_root();
+    let object = uplink_sized(
+        NatConfig {
+            dest_port_budget: 5,
+            ..nat_config()
+        },
+        None,
+    );
+    let dns = out_key(MASQ.ip, 0, 53, UDP);
+    let verdicts = open_udp(&object, MASQ.ip, 1000..1007, 53);
+    assert_eq!(verdicts[..5], [TC_ACT_OK; 5]);
+    assert_eq!(verdicts[5..], [TC_ACT_SHOT; 2]);
+    assert_eq!(object.nat_refused(MASQ.ip).port_budget, 2);
+    assert_eq!(object.drops(DropReason::NatPortBudget), 2);
+    assert_eq!(object.dest_ports(&dns), 5, "five node ports held toward it");
+    assert_eq!(
+        open_udp(&object, MASQ.ip, 2000..2003, 123),
+        [TC_ACT_OK; 3],
+        "another destination has its own budget"
+    );
+    assert_eq!(
+        open_udp(&object, MASQ_2.ip, 1000..1003, 53),
+        [TC_ACT_OK; 3],
+        "another pod reaches the same destination"
+    );
+}
+
+#[test]
+fn a_pod_at_its_port_budget_goes_on_with_its_own_expired_ports() {
+    require_root();
+    let mut object = uplink_sized(
+        NatConfig {
+            dest_port_budget: 5,
+            ..nat_config()
+        },
+        None,
+    );
+    assert_eq!(open_udp(&object, MASQ.ip, 1000..1005, 53), [TC_ACT_OK; 5]);
+    // Their node ports expire (idle past the UDP timeout, 30 s).
+    let long_ago = monotonic_ns() - 60 * 1_000_000_000;
+    for (key, mut entry) in object.nat_in_entries() {
+        entry.last_seen_ns = long_ago;
+        object.insert_nat_in(key, entry);
+    }
+    for (key, mut entry) in object.nat_out_entries() {
+        entry.last_seen_ns = long_ago;
+        object.insert_nat_out(key, entry);
+    }
+    let verdicts = open_udp(&object, MASQ.ip, 3000..3005, 53);
+    assert_eq!(
+        verdicts, [TC_ACT_OK; 5],
+        "new flows take the expired ports over"
+    );
+    let dns: NatKey = out_key(MASQ.ip, 0, 53, UDP);
+    assert_eq!(object.dest_ports(&dns), 5, "still five ports held");
+    assert_eq!(object.nat_refused(MASQ.ip).total(), 0);
+}
