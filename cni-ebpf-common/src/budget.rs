@@ -11,11 +11,12 @@
 //! flow over a budget, or meeting a full table, is dropped and counted for its pod
 //! ([`RefusedFlows`]).
 //!
-//! The counts are kept by both sides: the datapath adds one for each entry it creates
-//! (an atomic add), and the sweep writes the true count of what remains after each of
-//! its passes. A flow created between the sweep's read and its write goes uncounted
-//! until the next sweep (a pod may briefly hold a few more than its budget); entries the
-//! datapath rewrites in place (an expired flow back on its 4-tuple) are not new.
+//! The counts are exact and kept in the kernel: the datapath adds one (an atomic add)
+//! for each entry it creates, the `nat_sweep` program takes one off for each it removes,
+//! and a node port passing from one pod's expired flow to another pod moves between
+//! their counts. Entries the datapath rewrites in place (an expired flow back on its
+//! 4-tuple) are not new; entries carried over from a release before the counts start
+//! uncounted (a pod may then briefly hold more than its budget).
 
 /// A pod's entries in each flow table (`FLOW_COUNTS`, keyed by its address).
 #[repr(C)]

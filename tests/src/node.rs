@@ -56,13 +56,13 @@ impl Node {
         }
     }
 
-    /// The pinned flow table `name` (an LRU hash of [`NatEntry`] values keyed by `K`) of
-    /// the node's daemon.
+    /// The pinned flow table `name` (a hash of [`NatEntry`] values keyed by `K`) of the
+    /// node's daemon.
     pub fn flow_table<K: aya::Pod>(&self, name: &str) -> aya::maps::HashMap<MapData, K, NatEntry> {
         let data = MapData::from_pin(self.instance.bpf_dir.join(name))
             .unwrap_or_else(|error| panic!("cannot open the pinned {name}: {error}"));
-        aya::maps::HashMap::try_from(Map::LruHashMap(data))
-            .unwrap_or_else(|error| panic!("{name} is not an LRU hash: {error}"))
+        aya::maps::HashMap::try_from(Map::HashMap(data))
+            .unwrap_or_else(|error| panic!("{name} is not a hash: {error}"))
     }
 
     /// Replaces the map pinned at `pin` (the daemon stopped) with an empty one of an

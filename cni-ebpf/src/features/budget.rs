@@ -48,20 +48,18 @@ pub fn ports_within(flow: &NatKey, config: &NatConfig) -> bool {
 #[inline(never)]
 pub fn added(pod: [u8; 4], table: FlowTable) {
     if let Some(counts) = FLOW_COUNTS.get_ptr_mut(&pod) {
-        // SAFETY: a pointer into the map value, valid for the program run.
-        let count = unsafe {
-            match table {
-                FlowTable::Out => &raw mut (*counts).out,
-                FlowTable::FromOutside => &raw mut (*counts).from_outside,
-                FlowTable::HostPort => &raw mut (*counts).hostport,
-            }
-        };
-        increment(count);
+        increment(count_of(counts, table));
         return;
     }
-    // A pod's first entry; two CPUs at once: the second insert fails, one count lost
-    // until the next sweep counts anew.
-    let _ = FLOW_COUNTS.insert(&pod, &FlowCounts::one(table), BPF_NOEXIST as u64);
+    // A pod's first entry. Another CPU creating it meanwhile makes this insert fail:
+    // then this one adds to that.
+    if FLOW_COUNTS
+        .insert(&pod, &FlowCounts::one(table), BPF_NOEXIST as u64)
+        .is_err()
+        && let Some(counts) = FLOW_COUNTS.get_ptr_mut(&pod)
+    {
+        increment(count_of(counts, table));
+    }
 }
 
 /// Counts a node port the pod of `flow` just took toward its destination (see
@@ -69,13 +67,16 @@ pub fn added(pod: [u8; 4], table: FlowTable) {
 #[inline(never)]
 pub fn port_added(flow: &NatKey) {
     let key = flow.destination();
-    match DEST_PORTS.get_ptr_mut(&key) {
-        Some(held) => increment(held),
-        // A full map leaves that destination uncounted: its flows are still bound by
-        // the pod's flow budget.
-        None => {
-            let _ = DEST_PORTS.insert(&key, &1, BPF_NOEXIST as u64);
-        }
+    if let Some(held) = DEST_PORTS.get_ptr_mut(&key) {
+        increment(held);
+        return;
+    }
+    // As in `added`; a full map leaves that destination uncounted (its flows are still
+    // bound by the pod's flow budget).
+    if DEST_PORTS.insert(&key, &1, BPF_NOEXIST as u64).is_err()
+        && let Some(held) = DEST_PORTS.get_ptr_mut(&key)
+    {
+        increment(held);
     }
 }
 
@@ -83,15 +84,7 @@ pub fn port_added(flow: &NatKey) {
 #[inline(never)]
 pub fn removed(pod: [u8; 4], table: FlowTable) {
     if let Some(counts) = FLOW_COUNTS.get_ptr_mut(&pod) {
-        // SAFETY: a pointer into the map value, valid for the program run.
-        let count = unsafe {
-            match table {
-                FlowTable::Out => &raw mut (*counts).out,
-                FlowTable::FromOutside => &raw mut (*counts).from_outside,
-                FlowTable::HostPort => &raw mut (*counts).hostport,
-            }
-        };
-        decrement(count);
+        decrement(count_of(counts, table));
     }
 }
 
@@ -105,6 +98,20 @@ pub fn port_removed(pod: [u8; 4], flow: &NatKey) {
     };
     if let Some(held) = DEST_PORTS.get_ptr_mut(&key) {
         decrement(held);
+    }
+}
+
+/// The count of `table` in the pod's counts at `counts` (a pointer into `FLOW_COUNTS`).
+#[inline(always)]
+fn count_of(counts: *mut FlowCounts, table: FlowTable) -> *mut u32 {
+    // SAFETY: a pointer into the map value, valid for the program run; only a field's
+    // address is taken.
+    unsafe {
+        match table {
+            FlowTable::Out => &raw mut (*counts).out,
+            FlowTable::FromOutside => &raw mut (*counts).from_outside,
+            FlowTable::HostPort => &raw mut (*counts).hostport,
+        }
     }
 }
 

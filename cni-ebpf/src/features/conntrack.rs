@@ -25,8 +25,7 @@ pub const REFRESH_NS: u64 = 1_000_000_000;
 /// follows the side `way` of a packet with `flags`) and the other table's entry at
 /// `other`, with the time, the TCP state (`followed`, with the sequence marks: the twin
 /// gets those of `way`'s side) and the address the flow leaves with. A map update would
-/// allocate a new LRU element and
-/// take the map's locks, twice per TCP state change (about eight times per
+/// take a free element and the map's locks, twice per TCP state change (about eight times per
 /// connection); a write through the lookup's pointer does neither. Two CPUs refreshing
 /// the same flow at once write the same kind of values: whichever lands is right. An
 /// entry missing from the other table (removed by a sweep while this one saw a packet)

@@ -18,7 +18,8 @@ pub(super) enum Removal {
         reverse: Option<NatReverseKey>,
         decided: NatEntry,
     },
-    /// An expired `NAT_IN` entry whose `NAT_OUT` pair is gone (evicted by the LRU).
+    /// An expired `NAT_IN` entry whose `NAT_OUT` pair is gone (removed while a reply
+    /// refreshed this one, or its port taken over).
     Orphan {
         reverse: NatReverseKey,
         entry: NatEntry,

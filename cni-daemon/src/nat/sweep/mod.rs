@@ -25,7 +25,7 @@ use super::{
 pub struct Sweep {
     /// Flows whose `NAT_OUT` entry (and `NAT_IN` pair) expired.
     pub flows: usize,
-    /// Expired `NAT_IN` entries whose `NAT_OUT` pair was gone (evicted by the LRU).
+    /// Expired `NAT_IN` entries whose `NAT_OUT` pair was gone.
     pub orphans: usize,
     /// Expired notes of flows opened from outside to a pod's own address.
     pub from_outside: usize,
@@ -51,8 +51,8 @@ impl Flows {
     /// and every flow of a pod no longer in `ENDPOINTS`, both entries of a pair together;
     /// so too the notes of flows opened from outside to a pod's own address
     /// (`NAT_INBOUND`), which follow TCP's state as the translated flows do: a closed
-    /// connection's note goes after the closed timeout, and live ones are not crowded out
-    /// of the LRU by the closed ones of a busy pod; and so too the connections through
+    /// connection's note goes after the closed timeout, and the closed ones of a busy pod
+    /// do not fill the table; and so too the connections through
     /// hostPort mappings (`HOSTPORT_FLOWS`), which follow TCP's state the same way.
     ///
     /// A deleted pod's flows go at the next sweep (the daemon sweeps at once after a

@@ -319,7 +319,7 @@ fn claim(flow: &NewFlow<'_>, port: u16) -> Claim {
         Some(holder) => {
             // SAFETY: a pointer into the map value, valid for the program run.
             let old = unsafe { *holder };
-            // This very flow already holds the port (its NAT_OUT entry was evicted or
+            // This very flow already holds the port (its NAT_OUT entry was swept or
             // had expired): it keeps it.
             let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
             if !same_flow && !conntrack::expired(&old, key.proto, config, now) {
