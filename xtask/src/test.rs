@@ -32,6 +32,9 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
         build::host_cargo(root, &built.object)
             .args(["test", "--workspace", "--exclude", "cni-ebpf"])
             .args(extra)
+            // A whole-suite run is a fresh build more often than an edit loop; the
+            // incremental caches of forty test binaries would take gigabytes of disk.
+            .env("CARGO_INCREMENTAL", "0")
             .env("EBPF_CNI_BIN_DIR", &built.bin_dir),
     )?;
     // One closing line over every test binary (cargo prints one per binary, the last
