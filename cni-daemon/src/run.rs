@@ -139,15 +139,15 @@ fn root_cgroup() -> Option<PathBuf> {
     found
 }
 
+/// How often the sweeper looks whether a new flow met a full table.
+const PRESSURE_CHECK: Duration = Duration::from_secs(1);
+
 /// Every `interval`, whenever a pod is detached (`detached`; detaches during a sweep
 /// make one more sweep, not one each), and within a second of a new flow refused for a
 /// full table, removes the NAT flows idle past their timeout and those of pods gone,
 /// and makes room in a table nearly full (early drop). The sweep is synchronous map work:
 /// it runs on a blocking thread, which owns the flow tables for the sweep and hands
 /// them back; it never takes the node's lock.
-/// How often the sweeper looks whether a new flow met a full table.
-const PRESSURE_CHECK: Duration = Duration::from_secs(1);
-
 async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detached: Arc<Notify>) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -7,7 +7,8 @@
 //!   full), the sweep that follows within about a second drops their unanswered flows,
 //!   and then new flows pass while the established connection lives on;
 //! - outside clients flooding a pod's hostPort from thousands of source ports are
-//!   refused past that pod's budget, and its open hostPort connection lives on.
+//!   refused past that pod's budget, and its open hostPort connection lives on: the
+//!   pod, speaking first after the flood, still answers from the host port.
 //!
 //! With the LRU tables of before, each flood evicted the established connection's entry
 //! and its next segment was translated afresh (a new node port, answered with a reset)
@@ -15,7 +16,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     time::{Duration, Instant},
 };
 
@@ -55,13 +56,16 @@ fn echoes(connection: &mut TcpStream, line: &[u8], when: &str) {
     assert_eq!(back, line, "{when}");
 }
 
-/// From inside `netns`, one datagram to `to` from each source port of `ports`: a new
-/// flow each. A refused datagram is dropped on the way; the send itself succeeds.
+/// From inside `netns`, two datagrams to `to` from each source port of `ports`: a new
+/// flow each, used twice (an LRU table keeps an entry used once on its inactive list,
+/// where it goes first, and one used again beside the established ones). A refused
+/// datagram is dropped on the way; the send itself succeeds.
 fn udp_flood(netns: &Netns, ports: std::ops::Range<u16>, to: SocketAddr) {
     run_in(netns, move || {
         for port in ports {
             let socket = UdpSocket::bind(("0.0.0.0", port)).expect("bind");
             socket.send_to(b"flood", to).expect("send");
+            socket.send_to(b"again", to).expect("send");
         }
     });
 }
@@ -208,13 +212,34 @@ fn outside_clients_flooding_a_hostport_are_refused_past_the_pods_budget_and_its_
             &[(HOST_PORT, "tcp", None), (HOST_PORT, "udp", None)],
         ),
     );
-    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    // A server that pushes: after the flood the pod speaks first, so its segment
+    // leaves by the connection's entry alone (no segment from the client came in
+    // meanwhile to make one again).
+    let listener = run_in(&pod.netns, || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, CONTAINER_PORT)).expect("a listener")
+    });
     let to = socket(NODE_ADDR, HOST_PORT);
-    let mut connection = open_connection(&node.external, to);
+    let mut client = run_in(&node.external, move || {
+        TcpStream::connect_timeout(&to, Duration::from_secs(5))
+    })
+    .expect("a connection through the hostPort");
+    client
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("a read timeout");
+    let (mut server, _) = listener.accept().expect("the connection reaches the pod");
+    let mut pushed = |server: &mut TcpStream, line: &[u8], when: &str| {
+        server.write_all(line).expect("the pod writes");
+        let mut back = vec![0u8; line.len()];
+        client.read_exact(&mut back).unwrap_or_else(|e| {
+            panic!("the pod's data reaches the client from the host port {when}: {e}")
+        });
+        assert_eq!(back, line, "{when}");
+    };
+    pushed(&mut server, b"before\n", "before the flood");
 
     udp_flood(&node.external, 20_000..20_000 + CLIENT_PORTS, to);
 
-    echoes(&mut connection, b"after the flood\n", "after the flood");
+    pushed(&mut server, b"after the flood\n", "after the flood");
     let table = nat_table(&node);
     let view = endpoint(&table, pod.ip);
     assert_eq!(
