@@ -71,7 +71,7 @@ fn udp_flood(netns: &Netns, ports: std::ops::Range<u16>, to: SocketAddr) {
 }
 
 /// The row of `ebpf-cnid nat`'s `endpoints` for the pod at `addr`.
-fn endpoint<'a>(table: &'a Value, addr: Ipv4Addr) -> &'a Value {
+fn endpoint(table: &Value, addr: Ipv4Addr) -> &Value {
     let addr = addr.to_string();
     table["endpoints"]
         .as_array()
