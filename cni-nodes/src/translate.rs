@@ -19,6 +19,12 @@ pub(crate) enum Problem {
     BadAddress { node: String, value: String },
     #[error("node {node}: pod CIDR {value:?} is not a CIDR, ignored")]
     BadPodCidr { node: String, value: String },
+    #[error("node {node} is listed more than once, the last entry counts")]
+    Duplicate { node: String },
+    #[error("{item} is of kind {kind}, not a Node, skipped")]
+    NotANode { item: String, kind: String },
+    #[error("{item} is not a valid Node ({reason}), skipped")]
+    Malformed { item: String, reason: String },
 }
 
 impl NodeSet {
