@@ -35,6 +35,10 @@ impl Reporter {
         }
     }
 
+    pub fn forget(&mut self, key: &str) {
+        self.last.remove(key);
+    }
+
     /// Forgets every key but those listed: after a full list, the objects not in it.
     pub fn keep_only(&mut self, keys: &BTreeSet<String>) {
         self.last.retain(|key, _| keys.contains(key));
@@ -58,6 +62,8 @@ mod tests {
         assert!(reporter.news("a", only_p).is_empty());
         assert_eq!(reporter.news("a", &[p.clone(), q.clone()]), [&q]);
         assert!(reporter.news("a", &[]).is_empty());
+        assert_eq!(reporter.news("a", only_p), [&p]);
+        reporter.forget("a");
         assert_eq!(reporter.news("a", only_p), [&p]);
     }
 }
