@@ -192,7 +192,7 @@ async fn a_file_gone_bad_or_missing_keeps_the_last_good_set() {
 }
 
 #[tokio::test]
-async fn a_missing_or_unreadable_file_at_start_is_an_error() {
+async fn a_missing_or_unparsable_file_at_start_is_an_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("nodes.yaml");
     match watch_file(&path).await {
