@@ -1,0 +1,285 @@
+//! The nodes file (`--nodes-file`): read at start, then polled and published again when it
+//! changes.
+//!
+//! The poll looks at the file's device, inode, length, mtime and ctime every 250 ms
+//! (following symlinks, so a ConfigMap volume's `..data` swap is a change). That sees a
+//! file written in place and one replaced by rename alike, on any filesystem, for the cost
+//! of one `stat` a tick; an inotify watch would miss a replaced parent folder and NFS, and
+//! takes from a per-user watch budget that busy nodes exhaust. See docs/decisions.md.
+//!
+//! Timestamps are as coarse as the kernel's tick, so two writes of the same length within
+//! one tick look alike: while the mtime read is under a second old, every poll reads the
+//! file again. A read during which the file changed is thrown away and done again at the
+//! next poll. Writers should still replace the file by rename: a half-written YAML file can
+//! parse, and is then published until the next poll reads the whole.
+
+use std::fs::{File, Metadata};
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
+
+use crate::node::NodeSet;
+use crate::parse::{MAX_DOCUMENT_BYTES, ParseError, parse_reporting};
+use crate::report::Reporter;
+
+/// How often the file is looked at: a change is published within this and a read.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long after its mtime a file is still read at every poll.
+const RACY_WINDOW: Duration = Duration::from_secs(1);
+
+/// Reads at start that may find the file changing before it is refused.
+const START_TRIES: usize = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("nodes file {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("nodes file {}: {source}", path.display())]
+    Parse { path: PathBuf, source: ParseError },
+    #[error("nodes file {} kept changing while it was read", path.display())]
+    Unstable { path: PathBuf },
+    #[error("nodes file {}: the reading thread failed: {reason}", path.display())]
+    Thread { path: PathBuf, reason: String },
+}
+
+/// Reads the nodes file once. Blocking.
+pub fn read_nodes_file(path: &Path) -> Result<NodeSet, FileError> {
+    Poller::new(path.to_owned()).first_read()
+}
+
+/// Reads the nodes file and returns a receiver that holds its nodes, updated by a task
+/// that polls the file until every receiver is dropped. A file that is missing or does not
+/// parse at start is an error; later, it keeps the last good set and logs a warning.
+pub async fn watch_file(path: impl Into<PathBuf>) -> Result<watch::Receiver<NodeSet>, FileError> {
+    let path = path.into();
+    let mut poller = Poller::new(path.clone());
+    let (poller, first) = tokio::task::spawn_blocking(move || {
+        let first = poller.first_read();
+        (poller, first)
+    })
+    .await
+    .map_err(|err| FileError::Thread {
+        path,
+        reason: err.to_string(),
+    })?;
+    let (tx, rx) = watch::channel(first?);
+    tokio::spawn(run(poller, tx));
+    Ok(rx)
+}
+
+async fn run(mut poller: Poller, tx: watch::Sender<NodeSet>) {
+    let mut ticks = tokio::time::interval(POLL_INTERVAL);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            () = tx.closed() => return,
+            _ = ticks.tick() => {}
+        }
+        let polled = tokio::task::spawn_blocking(move || {
+            let set = poller.poll();
+            (poller, set)
+        })
+        .await;
+        let set;
+        (poller, set) = match polled {
+            Ok(polled) => polled,
+            Err(err) => {
+                tracing::error!(
+                    "the nodes file's poller failed, the nodes stay as they are: {err}"
+                );
+                return;
+            }
+        };
+        let Some(set) = set else { continue };
+        let changed = tx.send_if_modified(|current| {
+            let changed = *current != set;
+            *current = set;
+            changed
+        });
+        if changed {
+            tracing::info!(
+                "nodes file {}: {} nodes",
+                poller.path.display(),
+                tx.borrow().len()
+            );
+        }
+    }
+}
+
+/// What identifies a version of the file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether a write within the same timestamp tick could still go unseen.
+    fn racy(&self, now: SystemTime) -> bool {
+        let (secs, nanos) = self.mtime;
+        let Ok(secs) = u64::try_from(secs) else {
+            return false;
+        };
+        let nanos = u32::try_from(nanos).unwrap_or(0);
+        let mtime = UNIX_EPOCH + Duration::new(secs, nanos);
+        match now.duration_since(mtime) {
+            Ok(age) => age < RACY_WINDOW,
+            // An mtime in the future: the clock moved back, or the file was touched so.
+            Err(_) => true,
+        }
+    }
+}
+
+/// The poll's state, moved to a blocking thread for each poll.
+struct Poller {
+    path: PathBuf,
+    reporter: Reporter,
+    /// The version last read, good or not.
+    seen: Option<Stamp>,
+    /// Whether that version must be read again to be sure of it.
+    racy: bool,
+    /// The failure last logged, so a lasting one is logged once.
+    failing: Option<String>,
+}
+
+impl Poller {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            reporter: Reporter::default(),
+            seen: None,
+            racy: false,
+            failing: None,
+        }
+    }
+
+    fn first_read(&mut self) -> Result<NodeSet, FileError> {
+        for _ in 0..START_TRIES {
+            let Some(bytes) = self.read().map_err(|source| FileError::Read {
+                path: self.path.clone(),
+                source,
+            })?
+            else {
+                std::thread::sleep(POLL_INTERVAL / 5);
+                continue;
+            };
+            return parse_reporting(&bytes, &mut self.reporter).map_err(|source| {
+                FileError::Parse {
+                    path: self.path.clone(),
+                    source,
+                }
+            });
+        }
+        Err(FileError::Unstable {
+            path: self.path.clone(),
+        })
+    }
+
+    /// Looks at the file; the nodes when a version not read yet parsed.
+    fn poll(&mut self) -> Option<NodeSet> {
+        let stamp = match std::fs::metadata(&self.path) {
+            Ok(meta) => Stamp::of(&meta),
+            Err(err) => {
+                self.seen = None;
+                self.fail(&err.to_string());
+                return None;
+            }
+        };
+        if self.seen == Some(stamp) && !self.racy {
+            return None;
+        }
+        let bytes = match self.read() {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return None,
+            Err(err) => {
+                self.fail(&err.to_string());
+                return None;
+            }
+        };
+        match parse_reporting(&bytes, &mut self.reporter) {
+            Ok(set) => {
+                if self.failing.take().is_some() {
+                    tracing::info!("nodes file {} reads again", self.path.display());
+                }
+                Some(set)
+            }
+            Err(err) => {
+                self.fail(&err.to_string());
+                None
+            }
+        }
+    }
+
+    /// Reads the file whole and records its stamp; None when it changed during the read.
+    fn read(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let now = SystemTime::now();
+        let mut file = File::open(&self.path)?;
+        let before = Stamp::of(&file.metadata()?);
+        let limit = MAX_DOCUMENT_BYTES + 1;
+        let expected = usize::try_from(before.len).unwrap_or(limit).min(limit);
+        let mut bytes = Vec::with_capacity(expected);
+        (&mut file).take(limit as u64).read_to_end(&mut bytes)?;
+        let after = Stamp::of(&file.metadata()?);
+        if before != after {
+            return Ok(None);
+        }
+        self.seen = Some(before);
+        self.racy = before.racy(now);
+        Ok(Some(bytes))
+    }
+
+    fn fail(&mut self, reason: &str) {
+        if self.failing.as_deref() == Some(reason) {
+            return;
+        }
+        tracing::warn!(
+            "nodes file {}: {reason}; the nodes stay as last read",
+            self.path.display()
+        );
+        self.failing = Some(reason.to_owned());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp_at(secs: i64, nanos: i64) -> Stamp {
+        Stamp {
+            dev: 1,
+            ino: 2,
+            len: 3,
+            mtime: (secs, nanos),
+            ctime: (secs, nanos),
+        }
+    }
+
+    #[test]
+    fn a_stamp_is_racy_for_a_second_after_its_mtime() {
+        let now = UNIX_EPOCH + Duration::new(1_000, 500_000_000);
+        assert!(stamp_at(1_000, 0).racy(now));
+        assert!(stamp_at(999, 600_000_000).racy(now));
+        assert!(!stamp_at(999, 500_000_000).racy(now));
+        assert!(!stamp_at(10, 0).racy(now));
+        assert!(stamp_at(2_000, 0).racy(now), "an mtime in the future");
+    }
+}

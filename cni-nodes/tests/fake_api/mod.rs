@@ -1,0 +1,338 @@
+//! A fake Kubernetes API server for the node watch, on 127.0.0.1 in plain HTTP/1.1.
+//!
+//! It speaks the wire format kube's client reads from a real server: `GET /api/v1/nodes`
+//! answered with a `NodeList` carrying `metadata.resourceVersion`, and `GET
+//! /api/v1/nodes?watch=true&resourceVersion=...` answered with a chunked stream of
+//! newline-delimited watch events (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR` with
+//! a `Status`), which the test can end cleanly or cut off mid-stream. Every request is
+//! handed to the test, which decides the answer, so the test both scripts the server and
+//! asserts what the client asked for.
+//!
+//! Not covered: authentication and authorization (no token or certificate is looked at),
+//! TLS, HTTP/2, the protobuf encoding, pagination (`limit` is ignored and no `continue`
+//! token is given), resourceVersion semantics (`resourceVersion`, `resourceVersionMatch`
+//! and `timeoutSeconds` mean what the test makes of them), watch-list streaming
+//! (`sendInitialEvents`), selectors, discovery, compression, and throttling (429, API
+//! priority and fairness).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+type Body = BoxBody<Bytes, io::Error>;
+
+/// How long the test waits for the client's next request.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct FakeApi {
+    addr: SocketAddr,
+    calls: mpsc::UnboundedReceiver<Call>,
+    server: JoinHandle<()>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl FakeApi {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1");
+        let addr = listener.local_addr().expect("listener address");
+        let (calls_tx, calls) = mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let calls_tx = calls_tx.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| handle(request, calls_tx.clone()));
+                    // A connection the test cuts off ends here with an error, on purpose.
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            calls,
+            server,
+        }
+    }
+
+    /// A kubeconfig whose current context is this server, without credentials.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster:
+    server: http://{}
+users:
+- name: nobody
+  user: {{}}
+contexts:
+- name: fake
+  context:
+    cluster: fake
+    user: nobody
+current-context: fake
+",
+            self.addr
+        )
+    }
+
+    /// The client's next request.
+    pub async fn next_call(&mut self) -> Call {
+        match tokio::time::timeout(CALL_TIMEOUT, self.calls.recv()).await {
+            Ok(Some(call)) => call,
+            Ok(None) => panic!("the fake API server stopped"),
+            Err(_) => panic!("no request to the fake API server within {CALL_TIMEOUT:?}"),
+        }
+    }
+
+    /// The next request, which must be a list of the nodes.
+    pub async fn expect_list(&mut self) -> Call {
+        let call = self.next_call().await;
+        assert_eq!(call.path, "/api/v1/nodes", "{call:?}");
+        assert!(!call.is_watch(), "expected a list, got {call:?}");
+        call
+    }
+
+    /// The next request, which must be a watch of the nodes from `resource_version`.
+    pub async fn expect_watch(&mut self, resource_version: &str) -> WatchStream {
+        let call = self.next_call().await;
+        assert_eq!(call.path, "/api/v1/nodes", "{call:?}");
+        assert!(call.is_watch(), "expected a watch, got {call:?}");
+        assert_eq!(
+            call.param("resourceVersion"),
+            Some(resource_version),
+            "{call:?}"
+        );
+        assert_eq!(call.param("allowWatchBookmarks"), Some("true"), "{call:?}");
+        call.stream()
+    }
+}
+
+/// One request, waiting for the test's answer.
+pub struct Call {
+    pub method: String,
+    pub path: String,
+    pub query: BTreeMap<String, String>,
+    reply: oneshot::Sender<Response<Body>>,
+}
+
+impl std::fmt::Debug for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {:?}", self.method, self.path, self.query)
+    }
+}
+
+impl Call {
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.query.get(key).map(String::as_str)
+    }
+
+    pub fn is_watch(&self) -> bool {
+        self.param("watch").is_some_and(|v| v == "true" || v == "1")
+    }
+
+    /// Answers with a `NodeList` at `resource_version`.
+    pub fn reply_list(self, resource_version: &str, items: &[Value]) {
+        let list = json!({
+            "kind": "NodeList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": resource_version},
+            "items": items,
+        });
+        let body = Full::new(Bytes::from(list.to_string()))
+            .map_err(|never| match never {})
+            .boxed();
+        self.reply(StatusCode::OK, body);
+    }
+
+    /// Answers with a failure `Status`, as the API server does.
+    pub fn reply_failure(self, code: u16, reason: &str) {
+        let status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("the fake server says {reason}"),
+            "reason": reason,
+            "code": code,
+        });
+        let body = Full::new(Bytes::from(status.to_string()))
+            .map_err(|never| match never {})
+            .boxed();
+        self.reply(StatusCode::from_u16(code).expect("an HTTP status"), body);
+    }
+
+    /// Answers with a stream of watch events that the returned handle writes.
+    pub fn stream(self) -> WatchStream {
+        let (tx, rx) = mpsc::unbounded_channel::<Result<Bytes, io::Error>>();
+        let frames = futures::stream::unfold(rx, |mut rx| async move {
+            let item = rx.recv().await?;
+            Some((item.map(Frame::data), rx))
+        });
+        self.reply(StatusCode::OK, StreamBody::new(frames).boxed());
+        WatchStream { tx }
+    }
+
+    fn reply(self, status: StatusCode, body: Body) {
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(body)
+            .expect("a valid response");
+        // The client may have given up on this request; then nobody reads the answer.
+        let _ = self.reply.send(response);
+    }
+}
+
+/// The body of a watch response, open until dropped.
+pub struct WatchStream {
+    tx: mpsc::UnboundedSender<Result<Bytes, io::Error>>,
+}
+
+impl WatchStream {
+    /// Writes one event, a line of JSON, in a chunk of its own.
+    pub fn event(&self, kind: &str, object: Value) {
+        let mut line = json!({"type": kind, "object": object}).to_string();
+        line.push('\n');
+        self.tx
+            .send(Ok(Bytes::from(line)))
+            .expect("the watch response is still being sent");
+    }
+
+    pub fn bookmark(&self, resource_version: &str) {
+        self.event(
+            "BOOKMARK",
+            json!({
+                "kind": "Node",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": resource_version},
+            }),
+        );
+    }
+
+    /// Sends what the API server sends when the watched version was compacted away,
+    /// then ends the response as it does.
+    pub fn expire(self) {
+        self.event(
+            "ERROR",
+            json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": "too old resource version: 10 (25)",
+                "reason": "Expired",
+                "code": 410,
+            }),
+        );
+    }
+
+    /// Resolves when the client has closed the connection.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+
+    /// Cuts the connection in the middle of the chunked body.
+    pub fn cut(self) {
+        let _ = self
+            .tx
+            .send(Err(io::Error::other("connection cut by the test")));
+    }
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    calls: mpsc::UnboundedSender<Call>,
+) -> Result<Response<Body>, Infallible> {
+    let query = request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) => (key.to_owned(), value.to_owned()),
+            None => (pair.to_owned(), String::new()),
+        })
+        .collect();
+    let (reply, answer) = oneshot::channel();
+    let call = Call {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+        query,
+        reply,
+    };
+    if calls.send(call).is_ok()
+        && let Ok(response) = answer.await
+    {
+        return Ok(response);
+    }
+    let body = Full::new(Bytes::from_static(b"{}"))
+        .map_err(|never| match never {})
+        .boxed();
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    Ok(response)
+}
+
+/// A node as the API server serves it, with the fields the crate reads and some it does
+/// not.
+pub fn node(name: &str, resource_version: &str, address: &str, pod_cidrs: &[&str]) -> Value {
+    json!({
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": format!("00000000-0000-4000-8000-{:012}", name.len()),
+            "resourceVersion": resource_version,
+            "creationTimestamp": "2026-11-02T09:14:27Z",
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"},
+        },
+        "spec": {
+            "podCIDR": pod_cidrs.first(),
+            "podCIDRs": pod_cidrs,
+        },
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": address},
+                {"type": "Hostname", "address": name},
+            ],
+            "conditions": [{
+                "type": "Ready",
+                "status": "True",
+                "lastHeartbeatTime": "2026-11-03T10:01:55Z",
+                "lastTransitionTime": "2026-11-02T09:14:40Z",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+            }],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        },
+    })
+}
