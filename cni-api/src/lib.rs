@@ -20,3 +20,9 @@ pub const DEFAULT_SOCKET: &str = "/run/ebpf-cni/ebpf-cnid.sock";
 /// The plugin's cache of IPAM plugins' VERSION answers, kept beside the socket; the
 /// daemon's `uninstall` removes it.
 pub const IPAM_VERSIONS_FILE: &str = "ipam-versions.json";
+
+/// This node's pod ranges as the daemon last learnt them from its node source (a JSON
+/// list of IPv4 CIDRs), kept beside the socket by the daemon: what the plugin fills a
+/// `usePodCidr` IPAM range with when the daemon does not answer (a DEL while it
+/// restarts). The daemon's `uninstall` removes it.
+pub const NODE_POD_CIDRS_FILE: &str = "node-pod-cidrs.json";

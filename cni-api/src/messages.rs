@@ -36,6 +36,8 @@ pub enum Request {
         network: String,
         keep: Vec<EndpointId>,
     },
+    /// The cluster's nodes as the daemon's node source gives them.
+    Nodes,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +67,7 @@ pub enum Response {
     Collected {
         removed: Vec<Endpoint>,
     },
+    Nodes(NodesView),
     /// A hostPort another endpoint holds (CNI code 105 for the plugin).
     PortConflict {
         message: String,
@@ -160,6 +163,35 @@ pub struct Status {
     /// 64 KiB default (see `big_tcp`); `None`: the kernel's default.
     #[serde(default)]
     pub pod_gso_max_size: Option<u32>,
+    /// This node's name in the cluster (`--node-name`).
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// Where the cluster's nodes come from (`file <path>`, `kubeconfig <path>`,
+    /// `in-cluster`); `None`: no node source, a node on its own.
+    #[serde(default)]
+    pub node_source: Option<String>,
+    /// This node's IPv4 pod ranges (`spec.podCIDRs`), what a `usePodCidr` IPAM range
+    /// becomes; empty while the node source has not given any.
+    #[serde(default)]
+    pub pod_cidrs: Vec<ipnet::Ipv4Net>,
+}
+
+/// The cluster's nodes as the daemon knows them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesView {
+    pub node_name: Option<String>,
+    pub node_source: Option<String>,
+    /// Every node, in name order.
+    pub nodes: Vec<NodeInfo>,
+}
+
+/// One node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    /// Its first IPv4 InternalIP.
+    pub address: std::net::Ipv4Addr,
+    pub pod_cidrs: Vec<ipnet::Ipv4Net>,
 }
 
 /// A device source NAT translates on.

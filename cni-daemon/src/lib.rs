@@ -5,10 +5,11 @@
 //! Its modules are in layers, each using only those below it:
 //! - the front, async where it waits on I/O: [`run`] (signals, lifecycle, the NAT
 //!   sweeper), [`server`] (the unix socket; requests are answered on blocking threads),
-//!   [`address_watch`], [`link_stats`] and [`big_tcp`] (netlink reads for the answers),
+//!   [`address_watch`] and [`cluster_watch`] (the node's addresses and the cluster's
+//!   nodes, followed), [`link_stats`] and [`big_tcp`] (netlink reads for the answers),
 //!   and [`inspect`] (the CLI's views of the pinned maps);
 //! - the node's model, synchronous: [`node`] (what follows keeps in step per request),
-//!   [`endpoints`], [`nat`], [`hostports`], [`node_addrs`];
+//!   [`endpoints`], [`nat`], [`hostports`], [`node_addrs`], [`cluster`];
 //! - the datapath: [`datapath`] (load, attach, the maps handed out), [`bpffs`];
 //! - helpers for every layer: [`clock`], [`files`], `maps`, `ranges`.
 //!
@@ -19,6 +20,8 @@ pub mod address_watch;
 pub mod big_tcp;
 pub mod bpffs;
 pub mod clock;
+pub mod cluster;
+pub mod cluster_watch;
 pub mod datapath;
 pub mod endpoints;
 pub mod files;

@@ -13,6 +13,7 @@ use cni_api::{self as api, Request, Response};
 
 use cni_daemon::{
     bpffs, clock,
+    cluster::ClusterArgs,
     datapath::{self, sock, tc_block},
     files,
     inspect::{join, nat as nat_view, read, render},
@@ -63,6 +64,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per process, parsed once from the command line"
+)]
 enum Command {
     /// Load and pin the datapath, attach it, serve the plugin until SIGTERM.
     Run {
@@ -105,6 +110,8 @@ enum Command {
         enable_tcx: bool,
         #[command(flatten)]
         nat: NatArgs,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Ask the running daemon what it has loaded and attached.
     Status,
@@ -118,6 +125,9 @@ enum Command {
     /// Source NAT: its configuration, counters and every translated flow, read from the
     /// pinned maps.
     Nat,
+    /// The cluster's nodes as the running daemon's node source gives them: name,
+    /// address, pod ranges.
+    Nodes,
     /// Remove every pin and endpoint record of this instance (stop the daemon first).
     Uninstall,
 }
@@ -154,6 +164,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             host_firewall_cidrs,
             enable_tcx,
             nat,
+            cluster,
         } => {
             let config = RunConfig {
                 bpf_dir: cli.bpf_dir,
@@ -165,6 +176,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 nat,
                 enable_tcx,
                 cgroup: cli.cgroup,
+                cluster,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -213,6 +225,17 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Output::Table => print(&render::nat_table(&view)),
             }
         }
+        Command::Nodes => {
+            let view = match api::call(&cli.socket, &Request::Nodes, Duration::from_secs(5))? {
+                Response::Nodes(view) => view,
+                Response::Error { message } => bail!("the daemon refused: {message}"),
+                other => bail!("unexpected answer from the daemon: {other:?}"),
+            };
+            match cli.output {
+                Output::Json => print_json(&view),
+                Output::Table => print(&render::nodes_table(&view)),
+            }
+        }
         Command::Ports => {
             let endpoints = match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
                 Response::Endpoints { endpoints, .. } => endpoints,
@@ -245,11 +268,13 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             bpffs::remove(&cli.bpf_dir)?;
             files::remove_dir_all(&cli.state_dir)
                 .with_context(|| format!("cannot remove {}", cli.state_dir.display()))?;
-            // The socket, the plugin's cache of IPAM versions beside it, and their folder
+            // The socket, the plugin's cache of IPAM versions and this node's pod ranges
+            // beside it, and their folder
             // when nothing else is in it, go too.
             let _ = std::fs::remove_file(&cli.socket);
             if let Some(folder) = cli.socket.parent() {
                 let _ = std::fs::remove_file(folder.join(api::IPAM_VERSIONS_FILE));
+                let _ = std::fs::remove_file(folder.join(api::NODE_POD_CIDRS_FILE));
                 let _ = std::fs::remove_dir(folder);
             }
             tracing::info!(bpf_dir = %cli.bpf_dir.display(), "uninstalled");

@@ -2,7 +2,8 @@
 //! hostPorts and the node's addresses, kept in step: every record's veth is bound to the
 //! pods' TC block (a veth is bound before its record exists while the plugin runs IPAM,
 //! see [`Node::prepare`]), its addresses are in the endpoints map and its port mappings
-//! in the hostPort maps; `CLUSTER_CIDRS` is the union of the records' cluster ranges.
+//! in the hostPort maps; `CLUSTER_CIDRS` is the union of the records' cluster ranges
+//! and every node's pod ranges ([`Cluster`]).
 
 use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, sync::Arc};
 
@@ -12,6 +13,7 @@ use tokio::sync::Notify;
 use cni_api::{Endpoint, EndpointId, Status, UplinkStatus};
 
 use crate::{
+    cluster::Cluster,
     datapath::{Datapath, DatapathError},
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
@@ -63,6 +65,8 @@ pub struct Node {
     nat: Nat,
     host_ports: HostPorts,
     node_addrs: NodeAddrs,
+    /// This node's name and the cluster's nodes.
+    cluster: Cluster,
     /// Told after every detach, so that the NAT sweeper forgets the pod's flows at once
     /// (see [`Self::on_detach`]).
     detached: Option<Arc<Notify>>,
@@ -80,12 +84,14 @@ impl Node {
     /// the per-veth links an earlier daemon pinned go, with a record or without. Then
     /// NAT starts as `nat` says (`None`: off), see [`nat::start`]. hostPorts: the
     /// mappings of the records, the node's addresses, and the socket programs on
-    /// `cgroup` (`None`: the node's own processes do not reach hostPorts).
+    /// `cgroup` (`None`: the node's own processes do not reach hostPorts). `cluster`
+    /// holds no nodes yet ([`Self::set_nodes`] gives them).
     pub fn open(
         mut datapath: Datapath,
         state_dir: &Path,
         nat: Option<NatSettings>,
         cgroup: Option<&Path>,
+        cluster: Cluster,
     ) -> Result<Self, NodeError> {
         datapath.install_pod_block()?;
         record_block_netns(state_dir)?;
@@ -146,6 +152,7 @@ impl Node {
             nat,
             host_ports,
             node_addrs,
+            cluster,
             detached: None,
             prepared: BTreeSet::new(),
         })
@@ -177,7 +184,23 @@ impl Node {
             host_firewall_cidrs: self.datapath.host_firewall_cidrs().to_vec(),
             // Filled in by the server, outside the node's lock (a netlink query).
             pod_gso_max_size: None,
+            node_name: Some(self.cluster.name().to_owned()),
+            node_source: self.cluster.source().map(ToString::to_string),
+            pod_cidrs: self.cluster.pod_cidrs(),
         }
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Takes the cluster's nodes as the node source now gives them: source NAT leaves
+    /// every node's pod ranges untranslated from now on.
+    pub fn set_nodes(&mut self, nodes: cni_nodes::NodeSet) -> Result<(), NodeError> {
+        if self.cluster.set_nodes(nodes) {
+            self.sync_cluster_cidrs()?;
+        }
+        Ok(())
     }
 
     /// After a change of the namespace's addresses: refills `NODE_ADDRS` (returned) and
@@ -354,7 +377,7 @@ impl Node {
     fn sync_cluster_cidrs(&mut self) -> Result<(), NodeError> {
         Ok(self
             .nat
-            .sync_cluster_cidrs(self.endpoints.list())
+            .sync_cluster_cidrs(self.endpoints.list(), self.cluster.all_pod_cidrs())
             .map_err(NatError::from)?)
     }
 }

@@ -44,6 +44,27 @@ pub fn sync<T: BorrowMut<MapData>>(
     Ok(!add.is_empty() || !remove.is_empty())
 }
 
+/// Adds to `trie` the ranges of `ranges` it lacks, removing none; whether any was added.
+/// (Compared by key: a lookup would find a range inside a wider one.)
+pub fn extend<T: BorrowMut<MapData>>(
+    trie: &mut LpmTrie<T, [u8; 4], u8>,
+    ranges: &BTreeSet<Ipv4Net>,
+) -> Result<bool, aya::maps::MapError> {
+    let present: BTreeSet<(u32, [u8; 4])> = trie
+        .keys()
+        .map(|key| key.map(|key| (key.prefix_len(), key.data())))
+        .collect::<Result<_, _>>()?;
+    let mut added = false;
+    for net in ranges {
+        let key = key(net);
+        if !present.contains(&(key.prefix_len(), key.data())) {
+            trie.insert(&key, 1, 0)?;
+            added = true;
+        }
+    }
+    Ok(added)
+}
+
 fn key(net: &Ipv4Net) -> Key<[u8; 4]> {
     Key::new(u32::from(net.prefix_len()), net.network().octets())
 }

@@ -14,6 +14,8 @@ use tokio::{
 
 use crate::{
     address_watch, bpffs, clock,
+    cluster::{Cluster, ClusterArgs, NodeSource},
+    cluster_watch,
     datapath::Datapath,
     datapath::sock::cgroup2_mount,
     nat::{Flows, NatArgs, Timeouts},
@@ -38,12 +40,27 @@ pub struct RunConfig {
     /// The cgroup v2 folder of the socket programs (hostPorts for the node's own
     /// processes); `None`: the root of the first cgroup v2 mount.
     pub cgroup: Option<PathBuf>,
+    /// This node's name and where the cluster's nodes come from.
+    pub cluster: ClusterArgs,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     raise_file_limit();
     // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
+    let node_name = config.cluster.node_name()?;
+    let node_source = config.cluster.source(crate::cluster::in_cluster());
+    // A nodes file that cannot be read, or a kubeconfig that does not load, stops the
+    // daemon here, with nothing changed.
+    let nodes = match &node_source {
+        Some(source) => Some(watch_nodes(source).await?),
+        None => None,
+    };
+    tracing::info!(
+        node = %node_name,
+        source = %node_source.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
+        "this node in its cluster"
+    );
     bpffs::prepare(&config.bpf_dir)?;
     let tcx = crate::datapath::tcx_in_use(config.enable_tcx);
     tracing::info!(
@@ -66,7 +83,13 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
     let cgroup = config.cgroup.clone().or_else(root_cgroup);
-    let mut node = Node::open(datapath, &config.state_dir, nat_settings, cgroup.as_deref())?;
+    let mut node = Node::open(
+        datapath,
+        &config.state_dir,
+        nat_settings,
+        cgroup.as_deref(),
+        Cluster::new(node_name, node_source),
+    )?;
     let flows = node.take_nat_flows();
     let detached = Arc::new(Notify::new());
     if flows.is_some() {
@@ -76,6 +99,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let address_watch = tokio::spawn(address_watch::run(Arc::clone(&node)));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+    // Beside the socket, whose folder `bind` made.
+    let pod_cidrs_file = config
+        .socket
+        .parent()
+        .unwrap_or_else(|| std::path::Path::new("/"))
+        .join(cni_api::NODE_POD_CIDRS_FILE);
+    let cluster_watch = nodes
+        .map(|nodes| tokio::spawn(cluster_watch::run(nodes, Arc::clone(&node), pod_cidrs_file)));
     tracing::info!(
         socket = %config.socket.display(),
         bpf_dir = %config.bpf_dir.display(),
@@ -101,12 +132,26 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         sweeper.abort();
     }
     address_watch.abort();
+    if let Some(cluster_watch) = cluster_watch {
+        cluster_watch.abort();
+    }
     // The counter programs detach when the datapath drops; the pods' TC block and the
     // uplink and socket programs stay in the kernel, and maps stay pinned, for the next
     // start.
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome
+}
+
+/// Starts following the cluster's nodes from `source`: the first read of a nodes file
+/// must succeed; the API's watch starts empty and retries on its own.
+async fn watch_nodes(
+    source: &NodeSource,
+) -> anyhow::Result<tokio::sync::watch::Receiver<cni_nodes::NodeSet>> {
+    Ok(match source {
+        NodeSource::File(path) => cni_nodes::watch_file(path.clone()).await?,
+        NodeSource::Cluster(access) => cni_nodes::watch_cluster(cni_nodes::connect(access).await?),
+    })
 }
 
 /// Raises the soft limit of open files to the hard one: every pod's connection, every

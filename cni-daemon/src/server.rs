@@ -190,6 +190,7 @@ fn answer(request: Request, node: &Mutex<Node>) -> Response {
         Request::Gc { network, keep } => node
             .collect(&network, &keep)
             .map(|removed| Response::Collected { removed }),
+        Request::Nodes => Ok(Response::Nodes(node.cluster().view())),
     };
     outcome.unwrap_or_else(|error| match error {
         NodeError::HostPort(HostPortError::Conflict(message)) => Response::PortConflict { message },

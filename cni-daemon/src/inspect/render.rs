@@ -25,6 +25,7 @@ pub fn status_table(view: &StatusView) -> String {
         },
         status.endpoints
     );
+    out.push_str(&node_line(status));
     let drops: Vec<String> = view.drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
     out.push_str(&format!("drops: {}\n", drops.join(" ")));
     if status.nat_enabled {
@@ -243,6 +244,57 @@ pub fn endpoints_table(views: &[EndpointView]) -> String {
 }
 
 /// `items` as text, separated by `separator`.
+/// The status line of this node in its cluster.
+fn node_line(status: &cni_api::Status) -> String {
+    let name = status.node_name.as_deref().unwrap_or("?");
+    match &status.node_source {
+        None => format!("node {name}  nodes: no source (a node on its own)\n"),
+        Some(source) if status.pod_cidrs.is_empty() => {
+            format!("node {name}  nodes: {source}  pod ranges: none yet\n")
+        }
+        Some(source) => format!(
+            "node {name}  nodes: {source}  pod ranges: {}\n",
+            joined(&status.pod_cidrs, ", ")
+        ),
+    }
+}
+
+/// `ebpf-cnid nodes`: one row per node, this one marked.
+pub fn nodes_table(view: &cni_api::NodesView) -> String {
+    let mut out = format!(
+        "source: {}\n",
+        view.node_source
+            .as_deref()
+            .unwrap_or("none (a node on its own)")
+    );
+    let name_width = view
+        .nodes
+        .iter()
+        .map(|node| node.name.len())
+        .chain(["NAME".len()])
+        .max()
+        .unwrap_or(0);
+    out.push_str(&format!(
+        "  {:<name_width$} {:<15} {}\n",
+        "NAME", "ADDRESS", "POD RANGES"
+    ));
+    for node in &view.nodes {
+        let this = view.node_name.as_deref() == Some(node.name.as_str());
+        out.push_str(&format!(
+            "{} {:<name_width$} {:<15} {}\n",
+            if this { "*" } else { " " },
+            node.name,
+            node.address.to_string(),
+            if node.pod_cidrs.is_empty() {
+                "none".to_owned()
+            } else {
+                joined(&node.pod_cidrs, ", ")
+            }
+        ));
+    }
+    out
+}
+
 fn joined<T: std::fmt::Display>(items: &[T], separator: &str) -> String {
     let texts: Vec<String> = items.iter().map(ToString::to_string).collect();
     texts.join(separator)
@@ -280,7 +332,32 @@ mod tests {
             host_firewall_cidrs: Vec::new(),
             host_port_addrs: Vec::new(),
             pod_gso_max_size: None,
+            node_name: Some("node-a".into()),
+            node_source: None,
+            pod_cidrs: Vec::new(),
         }
+    }
+
+    #[test]
+    fn nodes_are_listed_with_this_one_marked() {
+        let node = |name: &str, address: &str, cidrs: &[&str]| cni_api::NodeInfo {
+            name: name.into(),
+            address: address.parse().expect("an address"),
+            pod_cidrs: cidrs.iter().map(|c| c.parse().expect("a range")).collect(),
+        };
+        let table = nodes_table(&cni_api::NodesView {
+            node_name: Some("node-a".into()),
+            node_source: Some("file /etc/nodes.yaml".into()),
+            nodes: vec![
+                node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
+                node("a-longer-name", "192.0.2.2", &[]),
+            ],
+        });
+        assert_eq!(
+            table,
+            "source: file /etc/nodes.yaml\n  NAME          ADDRESS         POD RANGES\n\
+             * node-a        192.0.2.1       10.244.1.0/24\n  a-longer-name 192.0.2.2       none\n"
+        );
     }
 
     #[test]

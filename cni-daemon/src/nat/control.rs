@@ -1,10 +1,13 @@
 //! Source NAT's control plane: [`start`] after a (re)start, then [`Nat`], which writes
 //! the configuration and the uplinks the datapath reads, keeps the cluster ranges in step
-//! with the endpoints, and holds the flow tables until the sweeper takes them.
+//! with the endpoints and the cluster's nodes, and holds the flow tables until the sweeper takes them.
+
+use std::collections::BTreeSet;
 
 use aya::maps::{Array, MapData, MapError};
 use cni_api::Endpoint;
 use cni_ebpf_common::{NatConfig, Uplinks};
+use ipnet::Ipv4Net;
 
 use super::{NatError, NatSettings, Timeouts, cidrs, flows::Flows, sysctl};
 use crate::datapath::{
@@ -13,7 +16,8 @@ use crate::datapath::{
 };
 
 /// Brings NAT to what `settings` asks after a (re)start: cluster ranges from
-/// `endpoints`, forwarding, the uplink programs, `UPLINKS` and `NAT_CONFIG`, and the
+/// `endpoints` (and those of other nodes an earlier daemon wrote, kept until the node
+/// source answers), forwarding, the uplink programs, `UPLINKS` and `NAT_CONFIG`, and the
 /// previous daemon's programs off the devices that are no longer uplinks. With NAT off,
 /// all of its uplink links and its flows go.
 ///
@@ -26,7 +30,7 @@ pub fn start<'a>(
     endpoints: impl IntoIterator<Item = &'a Endpoint>,
 ) -> Result<Nat, NatError> {
     let mut nat = Nat::open(datapath.take_nat_maps()?, settings)?;
-    nat.sync_cluster_cidrs(endpoints)?;
+    nat.sync_cluster_cidrs(endpoints, None)?;
     let previous = nat.previous_uplinks();
     let Some(settings) = nat.settings().cloned() else {
         nat.write_config()?;
@@ -142,13 +146,25 @@ impl Nat {
         Ok(())
     }
 
-    /// Makes `CLUSTER_CIDRS` the union of `endpoints`' cluster ranges.
+    /// Makes `CLUSTER_CIDRS` the union of `endpoints`' cluster ranges and `nodes`, every
+    /// node's pod ranges. `None`: the nodes are not known yet (a start, before the node
+    /// source's first answer): ranges are then only added, so that those of other nodes
+    /// an earlier daemon wrote stay, and traffic to their pods keeps its source, until
+    /// the nodes are known.
     pub fn sync_cluster_cidrs<'a>(
         &mut self,
         endpoints: impl IntoIterator<Item = &'a Endpoint>,
+        nodes: Option<BTreeSet<Ipv4Net>>,
     ) -> Result<(), MapError> {
-        let desired = cidrs::union(endpoints);
-        if crate::ranges::sync(&mut self.cluster_cidrs, &desired)? {
+        let mut desired = cidrs::union(endpoints);
+        let changed = match nodes {
+            Some(nodes) => {
+                desired.extend(nodes);
+                crate::ranges::sync(&mut self.cluster_cidrs, &desired)?
+            }
+            None => crate::ranges::extend(&mut self.cluster_cidrs, &desired)?,
+        };
+        if changed {
             tracing::info!(cidrs = ?desired, "cluster ranges kept untranslated");
         }
         Ok(())

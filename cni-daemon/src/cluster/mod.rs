@@ -1,0 +1,179 @@
+//! This node in its cluster: its name, where the cluster's nodes come from
+//! ([`NodeSource`]: a nodes file or the Kubernetes API, read by `cni-nodes`), and what
+//! the node keeps of them ([`Cluster`]): this node's pod ranges (`ebpf-cnid status`, what
+//! a `usePodCidr` IPAM range becomes) and every node's, which source NAT leaves
+//! untranslated. `cluster_watch` applies each change of the nodes to the running node.
+
+mod args;
+
+use std::collections::BTreeSet;
+
+use ipnet::Ipv4Net;
+
+use cni_api::{NodeInfo, NodesView};
+use cni_nodes::NodeSet;
+
+pub use args::{ClusterArgs, NodeSource, in_cluster};
+
+/// The cluster as this node knows it.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// This node's name.
+    name: String,
+    /// `None`: no node source, a node on its own (its pod ranges come from the conflist).
+    source: Option<NodeSource>,
+    nodes: NodeSet,
+    /// The source has given its first set of nodes (always, without a source).
+    known: bool,
+}
+
+impl Cluster {
+    pub fn new(name: String, source: Option<NodeSource>) -> Self {
+        Self {
+            name,
+            known: source.is_none(),
+            source,
+            nodes: NodeSet::new(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn source(&self) -> Option<&NodeSource> {
+        self.source.as_ref()
+    }
+
+    /// Replaces the nodes; whether anything changed (the first set always does).
+    pub fn set_nodes(&mut self, nodes: NodeSet) -> bool {
+        if self.known && self.nodes == nodes {
+            return false;
+        }
+        self.nodes = nodes;
+        self.known = true;
+        true
+    }
+
+    /// This node's pod ranges; empty while the source has not named this node, or gave
+    /// it none.
+    pub fn pod_cidrs(&self) -> Vec<Ipv4Net> {
+        self.nodes
+            .get(&self.name)
+            .map(|node| node.pod_cidrs.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every node's pod ranges, this node's included: the cluster's pods, whose
+    /// addresses pods' traffic keeps. `None` until the source has given its first set
+    /// of nodes (see `Nat::sync_cluster_cidrs`).
+    pub fn all_pod_cidrs(&self) -> Option<BTreeSet<Ipv4Net>> {
+        self.known.then(|| {
+            self.nodes
+                .iter()
+                .flat_map(|node| node.pod_cidrs.iter().copied())
+                .collect()
+        })
+    }
+
+    /// What `ebpf-cnid nodes` shows.
+    pub fn view(&self) -> NodesView {
+        NodesView {
+            node_name: Some(self.name.clone()),
+            node_source: self.source.as_ref().map(ToString::to_string),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|node| NodeInfo {
+                    name: node.name.clone(),
+                    address: node.address,
+                    pod_cidrs: node.pod_cidrs.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cni_nodes::Node as ClusterNode;
+
+    fn node(name: &str, address: &str, cidrs: &[&str]) -> ClusterNode {
+        ClusterNode {
+            name: name.to_owned(),
+            address: address.parse().expect("an address"),
+            pod_cidrs: cidrs.iter().map(|c| c.parse().expect("a range")).collect(),
+        }
+    }
+
+    fn cluster(nodes: &[ClusterNode]) -> Cluster {
+        let mut cluster = Cluster::new("node-a".to_owned(), None);
+        let mut set = NodeSet::new();
+        for node in nodes {
+            set.insert(node.clone());
+        }
+        cluster.set_nodes(set);
+        cluster
+    }
+
+    #[test]
+    fn this_nodes_ranges_and_every_nodes() {
+        let cluster = cluster(&[
+            node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
+            node("node-b", "192.0.2.2", &["10.244.2.0/24", "10.245.2.0/24"]),
+        ]);
+        assert_eq!(
+            cluster.pod_cidrs(),
+            ["10.244.1.0/24".parse().expect("a range")]
+        );
+        let all: Vec<String> = cluster
+            .all_pod_cidrs()
+            .expect("known")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(all, ["10.244.1.0/24", "10.244.2.0/24", "10.245.2.0/24"]);
+        let view = cluster.view();
+        assert_eq!(view.node_name.as_deref(), Some("node-a"));
+        assert_eq!(view.nodes.len(), 2);
+    }
+
+    #[test]
+    fn a_node_the_source_does_not_name_has_no_ranges() {
+        let cluster = cluster(&[node("node-b", "192.0.2.2", &["10.244.2.0/24"])]);
+        assert!(cluster.pod_cidrs().is_empty());
+        assert_eq!(cluster.all_pod_cidrs().map(|all| all.len()), Some(1));
+    }
+
+    #[test]
+    fn the_nodes_are_unknown_until_the_source_gives_the_first_set() {
+        let source = NodeSource::File("/etc/nodes.yaml".into());
+        let mut cluster = Cluster::new("node-a".to_owned(), Some(source));
+        assert_eq!(cluster.all_pod_cidrs(), None);
+        assert!(
+            cluster.set_nodes(NodeSet::new()),
+            "the first set, even empty"
+        );
+        assert_eq!(cluster.all_pod_cidrs(), Some(BTreeSet::new()));
+        let alone = Cluster::new("node-a".to_owned(), None);
+        assert_eq!(
+            alone.all_pod_cidrs(),
+            Some(BTreeSet::new()),
+            "no source: none"
+        );
+    }
+
+    #[test]
+    fn setting_the_same_nodes_again_changes_nothing() {
+        let mut cluster = cluster(&[node("node-a", "192.0.2.1", &["10.244.1.0/24"])]);
+        let same = {
+            let mut set = NodeSet::new();
+            set.insert(node("node-a", "192.0.2.1", &["10.244.1.0/24"]));
+            set
+        };
+        assert!(!cluster.set_nodes(same));
+        assert!(cluster.set_nodes(NodeSet::new()));
+        assert!(cluster.pod_cidrs().is_empty());
+    }
+}
