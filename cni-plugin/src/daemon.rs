@@ -1,7 +1,10 @@
 //! The plugin's side of the daemon hand-off, with the daemon's failures mapped to CNI
 //! codes: unreachable is 11 (try again later), a refusal is 104.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use cni_api::{self as api, ClientError, Endpoint, EndpointId, Request, Response, Status};
 
@@ -117,6 +120,17 @@ impl Daemon {
             ),
         }
     }
+}
+
+/// The file `name` in the folder of the daemon's socket (the config's `daemonSocket`,
+/// else [`api::DEFAULT_SOCKET`]), where the daemon and the plugin keep what they share on
+/// disk; `None` when the socket path has no folder.
+pub fn beside_socket(socket: Option<&Path>, name: &str) -> Option<PathBuf> {
+    socket
+        .unwrap_or(Path::new(api::DEFAULT_SOCKET))
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(name))
 }
 
 /// Whether `error` means the daemon could not be reached (as opposed to a refusal).

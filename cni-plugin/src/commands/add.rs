@@ -40,7 +40,13 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
     let ipam = inv.ipam()?;
     // The daemon's status also says how large the pod's GSO packets may be (BIG TCP,
     // following the node's uplink: see cni_daemon::big_tcp).
-    let gso_max_size = inv.daemon().require_ready()?.pod_gso_max_size;
+    let status = inv.daemon().require_ready()?;
+    let gso_max_size = status.pod_gso_max_size;
+    let ipam_config = inv.ipam_config(Some(&status))?;
+    let delegate = Delegate {
+        ipam: &ipam,
+        config: &ipam_config,
+    };
     let pod_mac = inv.conf.runtime_mac()?;
     refuse_unimplemented(&inv.conf)?;
     let host_veth = cni_api::naming::host_veth(container_id, ifname);
@@ -56,11 +62,18 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
         pod_mac,
         gso_max_size,
     };
-    let outcome = apply(inv, &ipam, &veth, &mut applied);
+    let outcome = apply(inv, &delegate, &veth, &mut applied);
     match outcome {
         Ok(result) => Ok(result.to_json(version).to_string()),
-        Err(error) => Err(applied.roll_back(inv, &ipam, &host_veth, error)),
+        Err(error) => Err(applied.roll_back(inv, &delegate, &host_veth, error)),
     }
+}
+
+/// The IPAM plugin and the config it gets (`Invocation::ipam_config`), for the ADD and
+/// for its rollback's DEL alike.
+struct Delegate<'a> {
+    ipam: &'a Ipam,
+    config: &'a serde_json::Value,
 }
 
 /// Which steps have changed the system, so a failure undoes exactly those.
@@ -76,7 +89,7 @@ impl Applied {
     fn roll_back(
         &self,
         inv: &Invocation,
-        ipam: &Ipam,
+        delegate: &Delegate<'_>,
         host_veth: &str,
         error: CniError,
     ) -> CniError {
@@ -96,7 +109,7 @@ impl Applied {
             let netns = inv.env.netns.as_deref();
             failures.record(
                 "IPAM release",
-                teardown::ipam_del(ipam, inv.raw(), container_id, ifname, netns),
+                teardown::ipam_del(delegate.ipam, delegate.config, container_id, ifname, netns),
             );
         }
         match failures.into_result("rollback") {
@@ -114,13 +127,13 @@ impl Applied {
 
 fn apply(
     inv: &Invocation,
-    ipam: &Ipam,
+    delegate: &Delegate<'_>,
     veth: &VethPair<'_>,
     applied: &mut Applied,
 ) -> Result<CniResult, CniError> {
     let (ifname, host_veth, pod_netns) = (veth.pod, veth.host, veth.pod_netns);
     let (addresses, link) = std::thread::scope(|scope| {
-        let addresses = scope.spawn(|| ipam.add(inv.raw()));
+        let addresses = scope.spawn(|| delegate.ipam.add(delegate.config));
         let link = create_link(inv, veth, applied);
         let addresses = addresses
             .join()

@@ -63,7 +63,8 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     }
 
     let ipam = inv.ipam()?;
-    ipam.run(&inv.ipam_env("CHECK"), inv.raw())
+    let config = inv.ipam_config(None)?;
+    ipam.run(&inv.ipam_env("CHECK"), &config)
 }
 
 fn check_pod_addresses_and_routes(

@@ -1,6 +1,9 @@
 //! DEL: idempotent and best effort. Every step runs whatever is already gone (netns,
 //! veth, daemon record); IPAM DEL always runs, so the address is freed even when the
-//! pod's namespace was deleted first.
+//! pod's namespace was deleted first. A `usePodCidr` network's IPAM config needs the
+//! node's pod ranges, from the daemon or, while it does not answer, its file; without
+//! either, DEL fails with 11 and the runtime's retry frees the address
+//! (`ipam::pod_cidr`).
 
 use crate::{
     commands::{
@@ -18,8 +21,10 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         teardown::detach(&inv.daemon(), inv.endpoint_id()?),
     );
     failures.record("veth removal", teardown::delete_host_veth(&host_veth));
-    if let Some(ipam) = failures.record("IPAM lookup", inv.ipam()) {
-        failures.record("IPAM release", ipam.run(&inv.ipam_env("DEL"), inv.raw()));
+    if let Some(ipam) = failures.record("IPAM lookup", inv.ipam())
+        && let Some(config) = failures.record("IPAM config", inv.ipam_config(None))
+    {
+        failures.record("IPAM release", ipam.run(&inv.ipam_env("DEL"), &config));
     }
     failures.into_result("DEL")
 }

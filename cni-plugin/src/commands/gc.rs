@@ -45,20 +45,22 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         failures.record("veth removal", teardown::delete_host_veth(&name));
     }
 
-    if let Some(ipam) = failures.record("IPAM lookup", inv.ipam()) {
+    if let Some(ipam) = failures.record("IPAM lookup", inv.ipam())
+        && let Some(config) = failures.record("IPAM config", inv.ipam_config(None))
+    {
         match failures.record("IPAM VERSION", ipam.supports(CniVersion::V1_1_0)) {
             Some(true) => {
                 let env = CallEnv {
                     command: "GC",
                     ..CallEnv::default()
                 };
-                failures.record("IPAM GC", ipam.run(&env, inv.raw()));
+                failures.record("IPAM GC", ipam.run(&env, &config));
             }
             Some(false) => {
                 for id in &stale {
                     failures.record(
                         "IPAM release",
-                        teardown::ipam_del(&ipam, inv.raw(), &id.container_id, &id.ifname, None),
+                        teardown::ipam_del(&ipam, &config, &id.container_id, &id.ifname, None),
                     );
                 }
             }

@@ -6,28 +6,56 @@ mod del;
 mod gc;
 mod status;
 mod teardown;
+#[cfg(test)]
+mod tests;
 
-use std::path::PathBuf;
+use std::{borrow::Cow, path::PathBuf};
 
+use cni_api::Status;
 use serde_json::Value;
 
 use crate::{
-    daemon::Daemon,
-    ipam::{CallEnv, Ipam, VersionCache},
+    daemon::{self, Daemon},
+    ipam::{CallEnv, Ipam, VersionCache, pod_cidr},
     spec::{self, CniError, Command, Environment, ErrorCode, NetConf},
 };
 
 /// What every verb gets: the parsed environment and config (which keeps the config
-/// exactly as the runtime gave it, for IPAM).
+/// exactly as the runtime gave it, what IPAM gets: [`Invocation::ipam_config`]).
 pub struct Invocation {
     pub env: Environment,
     pub conf: NetConf,
 }
 
 impl Invocation {
-    /// The config as received: what IPAM gets on stdin.
-    pub fn raw(&self) -> &Value {
-        self.conf.raw()
+    /// What IPAM gets on stdin: the config as received, or, when it has `usePodCidr`
+    /// ranges, a copy with this node's pod ranges in their place (`ipam::pod_cidr`).
+    /// `status` is the daemon's answer when the verb already has one (ADD, STATUS);
+    /// otherwise the daemon is asked, only for a config with the placeholder, and when it
+    /// does not answer, a verb other than ADD reads the ranges from the file the daemon
+    /// keeps beside its socket.
+    pub fn ipam_config(&self, status: Option<&Status>) -> Result<Cow<'_, Value>, CniError> {
+        let raw = self.conf.raw();
+        if !pod_cidr::needs_pod_cidrs(raw)? {
+            return Ok(Cow::Borrowed(raw));
+        }
+        let cidrs = match status {
+            Some(status) => pod_cidr::from_status(status)?,
+            None => match self.daemon().status() {
+                Ok(status) => pod_cidr::from_status(&status)?,
+                Err(error)
+                    if daemon::is_unreachable(&error) && self.env.command != Command::Add =>
+                {
+                    let file = daemon::beside_socket(
+                        self.conf.daemon_socket.as_deref(),
+                        cni_api::NODE_POD_CIDRS_FILE,
+                    );
+                    pod_cidr::from_file(file.as_deref(), &error)?
+                }
+                Err(error) => return Err(error),
+            },
+        };
+        pod_cidr::fill(raw, &cidrs).map(Cow::Owned)
     }
 }
 

@@ -1,5 +1,7 @@
-//! STATUS: ready when the daemon answers with its datapath loaded; forwarded to IPAM
-//! when the IPAM plugin speaks 1.1.0 (older plugins have no STATUS and are skipped).
+//! STATUS: ready when the daemon answers with its datapath loaded and, for a config with
+//! `usePodCidr` ranges, gives this node a pod range (else ADD could not get an address);
+//! forwarded to IPAM when the IPAM plugin speaks 1.1.0 (older plugins have no STATUS and
+//! are skipped).
 
 use crate::{
     commands::Invocation,
@@ -23,12 +25,23 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     }
     // The config is validated to have ipam.type: ADD cannot work without it.
     let ipam = inv.ipam()?;
+    // No pod range (11) or a daemon's bad one (100): ADD cannot work, which STATUS says
+    // with 50.
+    let config = inv
+        .ipam_config(Some(&status))
+        .map_err(|error| match error.code {
+            ErrorCode::TryAgainLater | ErrorCode::Internal => CniError {
+                code: ErrorCode::PluginNotAvailable,
+                ..error
+            },
+            _ => error,
+        })?;
     if ipam.supports(CniVersion::V1_1_0)? {
         let env = CallEnv {
             command: "STATUS",
             ..CallEnv::default()
         };
-        ipam.run(&env, inv.raw())?;
+        ipam.run(&env, &config)?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! IPAM delegation, as the spec says: the plugin named in `ipam.type` is executed from
-//! CNI_PATH with our environment and the same network configuration on stdin.
+//! CNI_PATH with our environment and the same network configuration on stdin, except for
+//! Calico's `usePodCidr` ranges, filled with the node's pod ranges first ([`pod_cidr`]).
 //!
 //! Version negotiation: the delegate gets the config's cniVersion. If it answers "1"
 //! (incompatible version), we ask it for VERSION and retry once with the highest version
@@ -16,9 +17,10 @@
 //! 1 always asks the plugin afresh).
 
 pub mod checks;
+pub mod pod_cidr;
 mod process;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod versions;
 
 use std::{

@@ -13,18 +13,18 @@ use super::{Ipam, VersionCache};
 use crate::spec::CniVersion;
 
 /// A folder under the system's temp folder, removed when dropped.
-pub(super) struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
     /// `test` keeps the folders of tests running at the same time apart.
-    pub(super) fn new(test: &str) -> Self {
+    pub(crate) fn new(test: &str) -> Self {
         let path = std::env::temp_dir().join(format!("ecni-{}-{test}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).expect("the temp folder is created");
         Self(path)
     }
 
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

@@ -21,9 +21,9 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use cni_api::{DEFAULT_SOCKET, IPAM_VERSIONS_FILE as FILE_NAME};
+use cni_api::IPAM_VERSIONS_FILE as FILE_NAME;
 
-use crate::spec::CniVersion;
+use crate::{daemon, spec::CniVersion};
 
 /// Where the VERSION answers are kept; see the module doc.
 pub struct VersionCache {
@@ -53,14 +53,11 @@ type Entries = BTreeMap<String, Entry>;
 
 impl VersionCache {
     /// The cache in the folder of `socket` (the config's `daemonSocket`), or of
-    /// [`DEFAULT_SOCKET`].
+    /// [`cni_api::DEFAULT_SOCKET`]: see [`daemon::beside_socket`].
     pub fn beside_socket(socket: Option<&Path>) -> Self {
-        let socket = socket.unwrap_or(Path::new(DEFAULT_SOCKET));
-        let file = socket
-            .parent()
-            .filter(|dir| !dir.as_os_str().is_empty())
-            .map(|dir| dir.join(FILE_NAME));
-        Self { file }
+        Self {
+            file: daemon::beside_socket(socket, FILE_NAME),
+        }
     }
 
     /// The versions cached for `plugin`, while its entry matches the file on disk.

@@ -54,7 +54,8 @@ impl ConfigError {
 }
 
 /// The `ipam` section. Only `type` is read here; the IPAM plugin reads the rest from the
-/// configuration it is given whole ([`NetConf::raw`]).
+/// configuration it is given whole ([`NetConf::raw`], with a `usePodCidr` range filled
+/// with the node's pod ranges: `ipam::pod_cidr`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct IpamConf {
     /// Missing reads as "" so that the error can name `ipam.type` rather than `type`.
