@@ -17,6 +17,7 @@ pub mod big_tcp;
 pub mod bins;
 pub mod bpf_object;
 pub mod cgroup;
+pub mod cluster;
 pub mod cni;
 pub mod daemon;
 pub mod frames;
