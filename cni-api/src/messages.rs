@@ -181,6 +181,9 @@ pub struct Status {
 pub struct NodesView {
     pub node_name: Option<String>,
     pub node_source: Option<String>,
+    /// How pods reach other nodes' pods (`--routing`).
+    #[serde(default)]
+    pub routing: Option<String>,
     /// Every node, in name order.
     pub nodes: Vec<NodeInfo>,
 }

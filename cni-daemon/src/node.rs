@@ -13,8 +13,8 @@ use tokio::sync::Notify;
 use cni_api::{Endpoint, EndpointId, Status, UplinkStatus};
 
 use crate::{
-    cluster::Cluster,
-    datapath::{Datapath, DatapathError},
+    cluster::{Cluster, Routing},
+    datapath::{Datapath, DatapathError, node_routes},
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
     nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
@@ -146,7 +146,7 @@ impl Node {
                 .set(0, SockConfig { netns_cookie: 0 }, 0)
                 .map_err(HostPortError::from)?;
         }
-        Ok(Self {
+        let mut node = Self {
             datapath,
             endpoints,
             nat,
@@ -155,7 +155,13 @@ impl Node {
             cluster,
             detached: None,
             prepared: BTreeSet::new(),
-        })
+        };
+        // Without a node source there are no other nodes: routes an earlier daemon
+        // made to theirs go (with one, they go once the source has answered).
+        if node.cluster.source().is_none() {
+            node.sync_node_routes()?;
+        }
+        Ok(node)
     }
 
     pub fn status(&self) -> Status {
@@ -199,6 +205,34 @@ impl Node {
     pub fn set_nodes(&mut self, nodes: cni_nodes::NodeSet) -> Result<(), NodeError> {
         if self.cluster.set_nodes(nodes) {
             self.sync_cluster_cidrs()?;
+            self.sync_node_routes()?;
+        }
+        Ok(())
+    }
+
+    /// Brings the routes to other nodes' pod ranges in step with the nodes (`--routing
+    /// native`); until the nodes are known, routes are only added (an earlier daemon's
+    /// stay).
+    fn sync_node_routes(&mut self) -> Result<(), NodeError> {
+        let desired = match self.cluster.routing() {
+            Routing::Native => self.cluster.routes(),
+        };
+        let sync = node_routes::sync(&desired, !self.cluster.known())?;
+        if !sync.added.is_empty() || !sync.removed.is_empty() {
+            tracing::info!(
+                added = ?sync.added,
+                removed = ?sync.removed,
+                "routes to other nodes' pods"
+            );
+        }
+        for (net, error) in &sync.refused {
+            tracing::warn!(
+                range = %net,
+                via = %desired.get(net).map_or_else(String::new, ToString::to_string),
+                %error,
+                "the route to another node's pods is refused (is that node on a directly \
+                 connected network? native routing needs it)"
+            );
         }
         Ok(())
     }

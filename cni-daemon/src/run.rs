@@ -88,7 +88,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         &config.state_dir,
         nat_settings,
         cgroup.as_deref(),
-        Cluster::new(node_name, node_source),
+        Cluster::new(node_name, node_source, config.cluster.routing),
     )?;
     let flows = node.take_nat_flows();
     let detached = Arc::new(Notify::new());

@@ -81,3 +81,112 @@ pub fn list_yaml(nodes: &[NodeEntry<'_>]) -> String {
     }
     yaml
 }
+
+/// The underlay's addresses: node `n` (from 1) at `198.19.0.n`, the segment's own
+/// host (the nodes' default gateway, standing for the outside) at [`SEGMENT_HOST`].
+pub const SEGMENT_PREFIX: &str = "198.19.0";
+pub const SEGMENT_HOST: &str = "198.19.0.254";
+
+/// Node `n`'s address on the segment.
+pub fn node_addr(n: usize) -> String {
+    format!("{SEGMENT_PREFIX}.{n}")
+}
+
+/// Node `n`'s name in the nodes file.
+pub fn node_name(n: usize) -> String {
+    format!("node-{n}")
+}
+
+/// Nodes on one L2 segment (a bridge in a namespace of its own, standing for the
+/// switch), each running its own daemon, all reading one nodes file. Fields drop in
+/// order: the nodes (daemons first) before the file and the segment.
+pub struct TestCluster {
+    pub nodes: Vec<crate::node::Node>,
+    pub file: NodesFile,
+    pub segment: crate::netns::Netns,
+}
+
+impl TestCluster {
+    /// `ranges[n - 1]` is node `n`'s pod range; every daemon gets `flags` too.
+    pub fn start(ranges: &[&str], flags: &[&str]) -> Self {
+        let segment = crate::netns::Netns::new("seg");
+        segment.ip(&["link", "add", "br0", "type", "bridge"]);
+        segment.ip(&["addr", "add", &format!("{SEGMENT_HOST}/24"), "dev", "br0"]);
+        segment.ip(&["link", "set", "br0", "up"]);
+        let names: Vec<String> = (1..=ranges.len()).map(node_name).collect();
+        let addrs: Vec<String> = (1..=ranges.len()).map(node_addr).collect();
+        let entries: Vec<NodeEntry<'_>> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, range)| {
+                (
+                    names[i].as_str(),
+                    addrs[i].as_str(),
+                    std::slice::from_ref(range),
+                )
+            })
+            .collect();
+        let file = NodesFile::new(&entries);
+        let nodes = (1..=ranges.len())
+            .map(|n| join(&segment, n, &file, flags))
+            .collect();
+        Self {
+            nodes,
+            file,
+            segment,
+        }
+    }
+
+    /// Node `n` (from 1).
+    pub fn node(&self, n: usize) -> &crate::node::Node {
+        &self.nodes[n - 1]
+    }
+}
+
+/// Node `n` on `segment`: its uplink `uplink0` in the bridge, a default route to the
+/// segment's host, its daemon reading `file` as `node-n`.
+fn join(
+    segment: &crate::netns::Netns,
+    n: usize,
+    file: &NodesFile,
+    flags: &[&str],
+) -> crate::node::Node {
+    let netns = crate::netns::Netns::new("node");
+    let port = format!("p{n}");
+    segment.ip(&[
+        "link",
+        "add",
+        &port,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "uplink0",
+        "netns",
+        netns.name(),
+    ]);
+    segment.ip(&["link", "set", &port, "master", "br0", "up"]);
+    netns.ip(&[
+        "addr",
+        "add",
+        &format!("{}/24", node_addr(n)),
+        "dev",
+        "uplink0",
+    ]);
+    netns.ip(&["link", "set", "uplink0", "up"]);
+    netns.ip(&["route", "add", "default", "via", SEGMENT_HOST]);
+    let instance = crate::daemon::Instance::new();
+    let name = node_name(n);
+    let [file_flag, path] = file.flags();
+    let mut all_flags = vec!["--node-name", name.as_str(), file_flag, path];
+    all_flags.extend_from_slice(flags);
+    let daemon = crate::daemon::Daemon::start_with(&netns, &instance, &[], &all_flags);
+    let network = crate::cni::Network::new(&instance, "usePodCidr");
+    crate::node::Node {
+        daemon,
+        network,
+        instance,
+        netns,
+        external: crate::netns::Netns::existing(&segment.path()),
+    }
+}

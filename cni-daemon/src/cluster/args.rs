@@ -25,6 +25,27 @@ pub struct ClusterArgs {
     /// elsewhere it runs without a node source, a node on its own.
     #[arg(long, env = "EBPF_CNID_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// How pods reach the pods of other nodes. `native`: the nodes reach each other's
+    /// pod ranges without encapsulation (one L2 segment, as flannel's host-gw needs, or
+    /// an underlay that routes pod ranges): the daemon routes each other node's pod
+    /// ranges via that node's address, and pods' packets follow those routes.
+    #[arg(long, env = "EBPF_CNID_ROUTING", value_enum, default_value_t = Routing::Native)]
+    pub routing: Routing,
+}
+
+/// How pods reach the pods of other nodes (`--routing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Routing {
+    Native,
+}
+
+impl std::fmt::Display for Routing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Native => "native",
+        })
+    }
 }
 
 /// Where the nodes come from.
@@ -132,6 +153,7 @@ mod tests {
             node_name: None,
             nodes_file: None,
             kubeconfig: None,
+            routing: Routing::Native,
         };
         assert_eq!(unnamed.node_name().expect("a name"), host.to_string_lossy());
     }

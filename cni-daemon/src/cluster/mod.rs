@@ -2,18 +2,22 @@
 //! ([`NodeSource`]: a nodes file or the Kubernetes API, read by `cni-nodes`), and what
 //! the node keeps of them ([`Cluster`]): this node's pod ranges (`ebpf-cnid status`, what
 //! a `usePodCidr` IPAM range becomes) and every node's, which source NAT leaves
-//! untranslated. `cluster_watch` applies each change of the nodes to the running node.
+//! untranslated, and the routes to other nodes' pod ranges ([`Cluster::routes`]).
+//! `cluster_watch` applies each change of the nodes to the running node.
 
 mod args;
 
-use std::collections::BTreeSet;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
 
 use ipnet::Ipv4Net;
 
 use cni_api::{NodeInfo, NodesView};
 use cni_nodes::NodeSet;
 
-pub use args::{ClusterArgs, NodeSource, in_cluster};
+pub use args::{ClusterArgs, NodeSource, Routing, in_cluster};
 
 /// The cluster as this node knows it.
 #[derive(Debug, Clone)]
@@ -22,19 +26,30 @@ pub struct Cluster {
     name: String,
     /// `None`: no node source, a node on its own (its pod ranges come from the conflist).
     source: Option<NodeSource>,
+    routing: Routing,
     nodes: NodeSet,
     /// The source has given its first set of nodes (always, without a source).
     known: bool,
 }
 
 impl Cluster {
-    pub fn new(name: String, source: Option<NodeSource>) -> Self {
+    pub fn new(name: String, source: Option<NodeSource>, routing: Routing) -> Self {
         Self {
             name,
             known: source.is_none(),
             source,
+            routing,
             nodes: NodeSet::new(),
         }
+    }
+
+    pub fn routing(&self) -> Routing {
+        self.routing
+    }
+
+    /// Whether the source has given its first set of nodes (always, without a source).
+    pub fn known(&self) -> bool {
+        self.known
     }
 
     pub fn name(&self) -> &str {
@@ -76,11 +91,29 @@ impl Cluster {
         })
     }
 
+    /// The routes to the other nodes' pod ranges (`--routing native`): each range of
+    /// each other node via that node's address. A node at this node's own address, or
+    /// a range of this node's, gets none.
+    pub fn routes(&self) -> BTreeMap<Ipv4Net, Ipv4Addr> {
+        let this = self.nodes.get(&self.name);
+        let own: BTreeSet<Ipv4Net> = this
+            .map(|node| node.pod_cidrs.iter().copied().collect())
+            .unwrap_or_default();
+        let this_addr = this.map(|node| node.address);
+        self.nodes
+            .iter()
+            .filter(|node| node.name != self.name && Some(node.address) != this_addr)
+            .flat_map(|node| node.pod_cidrs.iter().map(|net| (*net, node.address)))
+            .filter(|(net, _)| !own.contains(net))
+            .collect()
+    }
+
     /// What `ebpf-cnid nodes` shows.
     pub fn view(&self) -> NodesView {
         NodesView {
             node_name: Some(self.name.clone()),
             node_source: self.source.as_ref().map(ToString::to_string),
+            routing: Some(self.routing.to_string()),
             nodes: self
                 .nodes
                 .iter()
@@ -108,7 +141,7 @@ mod tests {
     }
 
     fn cluster(nodes: &[ClusterNode]) -> Cluster {
-        let mut cluster = Cluster::new("node-a".to_owned(), None);
+        let mut cluster = Cluster::new("node-a".to_owned(), None, Routing::Native);
         let mut set = NodeSet::new();
         for node in nodes {
             set.insert(node.clone());
@@ -140,6 +173,27 @@ mod tests {
     }
 
     #[test]
+    fn other_nodes_ranges_are_routed_via_their_address_and_this_nodes_are_not() {
+        let cluster = cluster(&[
+            node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
+            node("node-b", "192.0.2.2", &["10.244.2.0/24", "10.245.2.0/24"]),
+            node("node-c", "192.0.2.3", &[]),
+            // A stale entry at this node's address, and one claiming this node's range.
+            node("node-a-old", "192.0.2.1", &["10.244.9.0/24"]),
+            node("node-d", "192.0.2.4", &["10.244.1.0/24"]),
+        ]);
+        let routes: Vec<String> = cluster
+            .routes()
+            .iter()
+            .map(|(net, via)| format!("{net} via {via}"))
+            .collect();
+        assert_eq!(
+            routes,
+            ["10.244.2.0/24 via 192.0.2.2", "10.245.2.0/24 via 192.0.2.2"]
+        );
+    }
+
+    #[test]
     fn a_node_the_source_does_not_name_has_no_ranges() {
         let cluster = cluster(&[node("node-b", "192.0.2.2", &["10.244.2.0/24"])]);
         assert!(cluster.pod_cidrs().is_empty());
@@ -149,14 +203,14 @@ mod tests {
     #[test]
     fn the_nodes_are_unknown_until_the_source_gives_the_first_set() {
         let source = NodeSource::File("/etc/nodes.yaml".into());
-        let mut cluster = Cluster::new("node-a".to_owned(), Some(source));
+        let mut cluster = Cluster::new("node-a".to_owned(), Some(source), Routing::Native);
         assert_eq!(cluster.all_pod_cidrs(), None);
         assert!(
             cluster.set_nodes(NodeSet::new()),
             "the first set, even empty"
         );
         assert_eq!(cluster.all_pod_cidrs(), Some(BTreeSet::new()));
-        let alone = Cluster::new("node-a".to_owned(), None);
+        let alone = Cluster::new("node-a".to_owned(), None, Routing::Native);
         assert_eq!(
             alone.all_pod_cidrs(),
             Some(BTreeSet::new()),

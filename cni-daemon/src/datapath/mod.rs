@@ -12,6 +12,7 @@ mod clsact;
 mod links;
 pub mod nat_maps;
 mod netlink;
+pub mod node_routes;
 mod pod;
 mod services;
 pub mod sock;
@@ -92,6 +93,8 @@ pub enum DatapathError {
         path: String,
         source: std::io::Error,
     },
+    #[error("routes to other nodes' pods: {0}")]
+    NodeRoutes(String),
     #[error("cannot add the clsact qdisc to {interface}: {source}")]
     Clsact {
         interface: String,

@@ -262,10 +262,11 @@ fn node_line(status: &cni_api::Status) -> String {
 /// `ebpf-cnid nodes`: one row per node, this one marked.
 pub fn nodes_table(view: &cni_api::NodesView) -> String {
     let mut out = format!(
-        "source: {}\n",
+        "source: {}  routing: {}\n",
         view.node_source
             .as_deref()
-            .unwrap_or("none (a node on its own)")
+            .unwrap_or("none (a node on its own)"),
+        view.routing.as_deref().unwrap_or("?")
     );
     let name_width = view
         .nodes
@@ -348,6 +349,7 @@ mod tests {
         let table = nodes_table(&cni_api::NodesView {
             node_name: Some("node-a".into()),
             node_source: Some("file /etc/nodes.yaml".into()),
+            routing: Some("native".into()),
             nodes: vec![
                 node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
                 node("a-longer-name", "192.0.2.2", &[]),
@@ -355,7 +357,7 @@ mod tests {
         });
         assert_eq!(
             table,
-            "source: file /etc/nodes.yaml\n  NAME          ADDRESS         POD RANGES\n\
+            "source: file /etc/nodes.yaml  routing: native\n  NAME          ADDRESS         POD RANGES\n\
              * node-a        192.0.2.1       10.244.1.0/24\n  a-longer-name 192.0.2.2       none\n"
         );
     }
