@@ -174,6 +174,10 @@ pub struct Status {
     /// becomes; empty while the node source has not given any.
     #[serde(default)]
     pub pod_cidrs: Vec<ipnet::Ipv4Net>,
+    /// The MTU of pods whose conflist sets none: the uplink's less the overlay's 50
+    /// bytes with `--routing vxlan`; `None`: the kernel's default.
+    #[serde(default)]
+    pub pod_mtu: Option<u32>,
 }
 
 /// The cluster's nodes as the daemon knows them.

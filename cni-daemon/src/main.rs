@@ -231,9 +231,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Error { message } => bail!("the daemon refused: {message}"),
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
+            let table = join::nodes_table(view, &read::node_counters(&cli.bpf_dir)?);
             match cli.output {
-                Output::Json => print_json(&view),
-                Output::Table => print(&render::nodes_table(&view)),
+                Output::Json => print_json(&table),
+                Output::Table => print(&render::nodes_table(&table)),
             }
         }
         Command::Ports => {
@@ -263,6 +264,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 );
             }
             remove_pod_block(&cli.state_dir)?;
+            // The ways to other nodes' pods: the overlay device and the daemon's routes.
+            datapath::overlay::remove_device()?;
+            datapath::node_routes::sync(&std::collections::BTreeMap::new(), false)
+                .context("cannot remove the routes to other nodes' pods")?;
             datapath::remove_uplink_filters(&cli.bpf_dir)
                 .context("cannot remove the uplink programs' filters")?;
             bpffs::remove(&cli.bpf_dir)?;

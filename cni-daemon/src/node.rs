@@ -5,7 +5,15 @@
 //! in the hostPort maps; `CLUSTER_CIDRS` is the union of the records' cluster ranges
 //! and every node's pod ranges ([`Cluster`]).
 
-use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    path::Path,
+    sync::Arc,
+};
+
+use cni_ebpf_common::RemoteNode;
+use ipnet::Ipv4Net;
 
 use cni_ebpf_common::SockConfig;
 use tokio::sync::Notify;
@@ -14,7 +22,11 @@ use cni_api::{Endpoint, EndpointId, Status, UplinkStatus};
 
 use crate::{
     cluster::{Cluster, Routing},
-    datapath::{Datapath, DatapathError, node_routes},
+    datapath::{
+        Datapath, DatapathError,
+        node_routes::{self, Via},
+        overlay::{self, OverlaySettings, RemoteNodes},
+    },
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
     nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
@@ -59,6 +71,16 @@ fn record_block_netns(state_dir: &Path) -> Result<(), NodeError> {
         })
 }
 
+/// The overlay as the node keeps it in step.
+struct Overlay {
+    ifindex: u32,
+    /// The MTU of the device, and of pods whose conflist sets none.
+    pod_mtu: u32,
+}
+
+/// The MTU of links where the node's uplink cannot be read (no uplink yet).
+const DEFAULT_MTU: u32 = 1500;
+
 pub struct Node {
     datapath: Datapath,
     endpoints: Endpoints,
@@ -67,6 +89,11 @@ pub struct Node {
     node_addrs: NodeAddrs,
     /// This node's name and the cluster's nodes.
     cluster: Cluster,
+    /// `--routing vxlan`: the overlay device.
+    overlay: Option<Overlay>,
+    /// `REMOTE_NODES`: the other nodes' ranges, each with its node (the overlay sends by
+    /// it; with either routing, pods' traffic to each node is counted by it).
+    remote_nodes: RemoteNodes,
     /// Told after every detach, so that the NAT sweeper forgets the pod's flows at once
     /// (see [`Self::on_detach`]).
     detached: Option<Arc<Notify>>,
@@ -85,14 +112,18 @@ impl Node {
     /// NAT starts as `nat` says (`None`: off), see [`nat::start`]. hostPorts: the
     /// mappings of the records, the node's addresses, and the socket programs on
     /// `cgroup` (`None`: the node's own processes do not reach hostPorts). `cluster`
-    /// holds no nodes yet ([`Self::set_nodes`] gives them).
+    /// holds no nodes yet ([`Self::set_nodes`] gives them); with `--routing vxlan` and a
+    /// node source the overlay device is made (or found) with `overlay`'s settings and
+    /// an MTU the uplink's less the overlay's; otherwise it goes.
     pub fn open(
         mut datapath: Datapath,
         state_dir: &Path,
         nat: Option<NatSettings>,
         cgroup: Option<&Path>,
         cluster: Cluster,
+        overlay: OverlaySettings,
     ) -> Result<Self, NodeError> {
+        let uplink = nat.as_ref().map(|settings| settings.first().name.clone());
         datapath.install_pod_block()?;
         record_block_netns(state_dir)?;
         let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
@@ -122,6 +153,23 @@ impl Node {
             "endpoints reconciled"
         );
         let nat = nat::start(&mut datapath, nat, endpoints.list())?;
+        // A node on its own (no node source) has no other nodes to reach.
+        let overlay = match (cluster.routing(), cluster.source()) {
+            (Routing::Vxlan, Some(_)) => {
+                let uplink_mtu = match &uplink {
+                    Some(uplink) => overlay::link_mtu(uplink)?.unwrap_or(DEFAULT_MTU),
+                    None => DEFAULT_MTU,
+                };
+                let pod_mtu = uplink_mtu.saturating_sub(overlay::OVERHEAD);
+                let ifindex = datapath.start_overlay(overlay, pod_mtu)?;
+                Some(Overlay { ifindex, pod_mtu })
+            }
+            (Routing::Native, _) | (Routing::Vxlan, None) => {
+                datapath.stop_overlay()?;
+                None
+            }
+        };
+        let remote_nodes = datapath.take_remote_nodes()?;
         let maps = datapath.take_hostport_maps()?;
         let host_ports = HostPorts::open(
             datapath.take_hostports_map()?,
@@ -153,6 +201,8 @@ impl Node {
             host_ports,
             node_addrs,
             cluster,
+            overlay,
+            remote_nodes,
             detached: None,
             prepared: BTreeSet::new(),
         };
@@ -193,6 +243,7 @@ impl Node {
             node_name: Some(self.cluster.name().to_owned()),
             node_source: self.cluster.source().map(ToString::to_string),
             pod_cidrs: self.cluster.pod_cidrs(),
+            pod_mtu: self.overlay.as_ref().map(|overlay| overlay.pod_mtu),
         }
     }
 
@@ -210,12 +261,46 @@ impl Node {
         Ok(())
     }
 
-    /// Brings the routes to other nodes' pod ranges in step with the nodes (`--routing
-    /// native`); until the nodes are known, routes are only added (an earlier daemon's
-    /// stay).
+    /// Brings the ways to other nodes' pods in step with the nodes: `REMOTE_NODES`; then
+    /// with the overlay, its address and the routes through the device; without, the
+    /// routes via each node's address. Until the nodes are known, routes
+    /// are only added (an earlier daemon's stay).
     fn sync_node_routes(&mut self) -> Result<(), NodeError> {
-        let desired = match self.cluster.routing() {
-            Routing::Native => self.cluster.routes(),
+        let remote = self.cluster.remote_ranges();
+        let nodes = remote
+            .iter()
+            .map(|(net, addr)| {
+                let node = RemoteNode {
+                    addr: addr.octets(),
+                    pad: 0,
+                };
+                (*net, node)
+            })
+            .collect();
+        crate::ranges::sync_values(&mut self.remote_nodes, &nodes).map_err(DatapathError::from)?;
+        let desired: BTreeMap<Ipv4Net, Via> = match &self.overlay {
+            None => remote
+                .iter()
+                .map(|(net, addr)| (*net, Via::Gateway(*addr)))
+                .collect(),
+            Some(overlay) => {
+                let source = self.cluster.overlay_address();
+                overlay::set_address(overlay.ifindex, source)?;
+                match source {
+                    Some(source) => remote
+                        .keys()
+                        .map(|net| {
+                            let via = Via::Device {
+                                ifindex: overlay.ifindex,
+                                source,
+                            };
+                            (*net, via)
+                        })
+                        .collect(),
+                    // No address to send from yet: the node's own traffic waits for it.
+                    None => BTreeMap::new(),
+                }
+            }
         };
         let sync = node_routes::sync(&desired, !self.cluster.known())?;
         if !sync.added.is_empty() || !sync.removed.is_empty() {

@@ -1,7 +1,11 @@
 //! LPM tries of IPv4 ranges (`CLUSTER_CIDRS`, `SERVICE_CIDRS`: (prefix length, address in
-//! network order) -> 1) kept equal to a set of ranges.
+//! network order) -> 1) kept equal to a set of ranges, and those whose ranges carry a
+//! value (`REMOTE_NODES`) kept equal to a map.
 
-use std::{borrow::BorrowMut, collections::BTreeSet};
+use std::{
+    borrow::BorrowMut,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
 use ipnet::Ipv4Net;
@@ -63,6 +67,40 @@ pub fn extend<T: BorrowMut<MapData>>(
         }
     }
     Ok(added)
+}
+
+/// Makes `trie` hold exactly `desired`, each range with its value. New and changed
+/// ranges are written before old ones leave. Whether anything changed.
+pub fn sync_values<T: BorrowMut<MapData>, V: aya::Pod + PartialEq>(
+    trie: &mut LpmTrie<T, [u8; 4], V>,
+    desired: &BTreeMap<Ipv4Net, V>,
+) -> Result<bool, aya::maps::MapError> {
+    let mut current = BTreeMap::new();
+    let mut stray = Vec::new();
+    for entry in trie.iter() {
+        let (key, value) = entry?;
+        match Ipv4Net::new(key.data().into(), prefix_u8(key.prefix_len())) {
+            Ok(net) => {
+                current.insert(net, value);
+            }
+            Err(_) => stray.push(key),
+        }
+    }
+    let mut changed = !stray.is_empty();
+    for (net, value) in desired {
+        if current.get(net) != Some(value) {
+            trie.insert(&key(net), *value, 0)?;
+            changed = true;
+        }
+    }
+    for net in current.keys().filter(|net| !desired.contains_key(net)) {
+        crate::maps::removed(trie.remove(&key(net)))?;
+        changed = true;
+    }
+    for key in stray {
+        crate::maps::removed(trie.remove(&key))?;
+    }
+    Ok(changed)
 }
 
 fn key(net: &Ipv4Net) -> Key<[u8; 4]> {

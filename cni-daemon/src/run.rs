@@ -16,8 +16,8 @@ use crate::{
     address_watch, bpffs, clock,
     cluster::{Cluster, ClusterArgs, NodeSource},
     cluster_watch,
-    datapath::Datapath,
     datapath::sock::cgroup2_mount,
+    datapath::{Datapath, overlay::OverlaySettings},
     nat::{Flows, NatArgs, Timeouts},
     node::Node,
     server,
@@ -89,6 +89,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         nat_settings,
         cgroup.as_deref(),
         Cluster::new(node_name, node_source, config.cluster.routing),
+        OverlaySettings {
+            port: config.cluster.vxlan_port,
+            vni: config.cluster.vxlan_vni,
+        },
     )?;
     let flows = node.take_nat_flows();
     let detached = Arc::new(Notify::new());

@@ -14,6 +14,7 @@ pub mod flow;
 pub mod hostport;
 pub mod metrics;
 pub mod nat;
+pub mod overlay;
 pub mod protocol;
 pub mod services;
 pub mod stats;
@@ -30,6 +31,7 @@ pub use nat::{
     CidrKey, FragmentKey, FragmentTarget, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey,
     NatReverseKey, SweepItem, Uplinks, sweep,
 };
+pub use overlay::{MAX_NODES, MAX_REMOTE_RANGES, OverlayConfig, RemoteNode};
 pub use protocol::{ip_proto, tcp_flags};
 pub use services::{MAX_SERVICE_CIDRS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};
@@ -91,6 +93,14 @@ pub mod map_names {
     pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
     /// Hash: node IPv4 address (`[u8; 4]`) -> `u8` (1).
     pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    /// LPM trie: (prefix, IPv4) -> [`crate::RemoteNode`], other nodes' pod ranges and
+    /// addresses (`--routing vxlan`).
+    pub const REMOTE_NODES: &str = "REMOTE_NODES";
+    /// Array of one [`crate::OverlayConfig`]: the tunnel device and VNI.
+    pub const OVERLAY_CONFIG: &str = "OVERLAY_CONFIG";
+    /// Per-CPU hash: a node's address ([u8; 4]) -> [`crate::TrafficCounters`], what the
+    /// pods of this node sent to that node's pods.
+    pub const NODE_STATS: &str = "NODE_STATS";
     /// Array of [`crate::TARGET_WORDS`] + 1 `u32`: bit `port % 32` of word `port / 32` is set
     /// when a mapping leads to that container port.
     pub const HOSTPORT_TARGETS: &str = "HOSTPORT_TARGETS";
@@ -122,6 +132,12 @@ pub mod program_names {
     pub const SOCK_RECVMSG4: &str = "hostport_recvmsg4";
     /// cgroup getpeername4: the peer is the address dialled.
     pub const SOCK_GETPEERNAME4: &str = "hostport_getpeername4";
+    /// TC ingress of the overlay device: decapsulated packets from other nodes, checked
+    /// and delivered into the pod.
+    pub const OVERLAY_INGRESS: &str = "overlay_ingress";
+    /// TC egress of the overlay device: the tunnel key (the node the destination is on)
+    /// of what leaves by it.
+    pub const OVERLAY_EGRESS: &str = "overlay_egress";
     /// The socket programs, in attach order.
     pub const SOCKET_PROGRAMS: [&str; 4] = [
         SOCK_CONNECT4,

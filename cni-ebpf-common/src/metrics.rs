@@ -59,11 +59,20 @@ pub enum DropReason {
     NatPortBudget = 11,
     /// A new flow whose flow table is full: established flows are never evicted for it.
     NatTableFull = 12,
+    /// A packet out of the overlay whose inner source is neither a pod range nor the
+    /// address of the node that sent it (its outer source).
+    OverlaySpoofedSource = 13,
+    /// A packet out of the overlay with a VNI other than the cluster's.
+    OverlayForeignVni = 14,
+    /// A packet out of the overlay for neither a pod of this node nor the node itself
+    /// (the overlay relays nothing), or for another node's pod range with no overlay on
+    /// this node.
+    OverlayNotLocal = 15,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -77,6 +86,9 @@ impl DropReason {
         DropReason::NatFlowBudget,
         DropReason::NatPortBudget,
         DropReason::NatTableFull,
+        DropReason::OverlaySpoofedSource,
+        DropReason::OverlayForeignVni,
+        DropReason::OverlayNotLocal,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -98,6 +110,9 @@ impl DropReason {
             DropReason::NatFlowBudget => "nat_flow_budget",
             DropReason::NatPortBudget => "nat_port_budget",
             DropReason::NatTableFull => "nat_table_full",
+            DropReason::OverlaySpoofedSource => "overlay_spoofed_source",
+            DropReason::OverlayForeignVni => "overlay_foreign_vni",
+            DropReason::OverlayNotLocal => "overlay_not_local",
         }
     }
 }

@@ -87,9 +87,19 @@ pub fn list_yaml(nodes: &[NodeEntry<'_>]) -> String {
 pub const SEGMENT_PREFIX: &str = "198.19.0";
 pub const SEGMENT_HOST: &str = "198.19.0.254";
 
+/// The network behind the segment's host, which routes between the two: nodes there
+/// are not on the segment's L2 (native routing cannot reach them, the overlay can).
+pub const ROUTED_PREFIX: &str = "198.20.0";
+pub const ROUTER_ON_ROUTED: &str = "198.20.0.254";
+
 /// Node `n`'s address on the segment.
 pub fn node_addr(n: usize) -> String {
     format!("{SEGMENT_PREFIX}.{n}")
+}
+
+/// Node `n`'s address behind the router.
+pub fn routed_node_addr(n: usize) -> String {
+    format!("{ROUTED_PREFIX}.{n}")
 }
 
 /// Node `n`'s name in the nodes file.
@@ -109,12 +119,28 @@ pub struct TestCluster {
 impl TestCluster {
     /// `ranges[n - 1]` is node `n`'s pod range; every daemon gets `flags` too.
     pub fn start(ranges: &[&str], flags: &[&str]) -> Self {
+        Self::start_routed(ranges, 0, flags)
+    }
+
+    /// Like [`Self::start`], the last `routed` nodes behind the segment's host, which
+    /// routes between the segment and their network ([`ROUTED_PREFIX`]).
+    pub fn start_routed(ranges: &[&str], routed: usize, flags: &[&str]) -> Self {
         let segment = crate::netns::Netns::new("seg");
         segment.ip(&["link", "add", "br0", "type", "bridge"]);
         segment.ip(&["addr", "add", &format!("{SEGMENT_HOST}/24"), "dev", "br0"]);
         segment.ip(&["link", "set", "br0", "up"]);
+        segment.run("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"]);
+        let first_routed = ranges.len() - routed + 1;
         let names: Vec<String> = (1..=ranges.len()).map(node_name).collect();
-        let addrs: Vec<String> = (1..=ranges.len()).map(node_addr).collect();
+        let addrs: Vec<String> = (1..=ranges.len())
+            .map(|n| {
+                if n >= first_routed {
+                    routed_node_addr(n)
+                } else {
+                    node_addr(n)
+                }
+            })
+            .collect();
         let entries: Vec<NodeEntry<'_>> = ranges
             .iter()
             .enumerate()
@@ -128,7 +154,7 @@ impl TestCluster {
             .collect();
         let file = NodesFile::new(&entries);
         let nodes = (1..=ranges.len())
-            .map(|n| join(&segment, n, &file, flags))
+            .map(|n| join(&segment, n, n >= first_routed, &file, flags))
             .collect();
         Self {
             nodes,
@@ -143,11 +169,13 @@ impl TestCluster {
     }
 }
 
-/// Node `n` on `segment`: its uplink `uplink0` in the bridge, a default route to the
-/// segment's host, its daemon reading `file` as `node-n`.
+/// Node `n`: its uplink `uplink0` in the segment's bridge (or, `routed`, on a link of
+/// its own to the segment's host, which routes), a default route to the segment's host,
+/// its daemon reading `file` as `node-n`.
 fn join(
     segment: &crate::netns::Netns,
     n: usize,
+    routed: bool,
     file: &NodesFile,
     flags: &[&str],
 ) -> crate::node::Node {
@@ -165,16 +193,25 @@ fn join(
         "netns",
         netns.name(),
     ]);
-    segment.ip(&["link", "set", &port, "master", "br0", "up"]);
-    netns.ip(&[
-        "addr",
-        "add",
-        &format!("{}/24", node_addr(n)),
-        "dev",
-        "uplink0",
-    ]);
+    let (addr, gateway) = if routed {
+        // One router port per routed node, each with a /32 route to its node.
+        segment.ip(&[
+            "addr",
+            "add",
+            &format!("{ROUTER_ON_ROUTED}/32"),
+            "dev",
+            &port,
+        ]);
+        segment.ip(&["link", "set", &port, "up"]);
+        segment.ip(&["route", "add", &routed_node_addr(n), "dev", &port]);
+        (routed_node_addr(n), ROUTER_ON_ROUTED)
+    } else {
+        segment.ip(&["link", "set", &port, "master", "br0", "up"]);
+        (node_addr(n), SEGMENT_HOST)
+    };
+    netns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "uplink0"]);
     netns.ip(&["link", "set", "uplink0", "up"]);
-    netns.ip(&["route", "add", "default", "via", SEGMENT_HOST]);
+    netns.ip(&["route", "add", "default", "via", gateway]);
     let instance = crate::daemon::Instance::new();
     let name = node_name(n);
     let [file_flag, path] = file.flags();

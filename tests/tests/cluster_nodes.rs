@@ -26,10 +26,15 @@ const MOVED_RANGE: &str = "10.244.103.0/24";
 const OTHER_POD: &str = "10.244.102.7";
 const PORT: u16 = 9300;
 
-/// A node named `node-a` whose network's IPAM range is `usePodCidr`, reading `file`.
+/// A node named `node-a` whose network's IPAM range is `usePodCidr`, reading `file`;
+/// native routing (the external host playing another node's pod speaks no VXLAN).
 fn node_reading(file: &NodesFile) -> Node {
     let [flag, path] = file.flags();
-    Node::start_with("usePodCidr", &[], &["--node-name", "node-a", flag, path])
+    Node::start_with(
+        "usePodCidr",
+        &[],
+        &["--node-name", "node-a", flag, path, "--routing", "native"],
+    )
 }
 
 /// Whether `ip` is in [`THIS_RANGE`].

@@ -1,11 +1,13 @@
 //! `cargo xtask demo`: a simulated node in network namespaces, pods added by the real
-//! plugin, their traffic forwarded by the eBPF datapath, and what the datapath saw.
+//! plugin, their traffic forwarded by the eBPF datapath, and what the datapath saw; then
+//! two nodes whose pods talk through the overlay.
 //! Everything it creates is removed at the end, also on failure.
 
 use std::{net::SocketAddr, path::Path, process::Output};
 
 use anyhow::{Context, ensure};
 use ebpf_cni_tests::{
+    cluster::TestCluster,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node},
     traffic::{EchoServer, round_trip},
 };
@@ -134,7 +136,39 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     );
     drop((a, b, c));
     drop(node);
+
+    two_nodes()?;
     say("   done: no namespace, link or pin of the demo is left");
+    Ok(())
+}
+
+/// Two simulated nodes on one segment, reading one nodes file, whose pods talk through
+/// the VXLAN overlay with their own addresses.
+fn two_nodes() -> anyhow::Result<()> {
+    say("\n10. Two nodes on one segment (198.19.0.1 and .2), the cluster's nodes in a file");
+    say("    (`kubectl get nodes -o yaml` form); each daemon makes its VXLAN overlay device");
+    let cluster = TestCluster::start(&["10.244.11.0/24", "10.244.12.0/24"], &[]);
+    show(&cluster.node(1).instance.cli(&["nodes"]))?;
+    let a = cluster.node(1).add_pod("demo-node1-pod");
+    let b = cluster.node(2).add_pod("demo-node2-pod");
+    say(&format!(
+        "    pod on node-1: {} (usePodCidr: node-1's range); pod on node-2: {}",
+        a.ip, b.ip
+    ));
+    ping(&a.netns, "    node-1's pod", &b.ip.to_string())?;
+    let server = EchoServer::start(&b.netns, PORT);
+    let to: SocketAddr = format!("{}:{PORT}", b.ip).parse()?;
+    round_trip(&a.netns, to, b"across nodes").map_err(anyhow::Error::msg)?;
+    let seen: Vec<String> = server.peers().iter().map(|p| p.ip().to_string()).collect();
+    say(&format!(
+        "    TCP across nodes: node-2's pod saw it come from {} (no NAT inside the cluster)",
+        seen.join(", ")
+    ));
+    let routes = cluster.node(1).netns.ip(&["route", "show", "proto", "208"]);
+    say(&format!(
+        "    node-1's route to node-2's pods: {}",
+        routes.trim()
+    ));
     Ok(())
 }
 

@@ -25,24 +25,40 @@ pub struct ClusterArgs {
     /// elsewhere it runs without a node source, a node on its own.
     #[arg(long, env = "EBPF_CNID_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// How pods reach the pods of other nodes. `native`: the nodes reach each other's
-    /// pod ranges without encapsulation (one L2 segment, as flannel's host-gw needs, or
-    /// an underlay that routes pod ranges): the daemon routes each other node's pod
-    /// ranges via that node's address, and pods' packets follow those routes.
-    #[arg(long, env = "EBPF_CNID_ROUTING", value_enum, default_value_t = Routing::Native)]
+    /// How pods reach the pods of other nodes. `vxlan`: through a VXLAN overlay in eBPF
+    /// (a collect-metadata device the daemon owns; any underlay that carries UDP
+    /// between the nodes' addresses). `native`: the nodes reach each other's pod ranges
+    /// without encapsulation (one L2 segment, as flannel's host-gw needs, or an
+    /// underlay that routes pod ranges): the daemon routes each other node's pod ranges
+    /// via that node's address, and pods' packets follow those routes.
+    #[arg(long, env = "EBPF_CNID_ROUTING", value_enum, default_value_t = Routing::Vxlan)]
     pub routing: Routing,
+    /// UDP port of the overlay (`--routing vxlan`), the same on every node: 8472, as
+    /// flannel and Cilium use (Linux's own VXLAN default), not IANA's 4789.
+    #[arg(long, env = "EBPF_CNID_VXLAN_PORT", default_value_t = 8472)]
+    pub vxlan_port: u16,
+    /// VXLAN network identifier of the overlay, the same on every node (1, as flannel).
+    #[arg(
+        long,
+        env = "EBPF_CNID_VXLAN_VNI",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..(1 << 24))
+    )]
+    pub vxlan_vni: u32,
 }
 
 /// How pods reach the pods of other nodes (`--routing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Routing {
+    Vxlan,
     Native,
 }
 
 impl std::fmt::Display for Routing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Self::Vxlan => "vxlan",
             Self::Native => "native",
         })
     }
@@ -154,6 +170,8 @@ mod tests {
             nodes_file: None,
             kubeconfig: None,
             routing: Routing::Native,
+            vxlan_port: 8472,
+            vxlan_vni: 1,
         };
         assert_eq!(unnamed.node_name().expect("a name"), host.to_string_lossy());
     }

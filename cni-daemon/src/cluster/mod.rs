@@ -91,10 +91,10 @@ impl Cluster {
         })
     }
 
-    /// The routes to the other nodes' pod ranges (`--routing native`): each range of
-    /// each other node via that node's address. A node at this node's own address, or
+    /// The other nodes' pod ranges, each with that node's address: where the routes
+    /// (native) or the tunnel (vxlan) send them. A node at this node's own address, or
     /// a range of this node's, gets none.
-    pub fn routes(&self) -> BTreeMap<Ipv4Net, Ipv4Addr> {
+    pub fn remote_ranges(&self) -> BTreeMap<Ipv4Net, Ipv4Addr> {
         let this = self.nodes.get(&self.name);
         let own: BTreeSet<Ipv4Net> = this
             .map(|node| node.pod_cidrs.iter().copied().collect())
@@ -106,6 +106,13 @@ impl Cluster {
             .flat_map(|node| node.pod_cidrs.iter().map(|net| (*net, node.address)))
             .filter(|(net, _)| !own.contains(net))
             .collect()
+    }
+
+    /// The address the node's own traffic to other nodes' pods leaves from through the
+    /// overlay: the network address of this node's first pod range (no pod has it), as
+    /// flannel gives its `flannel.1`. `None` while this node has no range.
+    pub fn overlay_address(&self) -> Option<Ipv4Addr> {
+        self.pod_cidrs().first().map(Ipv4Net::network)
     }
 
     /// What `ebpf-cnid nodes` shows.
@@ -183,7 +190,7 @@ mod tests {
             node("node-d", "192.0.2.4", &["10.244.1.0/24"]),
         ]);
         let routes: Vec<String> = cluster
-            .routes()
+            .remote_ranges()
             .iter()
             .map(|(net, via)| format!("{net} via {via}"))
             .collect();

@@ -13,6 +13,7 @@ mod links;
 pub mod nat_maps;
 mod netlink;
 pub mod node_routes;
+pub mod overlay;
 mod pod;
 mod services;
 pub mod sock;
@@ -95,6 +96,11 @@ pub enum DatapathError {
     },
     #[error("routes to other nodes' pods: {0}")]
     NodeRoutes(String),
+    #[error("overlay: {0}")]
+    Overlay(String),
+    /// The netlink connection itself (its thread, its socket).
+    #[error("netlink: {0}")]
+    Netlink(#[from] std::io::Error),
     #[error("cannot add the clsact qdisc to {interface}: {source}")]
     Clsact {
         interface: String,
@@ -140,6 +146,8 @@ impl Datapath {
             program_names::UPLINK_EGRESS,
             program_names::UPLINK_INGRESS,
             program_names::NAT_SWEEP,
+            program_names::OVERLAY_EGRESS,
+            program_names::OVERLAY_INGRESS,
         ] {
             classifier(&mut ebpf, name)?
                 .load()

@@ -69,6 +69,57 @@ pub fn endpoint_views(
         .collect()
 }
 
+/// `ebpf-cnid nodes`: the daemon's view of the cluster, each node with what this node's
+/// pods sent it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodesTable {
+    pub node_name: Option<String>,
+    pub node_source: Option<String>,
+    pub routing: Option<String>,
+    pub nodes: Vec<NodeRow>,
+}
+
+/// One node of [`NodesTable`].
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeRow {
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub pod_cidrs: Vec<ipnet::Ipv4Net>,
+    /// This node.
+    pub this: bool,
+    /// Packets and bytes this node's pods sent to that node's pods.
+    pub sent_packets: u64,
+    pub sent_bytes: u64,
+}
+
+/// Joins the daemon's `view` with the pinned per-node counters.
+pub fn nodes_table(
+    view: cni_api::NodesView,
+    counters: &BTreeMap<Ipv4Addr, cni_ebpf_common::TrafficCounters>,
+) -> NodesTable {
+    let nodes = view
+        .nodes
+        .into_iter()
+        .map(|node| {
+            let sent = counters.get(&node.address).copied().unwrap_or_default();
+            NodeRow {
+                this: view.node_name.as_deref() == Some(node.name.as_str()),
+                name: node.name,
+                address: node.address,
+                pod_cidrs: node.pod_cidrs,
+                sent_packets: sent.packets,
+                sent_bytes: sent.bytes,
+            }
+        })
+        .collect();
+    NodesTable {
+        node_name: view.node_name,
+        node_source: view.node_source,
+        routing: view.routing,
+        nodes,
+    }
+}
+
 /// `ebpf-cnid status`: the daemon's answer, the drop and the NAT counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusView {

@@ -94,6 +94,17 @@ pub fn source_counters(bpf_dir: &Path) -> Result<Vec<SourceCounters>, InspectErr
     Ok(rows)
 }
 
+/// What this node's pods sent to each other node, by the node's address, summed over
+/// CPUs.
+pub fn node_counters(bpf_dir: &Path) -> Result<BTreeMap<Ipv4Addr, TrafficCounters>, InspectError> {
+    let totals: Vec<([u8; 4], TrafficCounters)> =
+        per_cpu_totals(bpf_dir, map_names::NODE_STATS, TrafficCounters::plus)?;
+    Ok(totals
+        .into_iter()
+        .map(|(addr, total)| (Ipv4Addr::from(addr), total))
+        .collect())
+}
+
 /// Per-endpoint counters by host veth ifindex, summed over CPUs.
 pub fn endpoint_counters(bpf_dir: &Path) -> Result<BTreeMap<u32, EndpointCounters>, InspectError> {
     let totals = per_cpu_totals(

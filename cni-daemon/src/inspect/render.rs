@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    join::{EndpointView, PortRow, StatusView},
+    join::{EndpointView, NodesTable, PortRow, StatusView},
     nat::{FlowView, NatView},
     read::SourceCounters,
 };
@@ -259,8 +259,9 @@ fn node_line(status: &cni_api::Status) -> String {
     }
 }
 
-/// `ebpf-cnid nodes`: one row per node, this one marked.
-pub fn nodes_table(view: &cni_api::NodesView) -> String {
+/// `ebpf-cnid nodes`: one row per node, this one marked, with what this node's pods
+/// sent to each.
+pub fn nodes_table(view: &NodesTable) -> String {
     let mut out = format!(
         "source: {}  routing: {}\n",
         view.node_source
@@ -276,16 +277,17 @@ pub fn nodes_table(view: &cni_api::NodesView) -> String {
         .max()
         .unwrap_or(0);
     out.push_str(&format!(
-        "  {:<name_width$} {:<15} {}\n",
-        "NAME", "ADDRESS", "POD RANGES"
+        "  {:<name_width$} {:<15} {:>10} {:>12} {}\n",
+        "NAME", "ADDRESS", "PKTS SENT", "BYTES SENT", "POD RANGES"
     ));
     for node in &view.nodes {
-        let this = view.node_name.as_deref() == Some(node.name.as_str());
         out.push_str(&format!(
-            "{} {:<name_width$} {:<15} {}\n",
-            if this { "*" } else { " " },
+            "{} {:<name_width$} {:<15} {:>10} {:>12} {}\n",
+            if node.this { "*" } else { " " },
             node.name,
             node.address.to_string(),
+            node.sent_packets,
+            node.sent_bytes,
             if node.pod_cidrs.is_empty() {
                 "none".to_owned()
             } else {
@@ -336,29 +338,41 @@ mod tests {
             node_name: Some("node-a".into()),
             node_source: None,
             pod_cidrs: Vec::new(),
+            pod_mtu: None,
         }
     }
 
     #[test]
-    fn nodes_are_listed_with_this_one_marked() {
+    fn nodes_are_listed_with_this_one_marked_and_what_was_sent_to_each() {
         let node = |name: &str, address: &str, cidrs: &[&str]| cni_api::NodeInfo {
             name: name.into(),
             address: address.parse().expect("an address"),
             pod_cidrs: cidrs.iter().map(|c| c.parse().expect("a range")).collect(),
         };
-        let table = nodes_table(&cni_api::NodesView {
+        let view = cni_api::NodesView {
             node_name: Some("node-a".into()),
             node_source: Some("file /etc/nodes.yaml".into()),
-            routing: Some("native".into()),
+            routing: Some("vxlan".into()),
             nodes: vec![
                 node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
                 node("a-longer-name", "192.0.2.2", &[]),
             ],
-        });
+        };
+        let sent = [(
+            "192.0.2.2".parse().expect("an address"),
+            cni_ebpf_common::TrafficCounters {
+                packets: 3,
+                bytes: 4500,
+            },
+        )]
+        .into_iter()
+        .collect();
+        let table = nodes_table(&super::super::join::nodes_table(view, &sent));
         assert_eq!(
             table,
-            "source: file /etc/nodes.yaml  routing: native\n  NAME          ADDRESS         POD RANGES\n\
-             * node-a        192.0.2.1       10.244.1.0/24\n  a-longer-name 192.0.2.2       none\n"
+            "source: file /etc/nodes.yaml  routing: vxlan\n  NAME          ADDRESS          PKTS SENT   BYTES SENT POD RANGES\n\
+             * node-a        192.0.2.1                0            0 10.244.1.0/24\n  \
+             a-longer-name 192.0.2.2                3         4500 none\n"
         );
     }
 

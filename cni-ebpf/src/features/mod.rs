@@ -2,6 +2,8 @@
 //! primitives (the maps it reads and writes are declared in `primitives::maps`):
 //! - [`arp`]: answering the pods' ARP requests;
 //! - [`route`]: a pod's packet for outside the node, straight to its uplink;
+//! - [`overlay`]: a pod's packet for another node's pod, through the tunnel device, and
+//!   what comes out of it, checked and delivered;
 //! - [`snat`] and [`rev_nat`]: source NAT on the uplink's egress, and its replies (and
 //!   ICMP errors) back to the pods on its ingress;
 //! - [`services`]: Service traffic handed to the node's stack, where kube-proxy's DNAT
@@ -21,6 +23,7 @@ pub mod budget;
 pub mod conntrack;
 pub mod fragments;
 pub mod hostport;
+pub mod overlay;
 pub mod pod_source;
 pub mod rev_nat;
 pub mod route;

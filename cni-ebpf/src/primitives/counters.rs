@@ -5,7 +5,7 @@
 use aya_ebpf::bindings::TC_ACT_SHOT;
 use cni_ebpf_common::{DropReason, EndpointCounters, NatCounter, SourceKey, TrafficCounters};
 
-use super::maps::{DROPS, ENDPOINT_COUNTERS, NAT_STATS, SOURCE_STATS};
+use super::maps::{DROPS, ENDPOINT_COUNTERS, NAT_STATS, NODE_STATS, SOURCE_STATS};
 
 /// Which way a packet crossed the endpoint's veth.
 #[derive(Clone, Copy)]
@@ -60,6 +60,25 @@ pub fn nat(counter: NatCounter) {
         // SAFETY: a valid pointer into this CPU's slot.
         unsafe { *slot += 1 };
     }
+}
+
+/// Adds one packet of `bytes` to what this node's pods sent to the node at `addr`, on
+/// this CPU; a full map stops counting new nodes but never affects the packet.
+#[inline(always)]
+pub fn node(addr: [u8; 4], bytes: u32) {
+    if let Some(counters) = NODE_STATS.get_ptr_mut(&addr) {
+        // SAFETY: a valid pointer into this CPU's slot while the program runs.
+        unsafe {
+            (*counters).packets += 1;
+            (*counters).bytes += u64::from(bytes);
+        }
+        return;
+    }
+    let first = TrafficCounters {
+        packets: 1,
+        bytes: u64::from(bytes),
+    };
+    let _ = NODE_STATS.insert(&addr, &first, 0);
 }
 
 /// What [`source`] did, so the caller can log the first packet of a new source.

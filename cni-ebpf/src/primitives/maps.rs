@@ -13,9 +13,10 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
-    FragmentTarget, HostPortFlow, MAX_SERVICE_CIDRS, NODE_ADDRS_MAX, NatConfig, NatCounter,
-    NatEntry, NatKey, NatReverseKey, PortKey, PortTarget, RefusedFlows, ServiceClient, SockConfig,
-    SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
+    FragmentTarget, HostPortFlow, MAX_NODES, MAX_REMOTE_RANGES, MAX_SERVICE_CIDRS, NODE_ADDRS_MAX,
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, OverlayConfig, PortKey, PortTarget,
+    RefusedFlows, RemoteNode, ServiceClient, SockConfig, SockRevKey, SourceKey, TARGET_WORDS,
+    TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -79,6 +80,18 @@ static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
 
 #[map(name = "CLUSTER_CIDRS")]
 static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+/// Other nodes' pod ranges, each with its node (`--routing vxlan`).
+#[map(name = "REMOTE_NODES")]
+static REMOTE_NODES: LpmTrie<[u8; 4], RemoteNode> = LpmTrie::pinned(MAX_REMOTE_RANGES, 0);
+
+#[map(name = "OVERLAY_CONFIG")]
+static OVERLAY_CONFIG: Array<OverlayConfig> = Array::pinned(1, 0);
+
+/// What this node's pods sent to each other node (by its address).
+#[map(name = "NODE_STATS")]
+pub static NODE_STATS: PerCpuHashMap<[u8; 4], TrafficCounters> =
+    PerCpuHashMap::pinned(MAX_NODES, 0);
 
 /// New flows refused per pod address, by reason (see `budget::refuse`); the least
 /// recently counted pods go first when it is full.
@@ -186,6 +199,21 @@ pub fn uplink_addr(ifindex: u32) -> Option<[u8; 4]> {
 #[inline(always)]
 pub fn in_cluster(addr: [u8; 4]) -> bool {
     CLUSTER_CIDRS.get(Key::new(32, addr)).is_some()
+}
+
+/// The node whose pod range holds `addr`, when it is another node's.
+#[inline(always)]
+pub fn remote_node(addr: [u8; 4]) -> Option<RemoteNode> {
+    REMOTE_NODES.get(Key::new(32, addr)).copied()
+}
+
+/// The overlay device and VNI; `None` when there is no overlay (native routing).
+#[inline(always)]
+pub fn overlay_config() -> Option<OverlayConfig> {
+    OVERLAY_CONFIG
+        .get(0)
+        .copied()
+        .filter(|config| config.ifindex != 0)
 }
 
 /// Whether `addr` is one of the node's own addresses.

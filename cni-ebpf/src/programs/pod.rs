@@ -4,9 +4,9 @@
 //! handed straight to it with `bpf_redirect_peer`, never crossing the node's IP stack,
 //! netfilter or a bridge: as it is when the sender addressed it to that pod's MAC (an
 //! on-link neighbour, see `arp`), routed (TTL decremented, MACs rewritten) when it was
-//! sent to the gateway. hostPort connections and their replies, Service connections and
-//! traffic for outside the node take their features' ways; anything else goes to the
-//! stack.
+//! sent to the gateway. hostPort connections and their replies, Service connections,
+//! traffic for other nodes' pods (the overlay) and traffic for outside the node take
+//! their features' ways; anything else goes to the stack.
 //!
 //! Nothing runs on the veth's egress (what the node's own stack sends to the pod; see
 //! docs/architecture.md, ADD's cost). What the datapath delivers into a pod it counts
@@ -21,7 +21,7 @@ use network_types::{
 };
 
 use crate::{
-    features::{arp, hostport, pod_source, route, services},
+    features::{arp, hostport, overlay, pod_source, route, services},
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
@@ -91,7 +91,11 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
             Some(verdict) => Ok(verdict),
             // A Service (kube-proxy's DNAT is in the stack).
             None if services::to_service(ctx, &ip)? => Ok(deliver::to_stack(ctx)),
-            None => route::to_uplink(ctx, eth, &ip, ifindex),
+            // Another node's pod, through the overlay (`--routing vxlan`).
+            None => match overlay::to_remote(ctx, &ip)? {
+                Some(verdict) => Ok(verdict),
+                None => route::to_uplink(ctx, eth, &ip, ifindex),
+            },
         },
     }
 }

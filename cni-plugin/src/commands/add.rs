@@ -58,7 +58,8 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
         alias: &alias,
         pod: ifname,
         pod_netns: &pod_netns,
-        mtu: inv.conf.mtu,
+        // The conflist's, else the daemon's (the overlay's room taken off the uplink's).
+        mtu: inv.conf.mtu.or(status.pod_mtu),
         pod_mac,
         gso_max_size,
     };

@@ -1,0 +1,44 @@
+//! The overlay between nodes (`ebpf-cnid run --routing vxlan`): which node holds which
+//! pod range, and the tunnel device pods' traffic for other nodes leaves by.
+
+/// Pod ranges of other nodes `REMOTE_NODES` holds at most.
+pub const MAX_REMOTE_RANGES: u32 = 16_384;
+
+/// Nodes `NODE_STATS` counts at most (a full map stops counting new nodes, never a
+/// packet).
+pub const MAX_NODES: u32 = 8_192;
+
+/// Value of `REMOTE_NODES`, an LPM trie keyed by (prefix length, IPv4 in network
+/// order): the node another node's pod range belongs to. Kept with either routing: the
+/// pods' traffic to each node is counted by it (`NODE_STATS`), and the overlay sends
+/// by it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteNode {
+    /// The node's address on the underlay: the outer destination of what goes to it,
+    /// and the only outer source what comes from it may have.
+    pub addr: [u8; 4],
+    /// Reserved (0).
+    pub pad: u32,
+}
+
+/// `OVERLAY_CONFIG[0]`: the tunnel device and its VNI; `ifindex` 0 is no overlay (native
+/// routing: pods' traffic for other nodes follows the node's routes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverlayConfig {
+    /// The daemon's collect-metadata VXLAN device.
+    pub ifindex: u32,
+    /// The VXLAN network identifier every node of the cluster uses.
+    pub vni: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<RemoteNode>() == 8);
+const _: () = assert!(core::mem::size_of::<OverlayConfig>() == 8);
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    // SAFETY (all): #[repr(C)], fixed-width fields, explicit padding, sizes asserted.
+    unsafe impl aya::Pod for super::RemoteNode {}
+    unsafe impl aya::Pod for super::OverlayConfig {}
+}

@@ -1,0 +1,199 @@
+//! Pods on different nodes with `--routing vxlan`, the default (issue 24, point 3):
+//! three nodes on one segment, each with its own daemon and overlay device. TCP, UDP and
+//! ICMP cross between their pods with the pods' own addresses, inside VXLAN; pods get
+//! the uplink's MTU less the overlay's 50 bytes, and a 4 MiB transfer arrives intact;
+//! the node's own traffic reaches other nodes' pods from the overlay's address; traffic
+//! to the outside is still translated. What comes out of the tunnel is checked: a host
+//! that is no node, speaking VXLAN for a node's pod range, is dropped and counted.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use ebpf_cni_tests::{
+    cluster::{SEGMENT_HOST, TestCluster, node_addr},
+    netns::Netns,
+    require_root,
+    traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip},
+};
+
+const RANGES: [&str; 3] = ["10.244.121.0/24", "10.244.122.0/24", "10.244.123.0/24"];
+const PORT: u16 = 9500;
+
+fn to(ip: Ipv4Addr) -> SocketAddr {
+    (ip, PORT).into()
+}
+
+fn last_peer(peers: &[SocketAddr]) -> IpAddr {
+    peers.last().expect("a peer seen").ip()
+}
+
+/// The routes the daemon of `netns` installed (`ip route show proto 208`), one per line.
+fn node_routes(netns: &Netns) -> Vec<String> {
+    netns
+        .ip(&["-4", "route", "show", "proto", "208"])
+        .lines()
+        .map(|line| line.trim().to_owned())
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+/// The MTU of `device` in `netns`.
+fn mtu(netns: &Netns, device: &str) -> u32 {
+    let shown = netns.ip(&["-o", "link", "show", device]);
+    shown
+        .split_whitespace()
+        .skip_while(|word| *word != "mtu")
+        .nth(1)
+        .and_then(|mtu| mtu.parse().ok())
+        .unwrap_or_else(|| panic!("no mtu in {shown}"))
+}
+
+#[test]
+fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
+    require_root();
+    let cluster = TestCluster::start(&RANGES, &[]);
+    let a = cluster.node(1).add_pod("vxlan-a");
+    let b = cluster.node(2).add_pod("vxlan-b");
+    let c = cluster.node(3).add_pod("vxlan-c");
+
+    assert_eq!(mtu(&cluster.node(1).netns, "ebpf-vxlan"), 1450);
+    assert_eq!(
+        mtu(&a.netns, "eth0"),
+        1450,
+        "the pod's MTU leaves room for the overlay"
+    );
+    assert_eq!(
+        node_routes(&cluster.node(1).netns),
+        [
+            format!("{} dev ebpf-vxlan scope link src 10.244.121.0", RANGES[1]),
+            format!("{} dev ebpf-vxlan scope link src 10.244.121.0", RANGES[2]),
+        ],
+        "node 1 routes the other nodes' ranges into the overlay"
+    );
+
+    let tcp_b = EchoServer::start(&b.netns, PORT);
+    round_trip(&a.netns, to(b.ip), b"tcp through the overlay").expect("pod a reaches pod b");
+    assert_eq!(
+        last_peer(&tcp_b.peers()),
+        IpAddr::V4(a.ip),
+        "b sees a's own address"
+    );
+    let big = vec![0xa5u8; 4 << 20];
+    let back = round_trip(&a.netns, to(b.ip), &big).expect("4 MiB through the overlay");
+    assert!(
+        back == big,
+        "4 MiB arrive intact ({} bytes back)",
+        back.len()
+    );
+
+    let nodes = cluster.node(1).instance.cli_json(&["nodes"]);
+    let to_node_2 = &nodes["nodes"][1];
+    assert_eq!(to_node_2["name"], "node-2", "{nodes}");
+    assert!(
+        to_node_2["sent_bytes"]
+            .as_u64()
+            .is_some_and(|bytes| bytes > 4 << 20),
+        "node 1's pods' traffic to node 2 is counted: {nodes}"
+    );
+
+    let udp_c = UdpEcho::start(&c.netns, PORT);
+    udp_round_trip(&a.netns, 0, to(c.ip), b"udp through the overlay").expect("pod a reaches pod c");
+    assert_eq!(
+        last_peer(&udp_c.peers()),
+        IpAddr::V4(a.ip),
+        "c sees a's own address"
+    );
+
+    let ping = c.netns.run(
+        "ping",
+        &["-c", "2", "-i", "0.2", "-W", "2", &b.ip.to_string()],
+    );
+    assert!(ping.status.success(), "pod c pings pod b: {ping:?}");
+
+    // The node's own traffic, from the overlay's address.
+    round_trip(&cluster.node(1).netns, to(b.ip), b"from node 1").expect("node 1 reaches pod b");
+    assert_eq!(
+        last_peer(&tcp_b.peers()),
+        "10.244.121.0".parse::<IpAddr>().expect("an address"),
+    );
+
+    // To the outside (the segment's host): translated to the sending node's address.
+    let outside = EchoServer::start(&cluster.segment, PORT);
+    let host: Ipv4Addr = SEGMENT_HOST.parse().expect("an address");
+    round_trip(&b.netns, to(host), b"out").expect("pod b reaches the outside");
+    assert_eq!(
+        last_peer(&outside.peers()),
+        node_addr(2).parse::<IpAddr>().expect("an address"),
+        "translated to node 2's address"
+    );
+}
+
+#[test]
+fn vxlan_from_a_host_that_is_no_node_is_dropped_and_counted() {
+    require_root();
+    let cluster = TestCluster::start(&RANGES, &[]);
+    let b = cluster.node(2).add_pod("vxlan-target");
+    // The segment's host speaks VXLAN (VNI 1, port 8472) to node 2, claiming an address
+    // of node 3's range.
+    let host = &cluster.segment;
+    host.ip(&[
+        "link",
+        "add",
+        "vx",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "remote",
+        &node_addr(2),
+        "dstport",
+        "8472",
+        "dev",
+        "br0",
+    ]);
+    host.ip(&["addr", "add", "10.244.123.9/32", "dev", "vx"]);
+    host.ip(&["link", "set", "vx", "arp", "off", "up"]);
+    host.ip(&[
+        "route",
+        "add",
+        RANGES[1],
+        "dev",
+        "vx",
+        "src",
+        "10.244.123.9",
+    ]);
+    let ping = host.run(
+        "ping",
+        &["-c", "2", "-i", "0.2", "-W", "1", &b.ip.to_string()],
+    );
+    assert!(
+        !ping.status.success(),
+        "the forged packets reach no pod: {ping:?}"
+    );
+    let status = cluster.node(2).instance.cli_json(&["status"]);
+    let spoofed = status["drops"]["overlay_spoofed_source"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a drop count: {status}"));
+    assert!(spoofed >= 2, "dropped and counted: {status}");
+}
+
+#[test]
+fn a_node_behind_a_router_is_reached_through_the_overlay() {
+    require_root();
+    // Node 2 is not on node 1's segment: the segment's host routes between them, and
+    // knows nothing of pod ranges.
+    let cluster = TestCluster::start_routed(&["10.244.124.0/24", "10.244.125.0/24"], 1, &[]);
+    let a = cluster.node(1).add_pod("routed-a");
+    let b = cluster.node(2).add_pod("routed-b");
+    let server = EchoServer::start(&b.netns, PORT);
+    round_trip(&a.netns, to(b.ip), b"over a router").expect("pod a reaches pod b");
+    assert_eq!(
+        last_peer(&server.peers()),
+        IpAddr::V4(a.ip),
+        "b sees a's own address"
+    );
+    let ping = b.netns.run(
+        "ping",
+        &["-c", "2", "-i", "0.2", "-W", "2", &a.ip.to_string()],
+    );
+    assert!(ping.status.success(), "pod b pings pod a: {ping:?}");
+}
