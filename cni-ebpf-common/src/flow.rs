@@ -237,9 +237,12 @@ pub mod tcp_state {
     /// opens thousands of short connections a second to one service run out of node
     /// ports.
     pub const POD_CLOSED: u8 = 6;
-    /// Seconds a [`POD_CLOSED`] flow keeps its node port: a few retransmission timeouts
-    /// of the remote's FIN, should the pod's last ACK be lost.
-    pub const POD_CLOSED_SECS: u32 = 2;
+    /// Seconds a [`POD_CLOSED`] flow keeps its node port: two or three retransmissions
+    /// of the remote's FIN (Linux's first RTO is 200 ms or more), should the pod's last
+    /// ACK be lost. It bounds the rate of short connections one pod can open to one
+    /// service: each holds its node port this long after it ends (27,776 ports, the
+    /// default budget, for one second).
+    pub const POD_CLOSED_SECS: u32 = 1;
 }
 
 /// [`NatEntry::state`] of a UDP flow, and of SCTP and protocols without ports (ICMP

@@ -187,10 +187,17 @@ fn a_pod_at_its_port_budget_goes_on_with_its_own_expired_ports() {
         entry.last_seen_ns = long_ago;
         object.insert_nat_out(key, entry);
     }
+    let probes = object.nat_counter(NatCounter::PortProbes);
     let verdicts = open_udp(&object, MASQ.ip, 3000..3005, 53);
     assert_eq!(
         verdicts, [TC_ACT_OK; 5],
         "new flows take the expired ports over"
+    );
+    assert_eq!(
+        object.nat_counter(NatCounter::PortProbes),
+        probes,
+        "each takes the pod's oldest port at its first probe: the cursor moved on, not \
+         back to the port taken"
     );
     let dns: NatKey = out_key(MASQ.ip, 0, 53, UDP);
     assert_eq!(object.dest_ports(&dns), 5, "still five ports held");

@@ -124,11 +124,13 @@ pub struct NatArgs {
     pub nat_pod_max_flows: Option<u32>,
     /// Node ports one pod may hold toward one destination (remote address, port and
     /// protocol); past it, a new flow there takes over one of the pod's own expired
-    /// ports or is refused (`port_budget`). Default: three quarters of
-    /// `--nat-port-range` (23,808 ports at its default), so that one pod hammering a
-    /// shared upstream (a DNS server) leaves the other pods a quarter of the ports
-    /// toward it. A pod at its budget still opens new connections there as fast as its
-    /// closed ones free their ports (2 s after a close the pod began). 0: no budget.
+    /// ports or is refused (`port_budget`). Default: seven eighths of
+    /// `--nat-port-range` (27,776 ports at its default), so that one pod hammering a
+    /// shared upstream (a DNS server) leaves the other pods an eighth of the ports
+    /// toward it (3,968, about 4,000 short connections a second), while it can still
+    /// open some 27,000 short connections a second there itself, more than the
+    /// kernel's conntrack manages on the same node: a connection the pod closes holds
+    /// its node port one second after its end. 0: no budget.
     #[arg(long, env = "EBPF_CNID_NAT_POD_PORTS_PER_DESTINATION")]
     pub nat_pod_ports_per_destination: Option<u32>,
 }
@@ -160,12 +162,12 @@ impl NatArgs {
     }
 
     /// The budgets the flags ask for, or their defaults: half of `--nat-max-flows` and
-    /// three quarters of `--nat-port-range`.
+    /// seven eighths of `--nat-port-range`.
     pub fn budgets(&self) -> Budgets {
         let range = u32::from(self.nat_port_range.max - self.nat_port_range.min) + 1;
         Budgets {
             pod_flows: self.nat_pod_max_flows.unwrap_or(self.nat_max_flows / 2),
-            ports_per_destination: self.nat_pod_ports_per_destination.unwrap_or(range / 4 * 3),
+            ports_per_destination: self.nat_pod_ports_per_destination.unwrap_or(range / 8 * 7),
         }
     }
 
@@ -339,9 +341,9 @@ mod tests {
             cli.nat.budgets(),
             Budgets {
                 pod_flows: 131_072,
-                ports_per_destination: 23_808,
+                ports_per_destination: 27_776,
             },
-            "half the table per pod, three quarters of the ports per destination"
+            "half the table per pod, seven eighths of the ports per destination"
         );
         for (size, ok) in [
             ("1023", false),

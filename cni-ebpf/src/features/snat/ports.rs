@@ -76,8 +76,12 @@ pub(super) fn allocate(
     } % size;
     // A pod at its budget of ports toward the destination can only take over its own
     // expired ones: the cursor handed them out in a row, the oldest about a budget
-    // behind it, so the search starts there.
-    if !budget::ports_within(key, config) {
+    // behind it, so the search starts there (and the cursor moves on as far as the
+    // search went, below: it stays ahead, and the next search starts right after the
+    // port taken now).
+    let cursor_at = start;
+    let over_budget = !budget::ports_within(key, config);
+    if over_budget {
         start = (start + size - config.dest_port_budget.min(size)) % size;
     }
     let mut search = Search {
@@ -115,8 +119,14 @@ pub(super) fn allocate(
             Refusal::NoPort
         });
     }
+    let taken = u32::from(search.port - config.port_min);
+    let next = if over_budget {
+        (cursor_at + (taken + size - start) % size + 1) % size
+    } else {
+        (taken + 1) % size
+    };
     // SAFETY: as above; the next offset, plus one (0 means "not used yet").
-    unsafe { *cursor = (u32::from(search.port - config.port_min) + 1) % size + 1 };
+    unsafe { *cursor = next + 1 };
     Ok(search.port)
 }
 
