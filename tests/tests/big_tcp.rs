@@ -2,29 +2,19 @@
 //! default (and keep the default otherwise), and packets of up to 192 KiB cross the
 //! datapath intact, pod to pod and through source NAT.
 
-use std::{
-    io::{ErrorKind, Read, Write},
-    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
-    thread::JoinHandle,
-    time::Duration,
-};
+use std::net::SocketAddr;
 
 use ebpf_cni_tests::{
     big_tcp::{self, DEFAULT, SIZE},
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod, big_tcp_uplink},
     require_root,
-    traffic::{run_in, spawn_in},
+    traffic::bulk,
 };
 use serde_json::Value;
 
 const PORT: u16 = 8080;
 /// Enough for most of a transfer to run at full GSO size after TCP's slow start.
 const BULK: usize = 16 << 20;
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn pattern(n: usize) -> u8 {
-    (n % 251) as u8
-}
 
 fn host_veth(node: &Node, pod: &Pod) -> String {
     node.endpoint(pod)["host_veth"]
@@ -40,53 +30,6 @@ fn from_pod(node: &Node, pod: &Pod) -> (u64, u64) {
     (field("from_pod_packets"), field("from_pod_bytes"))
 }
 
-/// Accepts one connection on `port` and reads it to the end; returns the peer and
-/// whether every byte of the [`BULK`] pattern arrived, in order.
-fn sink(netns: &ebpf_cni_tests::netns::Netns, port: u16) -> JoinHandle<(SocketAddr, bool)> {
-    let listener = run_in(netns, move || {
-        TcpListener::bind(("0.0.0.0", port)).expect("bind the sink")
-    });
-    std::thread::spawn(move || {
-        let (mut stream, peer) = listener.accept().expect("a connection");
-        stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
-        let mut buffer = vec![0u8; 1 << 16];
-        let (mut received, mut intact) = (0usize, true);
-        loop {
-            match stream.read(&mut buffer) {
-                Ok(0) => break,
-                Ok(n) => {
-                    intact &= buffer[..n]
-                        .iter()
-                        .enumerate()
-                        .all(|(at, byte)| *byte == pattern(received + at));
-                    received += n;
-                }
-                Err(error) if error.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return (peer, false),
-            }
-        }
-        (peer, intact && received == BULK)
-    })
-}
-
-/// Sends the [`BULK`] pattern from `pod` to `to`, then closes.
-fn send_bulk(pod: &Pod, to: SocketAddr) {
-    let sent = spawn_in(&pod.netns, move || -> std::io::Result<()> {
-        let mut stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)?;
-        stream.set_write_timeout(Some(IO_TIMEOUT))?;
-        let data: Vec<u8> = (0..BULK).map(pattern).collect();
-        stream.write_all(&data)?;
-        stream.shutdown(Shutdown::Write)?;
-        // Wait for the sink's close, so that every byte was acknowledged.
-        stream.set_read_timeout(Some(IO_TIMEOUT))?;
-        let _ = stream.read(&mut [0u8; 1])?;
-        Ok(())
-    });
-    sent.join()
-        .expect("the sender thread")
-        .unwrap_or_else(|error| panic!("bulk from {} to {to}: {error}", pod.ip));
-}
-
 /// Sends a bulk transfer from `pod` to a sink at `to` in `sink_netns`, checks it arrived
 /// intact, and returns the peer the sink saw and the average size of the packets the
 /// datapath counted from the pod meanwhile.
@@ -96,9 +39,10 @@ fn transfer(
     sink_netns: &ebpf_cni_tests::netns::Netns,
     to: SocketAddr,
 ) -> (SocketAddr, u64) {
-    let receiving = sink(sink_netns, to.port());
+    let receiving = bulk::sink(sink_netns, to.port(), BULK);
     let (packets, bytes) = from_pod(node, pod);
-    send_bulk(pod, to);
+    bulk::send(&pod.netns, to, BULK)
+        .unwrap_or_else(|error| panic!("bulk from {} to {to}: {error}", pod.ip));
     let (peer, intact) = receiving.join().expect("the sink thread");
     assert!(
         intact,

@@ -2,7 +2,8 @@
 //! three nodes on one segment, each with its own daemon and overlay device. TCP, UDP and
 //! ICMP cross between their pods with the pods' own addresses, inside VXLAN; pods get
 //! the uplink's MTU less the overlay's 50 bytes, and a 4 MiB transfer arrives intact;
-//! the node's own traffic reaches other nodes' pods from the overlay's address; traffic
+//! the node's own traffic reaches other nodes' pods from the overlay's address; a pod
+//! reaches another node and a hostPort there (translated, out of the uplink); traffic
 //! to the outside is still translated. What comes out of the tunnel is checked: a host
 //! that is no node, speaking VXLAN for a node's pod range, is dropped and counted.
 
@@ -11,8 +12,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use ebpf_cni_tests::{
     cluster::{SEGMENT_HOST, TestCluster, node_addr},
     netns::Netns,
+    node::port_mappings,
     require_root,
-    traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip},
+    traffic::{EchoServer, UdpEcho, bulk, round_trip, udp_round_trip},
 };
 
 const RANGES: [&str; 3] = ["10.244.121.0/24", "10.244.122.0/24", "10.244.123.0/24"];
@@ -77,13 +79,11 @@ fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
         IpAddr::V4(a.ip),
         "b sees a's own address"
     );
-    let big = vec![0xa5u8; 4 << 20];
-    let back = round_trip(&a.netns, to(b.ip), &big).expect("4 MiB through the overlay");
-    assert!(
-        back == big,
-        "4 MiB arrive intact ({} bytes back)",
-        back.len()
-    );
+    let receiving = bulk::sink(&b.netns, PORT + 3, 4 << 20);
+    bulk::send(&a.netns, (b.ip, PORT + 3).into(), 4 << 20).expect("4 MiB through the overlay");
+    let (peer, intact) = receiving.join().expect("the sink");
+    assert!(intact, "4 MiB arrive intact, in order");
+    assert_eq!(peer.ip(), IpAddr::V4(a.ip));
 
     let nodes = cluster.node(1).instance.cli_json(&["nodes"]);
     let to_node_2 = &nodes["nodes"][1];
@@ -115,6 +115,29 @@ fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
         last_peer(&tcp_b.peers()),
         "10.244.121.0".parse::<IpAddr>().expect("an address"),
     );
+
+    // Pod to another node: out of the uplink, translated to the sending node's address.
+    let node_2: Ipv4Addr = node_addr(2).parse().expect("an address");
+    let on_node_2 = EchoServer::start(&cluster.node(2).netns, PORT + 1);
+    round_trip(&a.netns, (node_2, PORT + 1).into(), b"to node 2").expect("pod a reaches node 2");
+    assert_eq!(
+        last_peer(&on_node_2.peers()),
+        node_addr(1).parse::<IpAddr>().expect("an address"),
+        "node 2 sees node 1's address"
+    );
+
+    // A hostPort on node 2, reached from node 1's pod.
+    let mapped = cluster.node(2).add_pod_with(
+        "vxlan-mapped",
+        &port_mappings(PORT + 2, &[(30_090, "tcp", None)]),
+    );
+    let _mapped_server = EchoServer::start(&mapped.netns, PORT + 2);
+    round_trip(
+        &a.netns,
+        (node_2, 30_090).into(),
+        b"to a hostPort of node 2",
+    )
+    .expect("pod a reaches node 2's hostPort");
 
     // To the outside (the segment's host): translated to the sending node's address.
     let outside = EchoServer::start(&cluster.segment, PORT);

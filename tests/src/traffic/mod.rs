@@ -4,9 +4,10 @@
 //! in time.
 //!
 //! This module owns the threads (`spawn_in`, `run_in`, `Background`); `tcp` and `udp`
-//! own the traffic itself; `probe` runs the one client that must be a process of its
+//! own the traffic itself (`bulk`: one-way transfers checked byte for byte); `probe` runs the one client that must be a process of its
 //! own (in a cgroup); `spoof` sends what an attacker in a pod would.
 
+pub mod bulk;
 mod probe;
 mod raw;
 pub mod spoof;

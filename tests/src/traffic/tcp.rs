@@ -133,10 +133,15 @@ pub fn round_trip_from(
     })
 }
 
-/// Sends `payload` on a connected `stream` and reads the same number of bytes back.
+/// Sends `payload` on a connected `stream` and reads the same number of bytes back
+/// (small payloads: the echo is read only once all is written; megabytes go with
+/// `bulk`). A write that cannot go on fails after the timeout rather than hang.
 fn exchange(mut stream: TcpStream, payload: &[u8]) -> Result<Vec<u8>, String> {
     stream
         .set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(IO_TIMEOUT))
         .map_err(|e| e.to_string())?;
     stream
         .write_all(payload)
