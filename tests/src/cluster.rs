@@ -218,7 +218,9 @@ fn join(
     let mut all_flags = vec!["--node-name", name.as_str(), file_flag, path];
     all_flags.extend_from_slice(flags);
     let daemon = crate::daemon::Daemon::start_with(&netns, &instance, &[], &all_flags);
-    let network = crate::cni::Network::new(&instance, "usePodCidr");
+    let mut network = crate::cni::Network::new(&instance, "usePodCidr");
+    // No `mtu` in the config: pods get the daemon's (the overlay's room taken off).
+    network.mtu = None;
     crate::node::Node {
         daemon,
         network,
