@@ -65,8 +65,8 @@ pub enum DropReason {
     /// A packet out of the overlay with a VNI other than the cluster's.
     OverlayForeignVni = 14,
     /// A packet out of the overlay for neither a pod of this node nor the node itself
-    /// (the overlay relays nothing), or for another node's pod range with no overlay on
-    /// this node.
+    /// (the overlay relays nothing); one into it for no other node's pod range; or
+    /// anything but well-formed IPv4 on the overlay device.
     OverlayNotLocal = 15,
 }
 
