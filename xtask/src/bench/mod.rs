@@ -5,6 +5,7 @@
 //! and repeated, and reported as median (min-max). Figures whose capability is not
 //! built are reported as missing, never invented.
 
+mod cross_node;
 mod hostport;
 mod load;
 mod memory;
@@ -70,11 +71,12 @@ impl Plan {
 const PARALLEL_PODS: usize = 30;
 
 /// The sections, in run order; `--only <name>` runs one (with `--quick`, for work on it).
-pub const SECTIONS: [&str; 5] = [
+pub const SECTIONS: [&str; 6] = [
     "add-del",
     "pod-to-pod",
     "pod-to-external",
     "hostport",
+    "cross-node",
     "memory",
 ];
 
@@ -127,6 +129,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
     section("pod-to-pod", &|| pod_to_pod(plan))?;
     section("pod-to-external", &|| pod_to_external(plan))?;
     section("hostport", &|| hostport::hostport(plan))?;
+    section("cross-node", &|| cross_node::cross_node(plan))?;
     section("memory", &memory)?;
     let sections = sections
         .iter()
