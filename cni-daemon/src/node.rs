@@ -252,7 +252,8 @@ impl Node {
     }
 
     /// Takes the cluster's nodes as the node source now gives them: source NAT leaves
-    /// every node's pod ranges untranslated from now on.
+    /// every node's pod ranges untranslated, and the ways to the other nodes' pods
+    /// (routes, `REMOTE_NODES`, the overlay's address) follow them.
     pub fn set_nodes(&mut self, nodes: cni_nodes::NodeSet) -> Result<(), NodeError> {
         if self.cluster.set_nodes(nodes) {
             self.sync_cluster_cidrs()?;

@@ -18,10 +18,10 @@ use cni_api::Attachment;
 use cni_ebpf_common::{OverlayConfig, RemoteNode, map_names, program_names};
 use futures::TryStreamExt;
 use rtnetlink::{
-    LinkMessageBuilder, LinkUnspec, LinkVxlan,
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVxlan,
     packet_route::{
         address::{AddressAttribute, AddressMessage},
-        link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo},
+        link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
     },
 };
 
@@ -148,15 +148,8 @@ fn ensure_device(port: u16, mtu: u32) -> Result<u32, DatapathError> {
         move |error: rtnetlink::Error| DatapathError::Overlay(format!("{what}: {error}"))
     };
     with_netlink(move |handle| async move {
-        let existing = handle
-            .link()
-            .get()
-            .match_name(DEVICE.to_owned())
-            .execute()
-            .try_next()
-            .await;
-        let index = match existing {
-            Ok(Some(link)) => {
+        let index = match find_link(&handle, DEVICE).await {
+            Some(link) => {
                 if !is_external_vxlan(&link.attributes) {
                     return Err(DatapathError::Overlay(format!(
                         "{DEVICE} exists and is not a collect-metadata VXLAN device: \
@@ -177,14 +170,8 @@ fn ensure_device(port: u16, mtu: u32) -> Result<u32, DatapathError> {
                     .execute()
                     .await
                     .map_err(error("cannot make the overlay device"))?;
-                let link = handle
-                    .link()
-                    .get()
-                    .match_name(DEVICE.to_owned())
-                    .execute()
-                    .try_next()
+                let link = find_link(&handle, DEVICE)
                     .await
-                    .map_err(error("cannot find the overlay device"))?
                     .ok_or_else(|| DatapathError::Overlay("the overlay device vanished".into()))?;
                 link.header.index
             }
@@ -202,6 +189,20 @@ fn ensure_device(port: u16, mtu: u32) -> Result<u32, DatapathError> {
             .map_err(error("cannot set the overlay device up"))?;
         Ok(index)
     })
+}
+
+/// The link `name`; `None` when there is none (or it cannot be read: what follows then
+/// fails with its own error).
+async fn find_link(handle: &Handle, name: &str) -> Option<LinkMessage> {
+    handle
+        .link()
+        .get()
+        .match_name(name.to_owned())
+        .execute()
+        .try_next()
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Whether a link's attributes are those of a VXLAN device in collect-metadata mode.
@@ -226,14 +227,7 @@ fn is_external_vxlan(attributes: &[LinkAttribute]) -> bool {
 pub fn link_mtu(name: &str) -> Result<Option<u32>, DatapathError> {
     let name = name.to_owned();
     with_netlink(move |handle| async move {
-        let Ok(Some(link)) = handle
-            .link()
-            .get()
-            .match_name(name)
-            .execute()
-            .try_next()
-            .await
-        else {
+        let Some(link) = find_link(&handle, &name).await else {
             return Ok(None);
         };
         Ok(link
@@ -249,14 +243,7 @@ pub fn link_mtu(name: &str) -> Result<Option<u32>, DatapathError> {
 /// Removes the overlay device; one that is not there is not an error.
 pub fn remove_device() -> Result<(), DatapathError> {
     with_netlink(|handle| async move {
-        let existing = handle
-            .link()
-            .get()
-            .match_name(DEVICE.to_owned())
-            .execute()
-            .try_next()
-            .await;
-        if let Ok(Some(link)) = existing {
+        if let Some(link) = find_link(&handle, DEVICE).await {
             handle
                 .link()
                 .del(link.header.index)
