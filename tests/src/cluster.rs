@@ -125,10 +125,8 @@ impl TestCluster {
     /// Like [`Self::start`], the last `routed` nodes behind the segment's host, which
     /// routes between the segment and their network ([`ROUTED_PREFIX`]).
     pub fn start_routed(ranges: &[&str], routed: usize, flags: &[&str]) -> Self {
-        let segment = crate::netns::Netns::new("seg");
-        segment.ip(&["link", "add", "br0", "type", "bridge"]);
+        let segment = new_segment();
         segment.ip(&["addr", "add", &format!("{SEGMENT_HOST}/24"), "dev", "br0"]);
-        segment.ip(&["link", "set", "br0", "up"]);
         segment.run("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"]);
         let first_routed = ranges.len() - routed + 1;
         let names: Vec<String> = (1..=ranges.len()).map(node_name).collect();
@@ -169,17 +167,31 @@ impl TestCluster {
     }
 }
 
-/// Node `n`: its uplink `uplink0` in the segment's bridge (or, `routed`, on a link of
-/// its own to the segment's host, which routes), a default route to the segment's host,
-/// its daemon reading `file` as `node-n`.
-fn join(
-    segment: &crate::netns::Netns,
-    n: usize,
-    routed: bool,
-    file: &NodesFile,
-    flags: &[&str],
-) -> crate::node::Node {
-    let netns = crate::netns::Netns::new("node");
+/// A segment: a namespace holding a bridge `br0`, up, standing for the switch.
+pub fn new_segment() -> crate::netns::Netns {
+    let segment = crate::netns::Netns::new("seg");
+    segment.ip(&["link", "add", "br0", "type", "bridge"]);
+    segment.ip(&["link", "set", "br0", "up"]);
+    segment
+}
+
+/// Puts `netns` on `segment` as node `n`: its `uplink0` in the bridge, at
+/// [`node_addr`]`(n)`/24, up (no route beyond the segment).
+pub fn plug(segment: &crate::netns::Netns, n: usize, netns: &crate::netns::Netns) {
+    let port = veth_to(segment, n, netns);
+    segment.ip(&["link", "set", &port, "master", "br0", "up"]);
+    netns.ip(&[
+        "addr",
+        "add",
+        &format!("{}/24", node_addr(n)),
+        "dev",
+        "uplink0",
+    ]);
+    netns.ip(&["link", "set", "uplink0", "up"]);
+}
+
+/// A veth from `segment` (`p<n>`, returned) to `netns` (`uplink0`).
+fn veth_to(segment: &crate::netns::Netns, n: usize, netns: &crate::netns::Netns) -> String {
     let port = format!("p{n}");
     segment.ip(&[
         "link",
@@ -193,7 +205,77 @@ fn join(
         "netns",
         netns.name(),
     ]);
-    let (addr, gateway) = if routed {
+    port
+}
+
+/// The routes the daemon of `netns` installed to other nodes' pods (`ip route show
+/// proto 208`), one per line.
+pub fn daemon_routes(netns: &crate::netns::Netns) -> Vec<String> {
+    netns
+        .ip(&["-4", "route", "show", "proto", "208"])
+        .lines()
+        .map(|line| line.trim().to_owned())
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+/// The address of the last peer in `peers` (what a server saw last).
+pub fn last_peer(peers: &[std::net::SocketAddr]) -> std::net::IpAddr {
+    peers.last().expect("a peer seen").ip()
+}
+
+/// What every routing must give pods `a` (node 1), `b` (node 2) and `c` (node 3) of
+/// `cluster`: TCP a -> b and UDP a -> c with a's own address, ICMP c -> b, and b's
+/// traffic to the outside (the segment's host) translated to node 2's address. Servers
+/// listen on `port`.
+pub fn pods_talk_as_themselves(cluster: &TestCluster, pods: [&crate::node::Pod; 3], port: u16) {
+    use crate::traffic::{EchoServer, UdpEcho, round_trip, udp_round_trip};
+    let [a, b, c] = pods;
+    let tcp_b = EchoServer::start(&b.netns, port);
+    round_trip(&a.netns, (b.ip, port).into(), b"tcp across nodes").expect("pod a reaches pod b");
+    assert_eq!(
+        last_peer(&tcp_b.peers()),
+        std::net::IpAddr::V4(a.ip),
+        "b sees a's own address"
+    );
+    let udp_c = UdpEcho::start(&c.netns, port);
+    udp_round_trip(&a.netns, 0, (c.ip, port).into(), b"udp across nodes")
+        .expect("pod a reaches pod c");
+    assert_eq!(
+        last_peer(&udp_c.peers()),
+        std::net::IpAddr::V4(a.ip),
+        "c sees a's own address"
+    );
+    let ping = c.netns.run(
+        "ping",
+        &["-c", "2", "-i", "0.2", "-W", "2", &b.ip.to_string()],
+    );
+    assert!(ping.status.success(), "pod c pings pod b: {ping:?}");
+    let outside = EchoServer::start(&cluster.segment, port);
+    let host: std::net::Ipv4Addr = SEGMENT_HOST.parse().expect("an address");
+    round_trip(&b.netns, (host, port).into(), b"out").expect("pod b reaches the outside");
+    assert_eq!(
+        last_peer(&outside.peers()),
+        node_addr(2)
+            .parse::<std::net::IpAddr>()
+            .expect("an address"),
+        "translated to node 2's address"
+    );
+}
+
+/// Node `n`: its uplink `uplink0` in the segment's bridge (or, `routed`, on a link of
+/// its own to the segment's host, which routes), a default route to the segment's host,
+/// its daemon reading `file` as `node-n`.
+fn join(
+    segment: &crate::netns::Netns,
+    n: usize,
+    routed: bool,
+    file: &NodesFile,
+    flags: &[&str],
+) -> crate::node::Node {
+    let netns = crate::netns::Netns::new("node");
+    let gateway = if routed {
+        let port = veth_to(segment, n, &netns);
         // One router port per routed node, each with a /32 route to its node.
         segment.ip(&[
             "addr",
@@ -204,13 +286,19 @@ fn join(
         ]);
         segment.ip(&["link", "set", &port, "up"]);
         segment.ip(&["route", "add", &routed_node_addr(n), "dev", &port]);
-        (routed_node_addr(n), ROUTER_ON_ROUTED)
+        netns.ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", routed_node_addr(n)),
+            "dev",
+            "uplink0",
+        ]);
+        netns.ip(&["link", "set", "uplink0", "up"]);
+        ROUTER_ON_ROUTED
     } else {
-        segment.ip(&["link", "set", &port, "master", "br0", "up"]);
-        (node_addr(n), SEGMENT_HOST)
+        plug(segment, n, &netns);
+        SEGMENT_HOST
     };
-    netns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "uplink0"]);
-    netns.ip(&["link", "set", "uplink0", "up"]);
     netns.ip(&["route", "add", "default", "via", gateway]);
     let instance = crate::daemon::Instance::new();
     let name = node_name(n);

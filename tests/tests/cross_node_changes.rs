@@ -7,24 +7,13 @@
 use std::{net::SocketAddr, thread, time::Duration};
 
 use ebpf_cni_tests::{
-    cluster::{TestCluster, node_addr, node_name},
+    cluster::{TestCluster, daemon_routes, node_addr, node_name},
     daemon::{Daemon, eventually},
-    netns::Netns,
     require_root,
     traffic::{EchoServer, Stream},
 };
 
 const PORT: u16 = 9600;
-
-/// The routes the daemon of `netns` installed (`ip route show proto 208`), one per line.
-fn node_routes(netns: &Netns) -> Vec<String> {
-    netns
-        .ip(&["-4", "route", "show", "proto", "208"])
-        .lines()
-        .map(|line| line.trim().to_owned())
-        .filter(|line| !line.is_empty())
-        .collect()
-}
 
 /// Three nodes with `--routing routing`; node 1's daemon killed and restarted under a
 /// stream from its pod to node 2's; then node 3 leaves the file.
@@ -39,7 +28,7 @@ fn restart_and_removal(routing: &str, ranges: [&str; 3]) {
         eventually(Duration::from_secs(5), || stream.echoed() > 0),
         "the stream runs"
     );
-    let routes = node_routes(&cluster.node(1).netns);
+    let routes = daemon_routes(&cluster.node(1).netns);
     assert_eq!(routes.len(), 2, "{routes:?}");
 
     let node = &mut cluster.nodes[0];
@@ -65,7 +54,7 @@ fn restart_and_removal(routing: &str, ranges: [&str; 3]) {
         "the stream goes on after the restart"
     );
     assert_eq!(
-        node_routes(&cluster.node(1).netns),
+        daemon_routes(&cluster.node(1).netns),
         routes,
         "the routes stay as they were"
     );
@@ -77,11 +66,11 @@ fn restart_and_removal(routing: &str, ranges: [&str; 3]) {
         (names[1].as_str(), addrs[1].as_str(), &[ranges[1]]),
     ]);
     assert!(
-        eventually(Duration::from_secs(2), || node_routes(
+        eventually(Duration::from_secs(2), || daemon_routes(
             &cluster.node(1).netns
         ) == routes[..1]),
         "only node 2's route is left: {:?}",
-        node_routes(&cluster.node(1).netns)
+        daemon_routes(&cluster.node(1).netns)
     );
     let nodes = cluster.node(1).instance.cli_json(&["nodes"]);
     assert_eq!(

@@ -9,7 +9,7 @@ use std::{net::Ipv4Addr, path::PathBuf};
 
 use anyhow::{Context, ensure};
 use ebpf_cni_tests::{
-    cluster::TestCluster,
+    cluster::{TestCluster, new_segment, node_addr, plug},
     cni::{Call, REFERENCE_PLUGINS},
     netns::Netns,
     unique_name,
@@ -30,12 +30,6 @@ enum Mode {
     Native,
 }
 
-/// The segment's addresses (the same in ebpf-cni's clusters and the references'; each
-/// in namespaces of its own).
-fn node_addr(n: usize) -> String {
-    format!("198.19.0.{n}")
-}
-
 /// Two nodes with the reference chain, flannel-style, one pod each.
 struct RefPair {
     _segment: Netns,
@@ -47,36 +41,13 @@ struct RefPair {
 
 impl RefPair {
     fn build(mode: Mode) -> anyhow::Result<Self> {
-        let segment = Netns::new("refseg");
-        segment.ip(&["link", "add", "br0", "type", "bridge"]);
-        segment.ip(&["link", "set", "br0", "up"]);
+        let segment = new_segment();
         let name = unique_name("xref");
         let data_dir = PathBuf::from("/run").join(&name);
         let (mut nodes, mut pods, mut pod_ips) = (Vec::new(), Vec::new(), Vec::new());
         for n in 1..=2 {
             let node = Netns::new("refnode");
-            let port = format!("p{n}");
-            segment.ip(&[
-                "link",
-                "add",
-                &port,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "uplink0",
-                "netns",
-                node.name(),
-            ]);
-            segment.ip(&["link", "set", &port, "master", "br0", "up"]);
-            node.ip(&[
-                "addr",
-                "add",
-                &format!("{}/24", node_addr(n)),
-                "dev",
-                "uplink0",
-            ]);
-            node.ip(&["link", "set", "uplink0", "up"]);
+            plug(&segment, n, &node);
             node.run("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"]);
             let mut config = json!({
                 "cniVersion": "1.0.0",
@@ -262,7 +233,7 @@ impl Contenders {
             Contender::Raw => (
                 &self.cluster.node(1).netns,
                 &self.cluster.node(2).netns,
-                Ipv4Addr::new(198, 19, 0, 2),
+                node_addr(2).parse().expect("an address"),
             ),
         }
     }
