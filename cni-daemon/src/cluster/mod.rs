@@ -19,6 +19,21 @@ use cni_nodes::NodeSet;
 
 pub use args::{ClusterArgs, NodeSource, Routing, in_cluster};
 
+/// The shortest pod range taken from a node source, as the plugin's checks of IPAM
+/// answers (`checks::MIN_PREFIX` in the plugin).
+const MIN_PREFIX: u8 = 8;
+
+/// Whether two ranges share an address.
+fn overlap(a: &Ipv4Net, b: &Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// Whether a node's address can be a next hop or a tunnel's end: a unicast address
+/// off this host.
+fn usable_address(addr: Ipv4Addr) -> bool {
+    !(addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() || addr.is_broadcast())
+}
+
 /// The cluster as this node knows it.
 #[derive(Debug, Clone)]
 pub struct Cluster {
@@ -79,33 +94,86 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    /// Every node's pod ranges, this node's included: the cluster's pods, whose
-    /// addresses pods' traffic keeps. `None` until the source has given its first set
-    /// of nodes (see `Nat::sync_cluster_cidrs`).
+    /// Every node's pod ranges this node takes (see [`Self::remote_ranges`]), this
+    /// node's included: the cluster's pods, whose addresses pods' traffic keeps. `None`
+    /// until the source has given its first set of nodes (see
+    /// `Nat::sync_cluster_cidrs`).
     pub fn all_pod_cidrs(&self) -> Option<BTreeSet<Ipv4Net>> {
         self.known.then(|| {
-            self.nodes
-                .iter()
-                .flat_map(|node| node.pod_cidrs.iter().copied())
+            self.own_ranges()
+                .into_iter()
+                .chain(self.checked_remote_ranges(false).into_keys())
                 .collect()
         })
     }
 
+    /// This node's pod ranges as a cluster range: those no shorter than /8.
+    fn own_ranges(&self) -> BTreeSet<Ipv4Net> {
+        self.pod_cidrs()
+            .into_iter()
+            .filter(|net| net.prefix_len() >= MIN_PREFIX)
+            .collect()
+    }
+
     /// The other nodes' pod ranges, each with that node's address: where the routes
-    /// (native) or the tunnel (vxlan) send them. A node at this node's own address, or
-    /// a range of this node's, gets none.
+    /// (native) or the tunnel (vxlan) send them. What a node source says is checked
+    /// first, since a route or a tunnel is made of it: a node at this node's own
+    /// address, or at no usable unicast address, gets nothing; a range shorter than /8
+    /// (a node claiming the Internet), or one overlapping this node's ranges or another
+    /// node's, is left out, with a warning.
     pub fn remote_ranges(&self) -> BTreeMap<Ipv4Net, Ipv4Addr> {
+        self.checked_remote_ranges(true)
+    }
+
+    /// [`Self::remote_ranges`], warning of those left out when `warn` (once per set of
+    /// nodes is enough: the routes' sync warns, the cluster ranges' does not).
+    fn checked_remote_ranges(&self, warn: bool) -> BTreeMap<Ipv4Net, Ipv4Addr> {
         let this = self.nodes.get(&self.name);
-        let own: BTreeSet<Ipv4Net> = this
-            .map(|node| node.pod_cidrs.iter().copied().collect())
-            .unwrap_or_default();
+        let own: Vec<Ipv4Net> = this.map(|node| node.pod_cidrs.clone()).unwrap_or_default();
         let this_addr = this.map(|node| node.address);
-        self.nodes
+        let candidates: Vec<(Ipv4Net, Ipv4Addr, &str)> = self
+            .nodes
             .iter()
             .filter(|node| node.name != self.name && Some(node.address) != this_addr)
-            .flat_map(|node| node.pod_cidrs.iter().map(|net| (*net, node.address)))
-            .filter(|(net, _)| !own.contains(net))
-            .collect()
+            .filter(|node| usable_address(node.address))
+            .flat_map(|node| {
+                node.pod_cidrs
+                    .iter()
+                    .map(|net| (*net, node.address, node.name.as_str()))
+            })
+            .collect();
+        let refuse = |name: &str, net: &Ipv4Net, why: &str| {
+            if warn {
+                tracing::warn!(node = %name, range = %net, "another node's pod range left out: {why}");
+            }
+        };
+        // Each range on its own first; then, among those left, conflicts between nodes.
+        let candidates: Vec<_> = candidates
+            .into_iter()
+            .filter(|(net, _, name)| {
+                let why = if net.prefix_len() < MIN_PREFIX {
+                    "shorter than /8"
+                } else if own.iter().any(|mine| overlap(mine, net)) {
+                    "it overlaps this node's pod range"
+                } else {
+                    return true;
+                };
+                refuse(name, net, why);
+                false
+            })
+            .collect();
+        let mut ranges = BTreeMap::new();
+        for (net, addr, name) in &candidates {
+            if candidates
+                .iter()
+                .any(|(other, _, other_name)| other_name != name && overlap(other, net))
+            {
+                refuse(name, net, "it overlaps another node's pod range");
+            } else {
+                ranges.insert(*net, *addr);
+            }
+        }
+        ranges
     }
 
     /// The address the node's own traffic to other nodes' pods leaves from through the
@@ -198,6 +266,34 @@ mod tests {
             routes,
             ["10.244.2.0/24 via 192.0.2.2", "10.245.2.0/24 via 192.0.2.2"]
         );
+    }
+
+    #[test]
+    fn ranges_a_node_source_should_not_give_are_left_out_of_routes_and_cluster_ranges() {
+        let cluster = cluster(&[
+            node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
+            node("node-b", "192.0.2.2", &["10.244.2.0/24"]),
+            // The whole Internet, a range around this node's, two claiming one range,
+            // and a node at an address no packet can be sent to.
+            node("wide", "192.0.2.3", &["0.0.0.0/0", "10.0.0.0/7"]),
+            node("around", "192.0.2.4", &["10.244.0.0/16"]),
+            node("twin-1", "192.0.2.5", &["10.250.0.0/24"]),
+            node("twin-2", "192.0.2.6", &["10.250.0.0/25"]),
+            node("nowhere", "127.0.0.1", &["10.251.0.0/24"]),
+        ]);
+        let routes: Vec<String> = cluster
+            .remote_ranges()
+            .iter()
+            .map(|(net, via)| format!("{net} via {via}"))
+            .collect();
+        assert_eq!(routes, ["10.244.2.0/24 via 192.0.2.2"]);
+        let all: Vec<String> = cluster
+            .all_pod_cidrs()
+            .expect("known")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(all, ["10.244.1.0/24", "10.244.2.0/24"]);
     }
 
     #[test]
