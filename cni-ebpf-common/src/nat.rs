@@ -297,10 +297,13 @@ pub enum NatCounter {
     /// New flows refused because their pod held its budget (flows, or node ports
     /// toward their destination).
     OverBudget = 9,
+    /// New flows that found no free node port and took over one its own pod's
+    /// closing flow held (see `tcp_state::POD_CLOSED_RECLAIM_MS`).
+    ClosingReclaimed = 10,
 }
 
 impl NatCounter {
-    pub const ALL: [NatCounter; 10] = [
+    pub const ALL: [NatCounter; 11] = [
         NatCounter::TranslatedOut,
         NatCounter::TranslatedIn,
         NatCounter::IcmpErrorsIn,
@@ -311,6 +314,7 @@ impl NatCounter {
         NatCounter::FragmentsIn,
         NatCounter::TableFull,
         NatCounter::OverBudget,
+        NatCounter::ClosingReclaimed,
     ];
     /// Size of the counter array (room for counters added later; a pin of another
     /// size is created anew at start).
@@ -328,6 +332,7 @@ impl NatCounter {
             NatCounter::FragmentsIn => "fragments_in",
             NatCounter::TableFull => "table_full",
             NatCounter::OverBudget => "over_budget",
+            NatCounter::ClosingReclaimed => "closing_reclaimed",
         }
     }
 }

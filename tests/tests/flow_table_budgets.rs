@@ -8,7 +8,10 @@
 //!   and then new flows pass while the established connection lives on;
 //! - outside clients flooding a pod's hostPort from thousands of source ports are
 //!   refused past that pod's budget, and its open hostPort connection lives on: the
-//!   pod, speaking first after the flood, still answers from the host port.
+//!   pod, speaking first after the flood, still answers from the host port;
+//! - (with a 512-port range) a pod opening 1,000 short connections a second to one
+//!   server, more than its budget of ports holds for a second each, is never refused:
+//!   it takes back its own closing ports and no SYN waits for a retransmission.
 //!
 //! With the LRU tables of before, each flood evicted the established connection's entry
 //! and its next segment was translated afresh (a new node port, answered with a reset)
@@ -26,7 +29,7 @@ use ebpf_cni_tests::{
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings, socket},
     require_root,
     snat::{TCP_PORT, external, nat_table},
-    traffic::{EchoServer, many_connections, run_in},
+    traffic::{EchoServer, many_connections, run_in, spawn_in},
 };
 use serde_json::Value;
 
@@ -250,5 +253,62 @@ fn outside_clients_flooding_a_hostport_are_refused_past_the_pods_budget_and_its_
     assert!(
         count(view, &["refused_by", "flow_budget"]) >= u64::from(CLIENT_PORTS) - POD_BUDGET,
         "the clients past the budget refused and counted for the pod: {view}"
+    );
+}
+
+#[test]
+fn short_connections_at_a_rate_past_the_port_budget_per_second_go_on_without_a_stall() {
+    // 448 ports toward the server (the budget, 7/8 of 512), each held a second after
+    // its connection closes: 1,000 connections a second need the pod's own closing
+    // ports back sooner, or SYNs are refused and each costs its connection a second.
+    const CONNECTIONS: u32 = 2_000;
+    const PORT: u16 = 7002;
+    require_root();
+    let node = Node::start_with("10.244.96.0/24", &[], &["--nat-port-range", "20000-20511"]);
+    let pod = node.add_pod("short-connections");
+    let _server = spawn_in(&node.external, || {
+        let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, PORT)).expect("a listener");
+        for stream in listener.incoming().take(CONNECTIONS as usize) {
+            let Ok(mut stream) = stream else { continue };
+            let mut byte = [0u8; 1];
+            // One byte back, then the pod's close first, as a client's short request.
+            while let Ok(1) = stream.read(&mut byte) {
+                if stream.write_all(&byte).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let to = socket(EXTERNAL_ADDR, PORT);
+    let slowest = run_in(&pod.netns, move || {
+        let start = Instant::now();
+        let mut slowest = Duration::ZERO;
+        for index in 0..CONNECTIONS {
+            if let Some(wait) = (start + Duration::from_millis(u64::from(index)))
+                .checked_duration_since(Instant::now())
+            {
+                std::thread::sleep(wait);
+            }
+            let began = Instant::now();
+            let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("connection {index}: {e}"));
+            stream.write_all(b"x").expect("send");
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).expect("the byte back");
+            slowest = slowest.max(began.elapsed());
+        }
+        slowest
+    });
+    let table = nat_table(&node);
+    let view = endpoint(&table, pod.ip);
+    assert_eq!(count(view, &["refused"]), 0, "{view}");
+    assert!(
+        slowest < Duration::from_millis(500),
+        "no connection waited for a retransmitted SYN: the slowest took {slowest:?}"
+    );
+    assert!(
+        count(&table, &["counters", "closing_reclaimed"]) > 0,
+        "the pod's own closing ports were taken back: {}",
+        table["counters"]
     );
 }

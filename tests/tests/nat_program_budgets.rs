@@ -3,7 +3,9 @@
 //! keeps the established ones, where an LRU table evicted them; a pod past its budget
 //! of flows, or of node ports toward one destination, is refused (counted for that pod
 //! by reason) while other pods and destinations are not; a pod at its port budget goes
-//! on with the ports of its own expired flows. Budgets and counts:
+//! on with the ports of its own expired flows, and with those of its own closing flows
+//! (closed by the pod first) past a quarter second when no other port is found, never
+//! another pod's. Budgets and counts:
 //! `cni_ebpf_common::budget`.
 
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, NatKey, tcp_state};
@@ -12,8 +14,8 @@ use ebpf_cni_tests::{
     frames::{TC_ACT_OK, TC_ACT_SHOT},
     nat_frames::{
         MASQ, MASQ_2, NODE_ADDR, POD_PORT, REMOTE, REMOTE_PORT, TCP, TCP_ACK, TCP_SYN, UDP, egress,
-        inbound, ingress, monotonic_ns, nat_config, out_key, outbound, port, tcp, udp,
-        uplink_sized,
+        inbound, ingress, monotonic_coarse_ns, monotonic_ns, nat_config, out_key, outbound, port,
+        tcp, udp, uplink_sized,
     },
     require_root,
 };
@@ -202,4 +204,121 @@ fn a_pod_at_its_port_budget_goes_on_with_its_own_expired_ports() {
     let dns: NatKey = out_key(MASQ.ip, 0, 53, UDP);
     assert_eq!(object.dest_ports(&dns), 5, "still five ports held");
     assert_eq!(object.nat_refused(MASQ.ip).total(), 0);
+}
+
+/// Opens a TCP flow of `pod` from `pod_port` to [`REMOTE`] with a SYN: its verdict and,
+/// if it left, its node port.
+fn syn(object: &BpfObject, pod: [u8; 4], pod_port: u16) -> (u32, u16) {
+    let run = egress(
+        object,
+        &outbound(pod, REMOTE, TCP, &tcp(pod_port, REMOTE_PORT, TCP_SYN)),
+    );
+    (run.verdict, port(&run.frame, 34))
+}
+
+/// Makes every flow in both tables a closing flow the pod's TIME_WAIT holds
+/// (`POD_CLOSED`), last seen `idle_ms` ago.
+fn close_all(object: &mut BpfObject, idle_ms: u64) {
+    let when = monotonic_coarse_ns() - idle_ms * 1_000_000;
+    for (key, mut entry) in object.nat_in_entries() {
+        (entry.state, entry.last_seen_ns) = (tcp_state::POD_CLOSED, when);
+        object.insert_nat_in(key, entry);
+    }
+    for (key, mut entry) in object.nat_out_entries() {
+        (entry.state, entry.last_seen_ns) = (tcp_state::POD_CLOSED, when);
+        object.insert_nat_out(key, entry);
+    }
+}
+
+#[test]
+fn a_pod_at_its_port_budget_takes_its_own_closing_ports_once_past_the_reclaim_hold() {
+    require_root();
+    let mut object = uplink_sized(
+        NatConfig {
+            dest_port_budget: 5,
+            ..nat_config()
+        },
+        None,
+    );
+    let opened: Vec<(u32, u16)> = (1000..1005).map(|p| syn(&object, MASQ.ip, p)).collect();
+    assert!(opened.iter().all(|(verdict, _)| *verdict == TC_ACT_OK));
+
+    close_all(&mut object, 100);
+    assert_eq!(
+        syn(&object, MASQ.ip, 2000).0,
+        TC_ACT_SHOT,
+        "closed 100 ms ago: within the reclaim hold, still the pod's"
+    );
+    assert_eq!(object.nat_refused(MASQ.ip).port_budget, 1);
+
+    close_all(&mut object, 500);
+    let (verdict, taken) = syn(&object, MASQ.ip, 2001);
+    assert_eq!(
+        verdict, TC_ACT_OK,
+        "closed 500 ms ago: the pod's closing port is taken"
+    );
+    assert!(
+        opened.iter().any(|(_, node_port)| *node_port == taken),
+        "{taken} is one of the closing flows' ports {opened:?}"
+    );
+    assert_eq!(object.nat_counter(NatCounter::ClosingReclaimed), 1);
+    let dns = out_key(MASQ.ip, 0, REMOTE_PORT, TCP);
+    assert_eq!(object.dest_ports(&dns), 5, "still five ports held");
+
+    // The closing flow that lost its port: the pod reusing its 4-tuple opens a new
+    // flow on another port, never the one the new flow holds.
+    let (old_pod_port, _) = (1000..1005)
+        .zip(&opened)
+        .map(|(pod_port, (_, node_port))| (pod_port, *node_port))
+        .find(|(_, node_port)| *node_port == taken)
+        .expect("the flow that held it");
+    let (verdict, again) = syn(&object, MASQ.ip, old_pod_port);
+    assert_eq!(verdict, TC_ACT_OK);
+    assert_ne!(again, taken, "the reclaimed port stays with the new flow");
+    let holder = object
+        .nat_out(&out_key(MASQ.ip, 2001, REMOTE_PORT, TCP))
+        .expect("the new flow");
+    assert_eq!(holder.node_port, taken);
+    assert_eq!(holder.state, tcp_state::SYN_SENT);
+}
+
+#[test]
+fn free_ports_go_before_closing_ones_and_another_pods_closing_ports_are_not_taken() {
+    require_root();
+    let mut object = uplink_sized(nat_config(), None);
+    object.set_nat_cursors(0);
+    let opened: Vec<(u32, u16)> = (1000..1003).map(|p| syn(&object, MASQ.ip, p)).collect();
+    assert!(opened.iter().all(|(verdict, _)| *verdict == TC_ACT_OK));
+    close_all(&mut object, 500);
+    // The search starts at the first closing port again: the free one after them goes.
+    object.set_nat_cursors(0);
+    let (verdict, taken) = syn(&object, MASQ.ip, 2000);
+    assert_eq!(verdict, TC_ACT_OK);
+    assert!(
+        opened.iter().all(|(_, node_port)| *node_port != taken),
+        "a free port, {taken}, not a closing one {opened:?}"
+    );
+    assert_eq!(object.nat_counter(NatCounter::ClosingReclaimed), 0);
+
+    // Every port of a three-port range held by the first pod's closing flows.
+    let mut object = uplink_sized(
+        NatConfig {
+            port_max: nat_config().port_min + 2,
+            ..nat_config()
+        },
+        None,
+    );
+    assert!((1000..1003).all(|p| syn(&object, MASQ.ip, p).0 == TC_ACT_OK));
+    close_all(&mut object, 500);
+    assert_eq!(
+        syn(&object, MASQ_2.ip, 2000).0,
+        TC_ACT_SHOT,
+        "another pod's closing flows keep their ports the whole hold"
+    );
+    assert_eq!(object.nat_refused(MASQ_2.ip).no_port, 1);
+    assert_eq!(
+        syn(&object, MASQ.ip, 2000).0,
+        TC_ACT_OK,
+        "the pod itself takes one over"
+    );
 }

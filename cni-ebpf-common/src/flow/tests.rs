@@ -216,6 +216,27 @@ fn a_flow_the_pod_closed_first_frees_its_port_sooner_than_one_the_remote_closed(
 }
 
 #[test]
+fn only_a_flow_the_pod_closed_first_is_reclaimable_and_only_past_a_quarter_second() {
+    let idle_ms = |ms: u64, state: u8| NatEntry {
+        last_seen_ns: NOW - ms * 1_000_000,
+        ..entry(0, state)
+    };
+    assert!(!reclaimable(&idle_ms(200, tcp_state::POD_CLOSED), TCP, NOW));
+    assert!(reclaimable(&idle_ms(300, tcp_state::POD_CLOSED), TCP, NOW));
+    assert!(!TIMEOUTS.expired(&idle_ms(300, tcp_state::POD_CLOSED), TCP, NOW));
+    // The remote may hold a TIME_WAIT, or the connection is still up.
+    for state in [
+        tcp_state::CLOSED,
+        tcp_state::CLOSING,
+        tcp_state::REMOTE_CLOSING,
+        tcp_state::ESTABLISHED,
+    ] {
+        assert!(!reclaimable(&idle_ms(900, state), TCP, NOW), "{state}");
+    }
+    assert!(!reclaimable(&idle_ms(900, tcp_state::POD_CLOSED), UDP, NOW));
+}
+
+#[test]
 fn udp_and_icmp_expire_after_their_own_timeouts() {
     assert!(!TIMEOUTS.expired(&entry(29, 0), UDP, NOW));
     assert!(TIMEOUTS.expired(&entry(31, 0), UDP, NOW));

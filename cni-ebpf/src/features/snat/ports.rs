@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     NatConfig, NatCounter, NatEntry, NatKey, Refusal,
-    flow::Followed,
+    flow::{Followed, reclaimable, tcp_state},
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 
@@ -16,7 +16,7 @@ use crate::{
     features::{budget, conntrack, hostport},
     primitives::{
         counters,
-        maps::{CURSOR_BITS, NAT_CURSORS, NAT_IN},
+        maps::{CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
     },
 };
 
@@ -54,6 +54,11 @@ const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 /// by long-lived flows (which a cursor hands out in a row) is not walked port by port.
 /// Each probe is a lookup, which takes no lock; only a port that looks free is claimed,
 /// with an insert that fails if another CPU claimed it meanwhile.
+///
+/// A block that finds no port but one the same pod's closing flow holds past
+/// `tcp_state::POD_CLOSED_RECLAIM_MS` ends the search with that port (see [`reclaim`]):
+/// a pod opening short connections to one service faster than its budget of ports per
+/// second goes on with its own closing ports rather than have SYNs refused.
 #[inline(always)]
 pub(super) fn allocate(
     key: &NatKey,
@@ -96,6 +101,7 @@ pub(super) fn allocate(
         size,
         stride: ((u64::from(size) * GOLDEN_STRIDE) >> 32) as u32,
         port: 0,
+        reclaim: 0,
         full: false,
         over_budget: false,
     };
@@ -111,6 +117,9 @@ pub(super) fn allocate(
     };
     if search.full {
         return Err(Refusal::TableFull);
+    }
+    if search.port == 0 && search.reclaim != 0 && reclaim(&search.flow, search.reclaim) {
+        search.port = search.reclaim;
     }
     if search.port == 0 {
         return Err(if search.over_budget {
@@ -166,7 +175,7 @@ pub(super) fn keep_port(
     };
     match claim(&flow, key.pod_port) {
         Claim::Taken => Ok(key.pod_port),
-        Claim::Held => Err(Refusal::NoPort),
+        Claim::Held | Claim::Reclaimable => Err(Refusal::NoPort),
         Claim::OverBudget => Err(Refusal::PortBudget),
         Claim::Full => Err(Refusal::TableFull),
     }
@@ -186,6 +195,9 @@ struct Search<'a> {
     stride: u32,
     /// The port claimed; 0 while none (node ports are 1024 and above).
     port: u16,
+    /// The first port probed that holds a reclaimable closing flow of the same pod
+    /// (see [`Claim::Reclaimable`]); 0 while none.
+    reclaim: u16,
     /// Whether the search stopped on a full `NAT_IN`.
     full: bool,
     /// Whether a free port was passed over for the pod's budget of ports toward the
@@ -208,7 +220,8 @@ struct NewFlow<'a> {
 }
 
 /// Probe `index` of a [`Search`]: claims its port and stops the loop (1), or counts a
-/// held port and goes on (0); stops on a full `NAT_IN` (no other port would fit either).
+/// held port and goes on (0); stops on a full `NAT_IN` (no other port would fit either),
+/// and at the end of a block once a reclaimable closing port is noted.
 extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the pointer `allocate` gave it.
     let search = unsafe { &mut *search.cast::<Search<'_>>() };
@@ -225,22 +238,73 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     match claim(&search.flow, port) {
         Claim::Taken => {
             search.port = port;
-            1
+            return 1;
         }
         Claim::Full => {
             search.full = true;
-            1
+            return 1;
         }
-        Claim::Held => {
-            counters::nat(NatCounter::PortProbes);
-            0
-        }
+        Claim::Held => counters::nat(NatCounter::PortProbes),
         Claim::OverBudget => {
             search.over_budget = true;
             counters::nat(NatCounter::PortProbes);
-            0
+        }
+        Claim::Reclaimable => {
+            if search.reclaim == 0 {
+                search.reclaim = port;
+            }
+            counters::nat(NatCounter::PortProbes);
         }
     }
+    // With a closing port to fall back on, the search ends with its block: at a rate
+    // that keeps the pod at its budget the jumps beyond land on live ports.
+    if search.reclaim != 0 && index % LINEAR_PROBES == LINEAR_PROBES - 1 {
+        1
+    } else {
+        0
+    }
+}
+
+/// Takes node `port`, found [`Claim::Reclaimable`] by the search, for `flow` when its
+/// block held no other: if it still holds a closing flow of the same pod past
+/// `tcp_state::POD_CLOSED_RECLAIM_MS` (or an expired one), it changes flows in place and
+/// no count changes (the pod's port toward the same destination either way). A call
+/// of its own: inlined, its keys would add to the frame under the port search's, which
+/// must stay within 512 bytes with it.
+#[inline(never)]
+fn reclaim(flow: &NewFlow<'_>, port: u16) -> bool {
+    let key = &flow.key;
+    let Some(holder) = NAT_IN.get_ptr_mut(&key.reverse(port)) else {
+        return false;
+    };
+    // SAFETY: a pointer into the map value, valid for the program run.
+    let old = unsafe { *holder };
+    let closing = reclaimable(&old, key.proto, flow.now)
+        || conntrack::expired(&old, key.proto, flow.config, flow.now);
+    if old.pod_addr != key.pod_addr || !closing {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { *holder = flow_entry(key, port, flow.node_addr, flow.now, &flow.opening) };
+    // The closing flow's own entry, not expired yet, is made so: a packet on its
+    // 4-tuple (the pod reusing it) then opens a flow of its own and never takes this
+    // port. The sweep removes it as any expired entry.
+    let closed = NatKey::new(
+        (old.pod_addr, old.pod_port),
+        (key.remote_addr, key.remote_port),
+        key.proto,
+    );
+    if let Some(stale) = NAT_OUT.get_ptr_mut(&closed) {
+        // SAFETY: a pointer into the map value, valid for the program run.
+        unsafe {
+            if (*stale).node_port == port {
+                (*stale).state = tcp_state::POD_CLOSED;
+                (*stale).last_seen_ns = 0;
+            }
+        }
+    }
+    counters::nat(NatCounter::ClosingReclaimed);
+    true
 }
 
 /// What [`claim`] made of a port.
@@ -250,6 +314,10 @@ enum Claim {
     Taken,
     /// Held by another live flow (or a host port).
     Held,
+    /// Held by a closing flow of the same pod that the pod's TIME_WAIT holds
+    /// (`tcp_state::POD_CLOSED`) idle past `tcp_state::POD_CLOSED_RECLAIM_MS`: taken only
+    /// when the search finds no other port.
+    Reclaimable,
     /// Free, but the pod holds its budget of ports toward the destination: only a port
     /// of its own expired flows would do.
     OverBudget,
@@ -333,7 +401,11 @@ fn claim(flow: &NewFlow<'_>, port: u16) -> Claim {
             // had expired): it keeps it.
             let same_flow = old.pod_addr == key.pod_addr && old.pod_port == key.pod_port;
             if !same_flow && !conntrack::expired(&old, key.proto, config, now) {
-                return Claim::Held;
+                return if old.pod_addr == key.pod_addr && reclaimable(&old, key.proto, now) {
+                    Claim::Reclaimable
+                } else {
+                    Claim::Held
+                };
             }
             let other_pod = old.pod_addr != key.pod_addr;
             if other_pod && !budget::ports_within(key, config) {
