@@ -3,7 +3,8 @@
 //! ICMP cross between their pods with the pods' own addresses (no source NAT inside the
 //! cluster); the node's own traffic reaches other nodes' pods through the routes the
 //! daemon installs; traffic to the outside is still translated to the sending node's
-//! address. (A node removed, and a daemon restarted under a cross-node stream:
+//! address. Pod traffic between nodes skips both nodes' stacks (a FORWARD chain
+//! dropping everything stops none of it). (A node removed, and a daemon restarted under a cross-node stream:
 //! `cross_node_changes.rs`.)
 
 use std::net::{IpAddr, SocketAddr};
@@ -44,6 +45,29 @@ fn pods_on_three_nodes_talk_with_their_own_addresses() {
     );
 
     pods_talk_as_themselves(&cluster, [&a, &b, &c], PORT);
+
+    // Both ways past the nodes' stacks: out by a FIB lookup and the neighbour, in
+    // straight into the pod from the uplink. A FORWARD chain that drops everything on
+    // both nodes stops no pod.
+    let server = EchoServer::start(&b.netns, PORT + 2);
+    for node in [1, 2] {
+        let rule = cluster
+            .node(node)
+            .netns
+            .run("iptables", &["-I", "FORWARD", "-j", "DROP"]);
+        assert!(rule.status.success(), "iptables: {rule:?}");
+    }
+    round_trip(&a.netns, (b.ip, PORT + 2).into(), b"past FORWARD")
+        .expect("pod a reaches pod b with FORWARD dropping everything");
+    assert_eq!(last_peer(&server.peers()), IpAddr::from(a.ip));
+    drop(server);
+    for node in [1, 2] {
+        let rule = cluster
+            .node(node)
+            .netns
+            .run("iptables", &["-D", "FORWARD", "-j", "DROP"]);
+        assert!(rule.status.success(), "iptables: {rule:?}");
+    }
 
     // The node's own traffic follows the daemon's routes.
     let server = EchoServer::start(&b.netns, PORT + 1);
