@@ -1,4 +1,6 @@
-//! A fake Kubernetes API server for the node watch, on 127.0.0.1 in plain HTTP/1.1.
+//! A fake Kubernetes API server for the node watch, in plain HTTP/1.1 (on 127.0.0.1, or
+//! where the caller bound its listener). Shared by cni-nodes' tests and the daemon's
+//! (`tests/tests/cluster_kube_source.rs` includes this file by path).
 //!
 //! It speaks the wire format kube's client reads from a real server: `GET /api/v1/nodes`
 //! answered with a `NodeList` carrying `metadata.resourceVersion`, and `GET
@@ -53,9 +55,15 @@ impl Drop for FakeApi {
 
 impl FakeApi {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1");
+        Self::start_on(std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1"))
+    }
+
+    /// Serves on `listener`, bound by the caller (in another network namespace, say).
+    pub fn start_on(listener: std::net::TcpListener) -> Self {
+        listener
+            .set_nonblocking(true)
+            .expect("a nonblocking listener");
+        let listener = TcpListener::from_std(listener).expect("a tokio listener");
         let addr = listener.local_addr().expect("listener address");
         let (calls_tx, calls) = mpsc::unbounded_channel();
         let server = tokio::spawn(async move {
