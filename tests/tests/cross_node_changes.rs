@@ -5,7 +5,8 @@
 //! `ebpf-cnid nodes` within a second, while the others' traffic goes on; a node that
 //! moves to another address, then gets another pod range, is followed within a second
 //! by the others (routes, tunnel, `ebpf-cnid nodes`) and by itself (its new pods take
-//! the new range), pods reach it at each step, and the others' traffic goes on.
+//! the new range), pods reach it at each step, and the others' traffic goes on;
+//! `ebpf-cnid uninstall` takes the ways to other nodes away (routes, overlay device).
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -256,5 +257,43 @@ fn the_overlay_follows_a_node_to_another_address_and_range() {
         "vxlan",
         ["10.244.161.0/24", "10.244.162.0/24", "10.244.163.0/24"],
         "10.244.164.0/24",
+    );
+}
+
+/// Node 1 of a three-node cluster with `--routing routing`, uninstalled: no daemon
+/// route, no overlay device, no pin left.
+fn uninstall_removes_the_ways_to_other_nodes(routing: &str, ranges: [&str; 3]) {
+    let mut cluster = TestCluster::start(&ranges, &["--routing", routing]);
+    let node = &mut cluster.nodes[0];
+    assert_eq!(daemon_routes(&node.netns).len(), 2);
+    let has_overlay = |netns: &ebpf_cni_tests::netns::Netns| {
+        netns
+            .run("ip", &["link", "show", "ebpf-vxlan"])
+            .status
+            .success()
+    };
+    assert_eq!(has_overlay(&node.netns), routing == "vxlan");
+    assert!(node.daemon.stop());
+    let out = node.instance.cli(&["uninstall"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(daemon_routes(&node.netns), Vec::<String>::new());
+    assert!(!has_overlay(&node.netns), "the overlay device is gone");
+    assert!(!node.instance.bpf_dir.exists(), "every pin is gone");
+}
+
+#[test]
+fn uninstall_removes_the_overlay_device_and_the_routes_to_other_nodes() {
+    require_root();
+    uninstall_removes_the_ways_to_other_nodes(
+        "vxlan",
+        ["10.244.181.0/24", "10.244.182.0/24", "10.244.183.0/24"],
+    );
+    uninstall_removes_the_ways_to_other_nodes(
+        "native",
+        ["10.244.184.0/24", "10.244.185.0/24", "10.244.186.0/24"],
     );
 }
