@@ -32,7 +32,8 @@ impl Contender {
             Contender::Reference => "reference (bridge + host-local + portmap)",
             Contender::Raw => {
                 "raw veth (ceiling: pod to pod, one veth pair; pod to external, two veth \
-                 pairs through a namespace that routes, without NAT)"
+                 pairs through a namespace that routes, without NAT; across nodes, the two \
+                 nodes themselves, directly or, for the overlay, over kernel VXLAN devices)"
             }
         }
     }
