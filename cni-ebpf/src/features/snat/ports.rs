@@ -298,8 +298,11 @@ fn reclaim(flow: &NewFlow<'_>, port: u16) -> bool {
         // SAFETY: a pointer into the map value, valid for the program run.
         unsafe {
             if (*stale).node_port == port {
+                // Idle just past its timeout (as `ebpf-cnid nat` then shows it).
                 (*stale).state = tcp_state::POD_CLOSED;
-                (*stale).last_seen_ns = 0;
+                (*stale).last_seen_ns = flow
+                    .now
+                    .saturating_sub((u64::from(tcp_state::POD_CLOSED_SECS) + 1) * 1_000_000_000);
             }
         }
     }
