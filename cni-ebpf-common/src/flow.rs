@@ -157,10 +157,12 @@ impl Followed {
     }
 }
 
-/// `entry` (a flow of `proto`) after `seg` going `way`: [`state_after`] for a flow the
-/// pod opened, [`inbound_state`] for one opened from outside (`inbound`; `way` is then
-/// [`Way::In`] from the pod), with the RST or FIN of a TCP packet whose sequence number
-/// does not fit ([`follow_seq`]) taken as no flags.
+/// `entry` (a flow of `proto`) after `seg` going `way` at `now_ns`: [`state_after`] for
+/// a flow the pod opened, [`inbound_state`] for one opened from outside (`inbound`;
+/// `way` is then [`Way::In`] from the pod), with the RST or FIN of a TCP packet whose
+/// sequence number does not fit ([`follow_seq`]) taken as no flags; a replied flow of
+/// another protocol still active [`udp_state::STREAM_AFTER_MS`] after it began becomes
+/// a stream ([`udp_state::STREAM`]).
 #[inline(always)]
 #[must_use]
 pub const fn follow(
@@ -169,6 +171,7 @@ pub const fn follow(
     seg: &Segment,
     way: Way,
     inbound: bool,
+    now_ns: u64,
 ) -> Followed {
     let (flags, seq_seen, seq) = if proto == TCP {
         let step = follow_seq(entry.seq_seen, entry.seq, seg, way);
@@ -181,6 +184,15 @@ pub const fn follow(
     } else {
         state_after(proto, entry.state, flags, way)
     };
+    let state = if proto != TCP
+        && proto != ICMP
+        && state == udp_state::REPLIED
+        && millis(now_ns).wrapping_sub(entry.seq[0]) >= udp_state::STREAM_AFTER_MS
+    {
+        udp_state::STREAM
+    } else {
+        state
+    };
     Followed {
         state,
         seq_seen,
@@ -189,15 +201,23 @@ pub const fn follow(
 }
 
 /// The sequence marks of a flow whose first packet is `seg` of `proto`, from its
-/// opener: ([`NatEntry::seq_seen`], [`NatEntry::seq`]).
+/// opener, at `now_ns`: ([`NatEntry::seq_seen`], [`NatEntry::seq`]). Flows of other
+/// protocols have no sequence numbers: `seq[0]` holds when they began, in milliseconds
+/// of `CLOCK_MONOTONIC` modulo 2^32 (see [`udp_state::STREAM`]).
 #[inline(always)]
 #[must_use]
-pub const fn opening_seq(proto: u8, seg: &Segment) -> (u8, [u32; 2]) {
+pub const fn opening_seq(proto: u8, seg: &Segment, now_ns: u64) -> (u8, [u32; 2]) {
     if proto == TCP {
         (seq_seen::OPENER, [seg.seq, 0])
     } else {
-        (0, [0, 0])
+        (0, [millis(now_ns), 0])
     }
+}
+
+/// `now_ns` in milliseconds, modulo 2^32 (compared with `wrapping_sub`).
+#[inline(always)]
+const fn millis(now_ns: u64) -> u32 {
+    (now_ns / 1_000_000) as u32
 }
 
 /// The [`NatEntry::seq_seen`] of the twin entry (the other table's) of a flow when this
@@ -268,11 +288,18 @@ pub const fn reclaimable(entry: &NatEntry, proto: u8, now_ns: u64) -> bool {
 }
 
 /// [`NatEntry::state`] of a UDP flow, and of SCTP and protocols without ports (ICMP
-/// flows stay 0).
+/// flows stay 0). As conntrack's UDP: a flow answered once (a DNS query) keeps the
+/// short timeout; one still active two seconds after it began is a stream and keeps
+/// the longer one.
 pub mod udp_state {
-    /// A reply came: the flow is a stream both ways, which keeps its translation the
-    /// longer "stream" timeout (as conntrack's assured UDP flows do).
+    /// A reply came: still the short timeout (conntrack's `udp_timeout`, 30 s).
     pub const REPLIED: u8 = 1;
+    /// Replied, and a packet either way [`STREAM_AFTER_MS`] or more after the flow
+    /// began: the longer "stream" timeout (conntrack's assured UDP flows,
+    /// `udp_timeout_stream`, 120 s).
+    pub const STREAM: u8 = 2;
+    /// How long after its first packet a replied flow's next packet makes it a stream.
+    pub const STREAM_AFTER_MS: u32 = 2_000;
 }
 
 /// Which way a packet of a flow goes, seen from the side that opened it.
@@ -331,15 +358,15 @@ pub const fn next_state(state: u8, flags: u8, way: Way) -> u8 {
 
 /// The state of a flow the pod opened (translated: `NAT_OUT` and `NAT_IN`) after a
 /// packet going `way` with TCP `flags` (0 for other protocols): TCP follows
-/// [`next_state`]; another protocol's flow becomes [`udp_state::REPLIED`] at a reply,
-/// except ICMP echo flows, which have no state.
+/// [`next_state`]; another protocol's flow becomes [`udp_state::REPLIED`] at a reply
+/// (a stream stays one), except ICMP echo flows, which have no state.
 #[inline(always)]
 #[must_use]
 pub const fn state_after(proto: u8, state: u8, flags: u8, way: Way) -> u8 {
     match (proto, way) {
         (TCP, _) => next_state(state, flags, way),
         (ICMP, _) | (_, Way::Out) => state,
-        (_, Way::In) => udp_state::REPLIED,
+        (_, Way::In) => replied(state),
     }
 }
 
@@ -354,7 +381,7 @@ pub const fn state_after(proto: u8, state: u8, flags: u8, way: Way) -> u8 {
 #[must_use]
 pub const fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u8 {
     if proto != TCP {
-        return if from_pod { udp_state::REPLIED } else { state };
+        return if from_pod { replied(state) } else { state };
     }
     let way = if from_pod { Way::In } else { Way::Out };
     match next_state(state, flags, way) {
@@ -365,16 +392,26 @@ pub const fn inbound_state(proto: u8, state: u8, flags: u8, from_pod: bool) -> u
 
 /// Whether a flow of `proto` in `state` may go before its timeout when its table
 /// fills up (conntrack's early drop takes flows not yet assured): TCP not established
-/// (opening, closing, closed), UDP and the others before a reply, ICMP echo always
-/// (a ping's flow is one request and its reply). An established TCP connection and
-/// a UDP stream that had a reply never go for room.
+/// (opening, closing, closed), UDP and the others until they are a stream (a query
+/// and its answer go too), ICMP echo always (a ping's flow is one request and its
+/// reply). An established TCP connection and a UDP stream never go for room.
 #[inline(always)]
 #[must_use]
 pub const fn early_droppable(proto: u8, state: u8) -> bool {
     match proto {
         TCP => state != tcp_state::ESTABLISHED,
         ICMP => true,
-        _ => state != udp_state::REPLIED,
+        _ => state != udp_state::STREAM,
+    }
+}
+
+/// A non-TCP flow's state after a reply: [`udp_state::REPLIED`], or the stream it is.
+#[inline(always)]
+const fn replied(state: u8) -> u8 {
+    if state == udp_state::STREAM {
+        state
+    } else {
+        udp_state::REPLIED
     }
 }
 
@@ -415,7 +452,7 @@ impl Timeouts {
     /// The idle timeout of a flow of `proto` in `state`. A TCP flow in no known state
     /// counts as transitory; other protocols than TCP, UDP and ICMP (SCTP, and those
     /// translated by address alone: GRE, ESP...) take UDP's: the stream timeout once
-    /// they had a reply.
+    /// they are a stream ([`udp_state::STREAM`]).
     #[inline(always)]
     #[must_use]
     pub const fn secs(&self, proto: u8, state: u8) -> u32 {
@@ -425,7 +462,7 @@ impl Timeouts {
             (TCP, tcp_state::POD_CLOSED) => min(self.tcp_closed, tcp_state::POD_CLOSED_SECS),
             (TCP, _) => self.tcp_transitory,
             (ICMP, _) => self.icmp,
-            (_, udp_state::REPLIED) => self.udp_stream,
+            (_, udp_state::STREAM) => self.udp_stream,
             _ => self.udp,
         }
     }

@@ -218,8 +218,8 @@ pub struct NatConfig {
     pub uplink_ifindex: u32,
     /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
     pub tcp_closed_secs: u32,
-    /// A UDP flow that has seen a reply ([`crate::udp_state::REPLIED`]); `udp_secs` is for one
-    /// that has not. Added after the first release: a pinned `NAT_CONFIG` of the
+    /// A UDP flow that is a stream ([`crate::udp_state::STREAM`]); `udp_secs` is for
+    /// the others. Added after the first release: a pinned `NAT_CONFIG` of the
     /// earlier size is replaced at start (the daemon writes the map whole at every
     /// start, so nothing is lost).
     pub udp_stream_secs: u32,

@@ -278,14 +278,14 @@ fn connections_pinned_by_an_earlier_release_are_carried_and_keep_working() {
             ),
             (
                 udp_key,
-                udp_state::REPLIED,
+                udp_state::STREAM,
                 node_addr(),
                 HOST_PORT,
                 pod_addr,
                 CONTAINER_PORT
             ),
         ],
-        "carried as answered connections through the same host address and port"
+        "carried as answered connections (a UDP stream) through the same host address and port"
     );
     assert!(
         node.instance

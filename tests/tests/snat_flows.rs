@@ -2,7 +2,12 @@
 //! connections opened from outside follow TCP, the sweep removes thousands of expired
 //! flows and keeps the live one, and a deleted pod's flows go at once.
 
-use std::{collections::BTreeSet, net::SocketAddr, thread, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    thread,
+    time::{Duration, Instant},
+};
 
 use cni_ebpf_common::{NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
@@ -17,8 +22,8 @@ use ebpf_cni_tests::{
 #[test]
 fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
     require_root();
-    // One node port, a 2 s timeout for UDP without a reply and 8 s with one, swept
-    // every second.
+    // One node port, a 5 s timeout for UDP that is not a stream (no reply, or a query
+    // and its answer) and 12 s for a stream, swept every second.
     let node = Node::start_with(
         "10.244.55.0/24",
         &[],
@@ -26,9 +31,9 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
             "--nat-port-range",
             "61000-61000",
             "--nat-udp-timeout",
-            "2",
+            "5",
             "--nat-udp-stream-timeout",
-            "8",
+            "12",
             "--nat-gc-interval",
             "1",
         ],
@@ -36,6 +41,7 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
     let (a, b) = (node.add_pod("exp-a"), node.add_pod("exp-b"));
     let udp = UdpEcho::start(&node.external, UDP_PORT);
 
+    let began = Instant::now();
     udp_round_trip(&a.netns, 5000, external(UDP_PORT), b"first").expect("a gets the only port");
     assert!(
         udp_round_trip(&b.netns, 5001, external(UDP_PORT), b"second").is_err(),
@@ -69,12 +75,21 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
         "a's flow had a reply: {table}"
     );
 
-    // Past the timeout of UDP without a reply, a's flow (a stream) keeps its port.
-    thread::sleep(Duration::from_secs(4));
+    // Asked again more than two seconds after it began: a stream, as conntrack's
+    // assured UDP flows.
+    if let Some(wait) =
+        (began + Duration::from_millis(2_500)).checked_duration_since(Instant::now())
+    {
+        thread::sleep(wait);
+    }
+    udp_round_trip(&a.netns, 5000, external(UDP_PORT), b"again").expect("a's flow goes on");
+    assert_eq!(nat_table(&node)["entries"][0]["state"], "stream");
+    // Past the short timeout, a's flow (a stream) keeps its port.
+    thread::sleep(Duration::from_secs(6));
     assert_eq!(
         nat_table(&node)["entries"].as_array().map(Vec::len),
         Some(1),
-        "a stream outlives the unreplied timeout"
+        "a stream outlives the short timeout"
     );
     assert!(
         eventually(Duration::from_secs(15), || nat_table(&node)["entries"]
@@ -83,6 +98,21 @@ fn entries_expire_and_an_exhausted_range_drops_until_a_port_is_free_again() {
         "the idle entry expired and was swept"
     );
     udp_round_trip(&b.netns, 5001, external(UDP_PORT), b"third").expect("the port is reused");
+    // A query and its answer, no more: gone after the short timeout, well before a
+    // stream's.
+    assert_eq!(nat_table(&node)["entries"][0]["state"], "replied");
+    let answered = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(15), || nat_table(&node)["entries"]
+            .as_array()
+            .is_some_and(Vec::is_empty)),
+        "b's flow expired and was swept"
+    );
+    assert!(
+        answered.elapsed() < Duration::from_secs(9),
+        "within the short timeout and a sweep: {:?}",
+        answered.elapsed()
+    );
     let ports: BTreeSet<u16> = udp.peers().iter().map(SocketAddr::port).collect();
     assert_eq!(
         ports,

@@ -167,7 +167,7 @@ fn notes_pinned_by_an_earlier_release_are_carried_into_the_new_table() {
             ),
             (
                 udp_flow,
-                cni_ebpf_common::udp_state::REPLIED,
+                cni_ebpf_common::udp_state::STREAM,
                 seen,
                 [10, 244, 81, 2],
                 53

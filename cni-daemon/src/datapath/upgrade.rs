@@ -313,12 +313,13 @@ fn replace_counters(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError>
     Ok(())
 }
 
-/// The state an earlier release's flow of `key` comes over with: answered.
+/// The state an earlier release's flow of `key` comes over with: answered (a UDP
+/// stream, which is what an answered flow was then: it keeps the longer timeout).
 fn answered(key: &NatKey) -> u8 {
     if key.proto == ip_proto::TCP {
         tcp_state::ESTABLISHED
     } else {
-        udp_state::REPLIED
+        udp_state::STREAM
     }
 }
 
@@ -387,7 +388,7 @@ mod tests {
             NatEntry::from_outside(&tcp, tcp_state::ESTABLISHED, 1234),
             "a note's 8 bytes are its timestamp"
         );
-        assert_eq!(earlier_note(&udp, [0; 8]).state, udp_state::REPLIED);
+        assert_eq!(earlier_note(&udp, [0; 8]).state, udp_state::STREAM);
         let port = 30080_u16.to_ne_bytes();
         let connection = earlier_hostport_flow(&tcp, [198, 18, 0, 1, port[0], port[1], 0, 0]);
         assert_eq!(

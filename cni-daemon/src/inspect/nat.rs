@@ -251,6 +251,7 @@ pub fn state_name(proto: u8, state: u8) -> &'static str {
         TCP => {}
         ICMP => return "-",
         _ if state == udp_state::REPLIED => return "replied",
+        _ if state == udp_state::STREAM => return "stream",
         _ => return "-",
     }
     match state {
@@ -370,8 +371,9 @@ mod tests {
         assert_eq!(proto_name(253), "253");
         assert_eq!(state_name(6, tcp_state::SYN_SENT), "syn_sent");
         assert_eq!(state_name(6, tcp_state::CLOSING), "closing");
-        assert_eq!(state_name(17, tcp_state::ESTABLISHED), "-");
+        assert_eq!(state_name(17, tcp_state::CLOSING), "-");
         assert_eq!(state_name(17, udp_state::REPLIED), "replied");
+        assert_eq!(state_name(17, udp_state::STREAM), "stream");
         assert_eq!(state_name(17, 0), "-");
         assert_eq!(state_name(132, udp_state::REPLIED), "replied");
         assert_eq!(state_name(1, udp_state::REPLIED), "-");

@@ -59,7 +59,8 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nat_tcp_closed_timeout: u32,
-    /// Seconds an idle UDP flow that has had no reply keeps its translation.
+    /// Seconds an idle UDP flow that is not a stream keeps its translation: one without a
+    /// reply, or a query and its answer (DNS), as conntrack's `nf_conntrack_udp_timeout`.
     #[arg(
         long,
         env = "EBPF_CNID_NAT_UDP_TIMEOUT",
@@ -67,9 +68,10 @@ pub struct NatArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub nat_udp_timeout: u32,
-    /// Seconds an idle UDP flow that has had a reply (a stream both ways: a VPN, QUIC,
-    /// a media session) keeps its translation; so do SCTP and protocols without ports
-    /// (GRE, ESP) once they had one (before, they take `--nat-udp-timeout`). Default
+    /// Seconds an idle UDP stream keeps its translation: a flow that had a reply and is
+    /// still active two seconds after it began (a VPN, QUIC, a media session), as
+    /// conntrack's assured UDP flows; so do SCTP and protocols without ports (GRE, ESP)
+    /// once they are one (before, they take `--nat-udp-timeout`). Default
     /// 120 s, the kernel's conntrack `nf_conntrack_udp_timeout_stream`, which MASQUERADE
     /// follows for UDP (an SCTP heartbeat, every 30 s, then never races the timeout).
     #[arg(

@@ -175,18 +175,19 @@ fn each_proto_and_tcp_state_has_its_timeout() {
     assert_eq!(TIMEOUTS.secs(UDP, 0), 30);
     assert_eq!(
         TIMEOUTS.secs(UDP, udp_state::REPLIED),
-        120,
-        "a UDP flow that had a reply is a stream"
+        30,
+        "a query and its answer keep the short timeout, as in conntrack"
     );
+    assert_eq!(TIMEOUTS.secs(UDP, udp_state::STREAM), 120);
     assert_eq!(
-        TIMEOUTS.secs(SCTP, udp_state::REPLIED),
+        TIMEOUTS.secs(SCTP, udp_state::STREAM),
         120,
-        "so is an SCTP association"
+        "so does an SCTP association"
     );
     assert_eq!(TIMEOUTS.secs(SCTP, 0), 30);
     assert_eq!(TIMEOUTS.secs(ICMP, 0), 20);
     // The state byte means nothing else outside TCP.
-    assert_eq!(TIMEOUTS.secs(UDP, tcp_state::ESTABLISHED), 30);
+    assert_eq!(TIMEOUTS.secs(UDP, tcp_state::CLOSING), 30);
 }
 
 #[test]
@@ -299,7 +300,7 @@ fn a_rst_or_fin_far_from_the_sides_sequence_numbers_moves_nothing() {
             0,
             0x8000_0000,
         ] {
-            let after = follow(&flow, TCP, &seg(flags, seq, 1_000), Way::In, false);
+            let after = follow(&flow, TCP, &seg(flags, seq, 1_000), Way::In, false, NOW);
             assert_eq!(after.state, tcp_state::ESTABLISHED, "{flags:#x} at {seq}");
             assert_eq!(
                 (after.seq_seen, after.seq),
@@ -308,7 +309,7 @@ fn a_rst_or_fin_far_from_the_sides_sequence_numbers_moves_nothing() {
             );
             // Opened from outside: the outside's side is the opener's, at 1,000.
             let opener_seq = seq.wrapping_sub(5_000_000).wrapping_add(1_000);
-            let inbound = follow(&flow, TCP, &seg(flags, opener_seq, 0), Way::Out, true);
+            let inbound = follow(&flow, TCP, &seg(flags, opener_seq, 0), Way::Out, true, NOW);
             assert_eq!(
                 inbound.state,
                 tcp_state::ESTABLISHED,
@@ -323,6 +324,7 @@ fn a_rst_or_fin_far_from_the_sides_sequence_numbers_moves_nothing() {
         &seg(RST, 1_000 + 2 * SEQ_SLACK, 0),
         Way::Out,
         false,
+        NOW,
     );
     assert_eq!(pod_rst.state, tcp_state::ESTABLISHED);
 }
@@ -337,7 +339,7 @@ fn a_rst_or_fin_near_the_sides_sequence_numbers_moves_the_state() {
         5_000_123,
     ] {
         assert_eq!(
-            follow(&flow, TCP, &seg(RST, seq, 0), Way::In, false).state,
+            follow(&flow, TCP, &seg(RST, seq, 0), Way::In, false, NOW).state,
             tcp_state::CLOSED,
             "{seq}"
         );
@@ -348,6 +350,7 @@ fn a_rst_or_fin_near_the_sides_sequence_numbers_moves_the_state() {
         &seg(FIN | ACK, 5_001_000, 1_000),
         Way::In,
         false,
+        NOW,
     );
     assert_eq!(fin.state, tcp_state::REMOTE_CLOSING);
     assert_eq!(fin.seq, [1_000, 5_001_000], "the mark follows");
@@ -357,6 +360,7 @@ fn a_rst_or_fin_near_the_sides_sequence_numbers_moves_the_state() {
         &seg(FIN | ACK, 1_500, 5_000_000),
         Way::Out,
         false,
+        NOW,
     );
     assert_eq!(pod_fin.state, tcp_state::CLOSING);
 }
@@ -382,19 +386,26 @@ fn sequence_marks_wrap_and_only_move_ahead() {
 #[test]
 fn an_unseen_side_must_acknowledge_the_other() {
     // The pod's SYN at 7,000: the remote is not seen yet.
-    let (seen, seq) = opening_seq(TCP, &seg(SYN, 7_000, 0));
+    let (seen, seq) = opening_seq(TCP, &seg(SYN, 7_000, 0), NOW);
     let syn_sent = NatEntry {
         seq_seen: seen,
         seq,
         ..entry(0, tcp_state::SYN_SENT)
     };
     // A refusal acknowledges the SYN.
-    let refused = follow(&syn_sent, TCP, &seg(RST | ACK, 0, 7_001), Way::In, false);
+    let refused = follow(
+        &syn_sent,
+        TCP,
+        &seg(RST | ACK, 0, 7_001),
+        Way::In,
+        false,
+        NOW,
+    );
     assert_eq!(refused.state, tcp_state::CLOSED);
     // A blind RST, with no acknowledgement or a wrong one, does not.
     for blind in [seg(RST, 123, 0), seg(RST | ACK, 123, 7_001 + 2 * SEQ_SLACK)] {
         assert_eq!(
-            follow(&syn_sent, TCP, &blind, Way::In, false).state,
+            follow(&syn_sent, TCP, &blind, Way::In, false, NOW).state,
             tcp_state::SYN_SENT,
             "{blind:?}"
         );
@@ -405,6 +416,7 @@ fn an_unseen_side_must_acknowledge_the_other() {
         &seg(SYN | ACK, 90_000, 7_001),
         Way::In,
         false,
+        NOW,
     );
     assert_eq!(answer.state, tcp_state::ESTABLISHED);
     assert_eq!(
@@ -414,7 +426,7 @@ fn an_unseen_side_must_acknowledge_the_other() {
     // An entry that knows no side (carried over) takes the first it sees.
     let carried = entry(0, tcp_state::ESTABLISHED);
     assert_eq!(
-        follow(&carried, TCP, &seg(RST, 42, 0), Way::In, false).state,
+        follow(&carried, TCP, &seg(RST, 42, 0), Way::In, false, NOW).state,
         tcp_state::CLOSED
     );
 }
@@ -425,7 +437,14 @@ fn the_openers_syn_starts_the_sequence_marks_over() {
         state: tcp_state::CLOSED,
         ..established()
     };
-    let reopened = follow(&closed, TCP, &seg(SYN, 0x9000_0000, 0), Way::Out, false);
+    let reopened = follow(
+        &closed,
+        TCP,
+        &seg(SYN, 0x9000_0000, 0),
+        Way::Out,
+        false,
+        NOW,
+    );
     assert_eq!(reopened.state, tcp_state::SYN_SENT);
     assert_eq!(
         (reopened.seq_seen, reopened.seq[0]),
@@ -448,12 +467,80 @@ fn the_openers_syn_starts_the_sequence_marks_over() {
     );
 }
 
+/// A UDP flow in `state`, begun `age_ms` before [`NOW`].
+fn udp_flow(state: u8, age_ms: u64) -> NatEntry {
+    let (_, seq) = opening_seq(UDP, &Segment::default(), NOW - age_ms * 1_000_000);
+    NatEntry {
+        seq,
+        ..entry(0, state)
+    }
+}
+
 #[test]
-fn other_protocols_keep_no_sequence_marks() {
-    let udp = entry(0, 0);
-    let after = follow(&udp, UDP, &Segment::default(), Way::In, false);
+fn other_protocols_keep_no_sequence_marks_but_when_they_began() {
+    let udp = udp_flow(0, 0);
+    let after = follow(&udp, UDP, &Segment::default(), Way::In, false, NOW);
     assert_eq!((after.state, after.seq_seen), (udp_state::REPLIED, 0));
-    assert_eq!(opening_seq(UDP, &seg(0, 5, 0)), (0, [0, 0]));
+    assert_eq!(after.seq, udp.seq, "the start stays");
+    assert_eq!(
+        opening_seq(UDP, &seg(0, 5, 0), NOW),
+        (0, [(NOW / 1_000_000) as u32, 0]),
+        "milliseconds of the clock, modulo 2^32"
+    );
+}
+
+#[test]
+fn a_replied_flow_still_active_two_seconds_after_it_began_is_a_stream() {
+    let out = |flow: &NatEntry| follow(flow, UDP, &Segment::default(), Way::Out, false, NOW);
+    assert_eq!(
+        out(&udp_flow(udp_state::REPLIED, 1_500)).state,
+        udp_state::REPLIED,
+        "a query answered and asked again within two seconds"
+    );
+    assert_eq!(
+        out(&udp_flow(udp_state::REPLIED, 2_500)).state,
+        udp_state::STREAM
+    );
+    assert_eq!(
+        out(&udp_flow(0, 2_500)).state,
+        0,
+        "never answered: no stream, however long"
+    );
+    let reply = follow(
+        &udp_flow(udp_state::STREAM, 10_000),
+        UDP,
+        &Segment::default(),
+        Way::In,
+        false,
+        NOW,
+    );
+    assert_eq!(reply.state, udp_state::STREAM, "a reply keeps a stream one");
+    let from_outside = follow(
+        &udp_flow(udp_state::REPLIED, 2_500),
+        SCTP,
+        &Segment::default(),
+        Way::In,
+        true,
+        NOW,
+    );
+    assert_eq!(
+        from_outside.state,
+        udp_state::STREAM,
+        "opened from outside too"
+    );
+    assert_eq!(
+        inbound_state(UDP, udp_state::STREAM, 0, true),
+        udp_state::STREAM
+    );
+    let ping = follow(
+        &udp_flow(0, 2_500),
+        ICMP,
+        &Segment::default(),
+        Way::In,
+        false,
+        NOW,
+    );
+    assert_eq!(ping.state, 0, "echo flows have no state");
 }
 
 #[test]
@@ -472,7 +559,11 @@ fn only_answered_flows_are_kept_from_early_drop() {
     ] {
         assert!(early_droppable(TCP, state), "TCP state {state}");
     }
-    assert!(!early_droppable(UDP, udp_state::REPLIED));
+    assert!(!early_droppable(UDP, udp_state::STREAM));
+    assert!(
+        early_droppable(UDP, udp_state::REPLIED),
+        "a query and its answer"
+    );
     assert!(early_droppable(UDP, 0));
     assert!(early_droppable(ICMP, 0));
 }

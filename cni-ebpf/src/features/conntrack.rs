@@ -109,8 +109,12 @@ pub fn live_entry(
             },
             0,
         ),
-        // A reply makes a UDP (or SCTP, GRE...) flow a stream (the longer timeout).
-        Some(seg) => (follow(&entry, key.proto, &seg, Way::In, false), seg.flags),
+        // A reply makes a UDP (or SCTP, GRE...) flow replied, and a stream (the longer
+        // timeout) once it goes on two seconds after it began.
+        Some(seg) => (
+            follow(&entry, key.proto, &seg, Way::In, false, now),
+            seg.flags,
+        ),
     };
     if followed.state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
         let forward = key.forward(&entry);
@@ -162,7 +166,7 @@ pub fn saw_inbound(
     touch(
         slot,
         &note,
-        &follow(&note, flow.proto, seg, Way::Out, true),
+        &follow(&note, flow.proto, seg, Way::Out, true, now),
         now,
     );
     Ok(())
@@ -171,7 +175,7 @@ pub fn saw_inbound(
 /// The note of `flow`, a flow a host outside opens with `seg` (its first packet).
 #[inline(always)]
 pub fn opened(flow: &NatKey, seg: &Segment, now: u64) -> NatEntry {
-    let (seq_seen, seq) = opening_seq(flow.proto, seg);
+    let (seq_seen, seq) = opening_seq(flow.proto, seg, now);
     NatEntry {
         seq_seen,
         seq,
@@ -183,8 +187,8 @@ pub fn opened(flow: &NatKey, seg: &Segment, now: u64) -> NatEntry {
 /// answers a flow a host outside opened to the pod's own address whose note has not
 /// expired: such answers keep the pod's address, as under MASQUERADE, which translates
 /// only connections that began leaving. The note follows the packet: TCP's state, a
-/// reply for the others (which then keep it the stream timeout, as conntrack's assured
-/// flows do).
+/// reply for the others (a stream, with the longer timeout, once it goes on two
+/// seconds after it began, as conntrack's assured flows).
 #[inline(always)]
 pub fn opened_from_outside(flow: &NatKey, seg: &Segment, config: &NatConfig, now: u64) -> bool {
     let Some(slot) = NAT_INBOUND.get_ptr_mut(flow) else {
@@ -198,7 +202,7 @@ pub fn opened_from_outside(flow: &NatKey, seg: &Segment, config: &NatConfig, now
     touch(
         slot,
         &note,
-        &follow(&note, flow.proto, seg, Way::In, true),
+        &follow(&note, flow.proto, seg, Way::In, true, now),
         now,
     );
     true

@@ -277,30 +277,31 @@ mod tests {
     }
 
     #[test]
-    fn early_drop_takes_unanswered_flows_oldest_first_and_never_an_answered_one() {
-        // 16 flows in a table of 16: 8 answered (REPLIED), 8 not, of various ages.
+    fn early_drop_takes_unanswered_flows_oldest_first_and_never_a_stream() {
+        // 16 flows in a table of 16: 8 streams, 8 never answered, of various ages.
         let mut table = Vec::new();
         for port in 0..16u16 {
             let key = flow(1000 + port);
             let mut e = entry(&key, 2000 + port, u64::from(port));
-            e.state = if port % 2 == 0 { 1 } else { 0 };
+            e.state = if port % 2 == 0 {
+                cni_ebpf_common::udp_state::STREAM
+            } else {
+                0
+            };
             table.push((key, e, 17));
         }
         let dropped = early_drop(table.iter().copied(), 16, &HashSet::new(), 16);
         // Down to three quarters (12): four go, the oldest unanswered ones.
         let ports: Vec<u16> = dropped.iter().map(|(key, _)| key.pod_port).collect();
         assert_eq!(ports, [1015, 1013, 1011, 1009], "idle longest first");
-        assert!(
-            dropped.iter().all(|(_, e)| e.state == 0),
-            "answered flows stay"
-        );
+        assert!(dropped.iter().all(|(_, e)| e.state == 0), "streams stay");
         // Removals already decided count: 3 gone leave 13, below 7/8 of 16.
         let gone: HashSet<NatKey> = [flow(1000), flow(1002), flow(1004)].into();
         assert_eq!(early_drop(table.iter().copied(), 16, &gone, 16), []);
-        // A table of answered flows only: nothing to take, however full.
+        // A table of streams only: nothing to take, however full.
         let answered: Vec<_> = table
             .iter()
-            .filter(|(_, e, _)| e.state == 1)
+            .filter(|(_, e, _)| e.state != 0)
             .copied()
             .collect();
         assert_eq!(

@@ -99,7 +99,7 @@ fn remember(
             && entry.node_port == host_port
             && !is_expired(&entry, flow.proto, now)
         {
-            let followed = flow::follow(&entry, flow.proto, seg, Way::Out, true);
+            let followed = flow::follow(&entry, flow.proto, seg, Way::Out, true, now);
             conntrack::touch(slot, &entry, &followed, now);
             return Ok(());
         }
@@ -156,7 +156,7 @@ pub fn host_of(flow: &NatKey, seg: Option<&Segment>) -> Option<HostPortFlow> {
         return None;
     }
     if let Some(seg) = seg {
-        let followed = flow::follow(&entry, flow.proto, seg, Way::In, true);
+        let followed = flow::follow(&entry, flow.proto, seg, Way::In, true, now);
         conntrack::touch(slot, &entry, &followed, now);
     }
     Some(HostPortFlow {

@@ -101,7 +101,7 @@ pub fn egress(
         Some(slot) => {
             // SAFETY: as above; copied at once.
             let entry = unsafe { *slot };
-            let followed = follow(&entry, key.proto, &seg, Way::Out, false);
+            let followed = follow(&entry, key.proto, &seg, Way::Out, false, now);
             // A flow goes on from its uplink's address as it is now (see
             // `Nat::follow_uplink` in the daemon).
             if followed.state != entry.state
@@ -134,7 +134,7 @@ pub fn egress(
             if !has_address {
                 return Ok(counters::drop_packet(DropReason::NatNoAddress));
             }
-            let (seq_seen, seq) = opening_seq(key.proto, &seg);
+            let (seq_seen, seq) = opening_seq(key.proto, &seg, now);
             let opening = Followed {
                 state: opening_state(key.proto, seg.flags),
                 seq_seen,

@@ -7,8 +7,8 @@ use aya_ebpf::{
     helpers::generated::{bpf_get_prandom_u32, bpf_loop},
 };
 use cni_ebpf_common::{
-    NatConfig, NatCounter, NatEntry, NatKey, Refusal,
-    flow::{Followed, reclaimable, tcp_state},
+    NatConfig, NatCounter, NatEntry, NatKey, Refusal, Segment,
+    flow::{Followed, opening_seq, reclaimable, tcp_state},
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 
@@ -167,10 +167,13 @@ pub(super) fn keep_port(
         config,
         node_addr,
         now,
-        opening: Followed {
-            state: 0,
-            seq_seen: 0,
-            seq: [0; 2],
+        opening: {
+            let (seq_seen, seq) = opening_seq(key.proto, &Segment::flags(0), now);
+            Followed {
+                state: 0,
+                seq_seen,
+                seq,
+            }
         },
     };
     match claim(&flow, key.pod_port) {
