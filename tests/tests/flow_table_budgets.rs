@@ -29,7 +29,7 @@ use ebpf_cni_tests::{
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings, socket},
     require_root,
     snat::{TCP_PORT, external, nat_table},
-    traffic::{EchoServer, many_connections, run_in, spawn_in},
+    traffic::{EchoServer, many_connections, run_in},
 };
 use serde_json::Value;
 
@@ -266,8 +266,11 @@ fn short_connections_at_a_rate_past_the_port_budget_per_second_go_on_without_a_s
     require_root();
     let node = Node::start_with("10.244.96.0/24", &[], &["--nat-port-range", "20000-20511"]);
     let pod = node.add_pod("short-connections");
-    let _server = spawn_in(&node.external, || {
-        let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, PORT)).expect("a listener");
+    // Bound before the first connection; served from a thread of its own.
+    let listener = run_in(&node.external, || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, PORT)).expect("a listener")
+    });
+    let _server = std::thread::spawn(move || {
         for stream in listener.incoming().take(CONNECTIONS as usize) {
             let Ok(mut stream) = stream else { continue };
             let mut byte = [0u8; 1];
