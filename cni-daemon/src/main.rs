@@ -17,6 +17,7 @@ use cni_daemon::{
     datapath::{self, sock, tc_block},
     files,
     inspect::{join, nat as nat_view, read, render},
+    metrics,
     nat::NatArgs,
     node,
     run::{self, RunConfig},
@@ -108,6 +109,18 @@ enum Command {
             action = clap::ArgAction::Set
         )]
         enable_tcx: bool,
+        /// Address and port of the HTTP listener serving `/healthz` (alive), `/readyz`
+        /// (the datapath loaded, the plugin's socket serving, the uplink with an
+        /// address, the CNI configuration installed when asked) and `/metrics`
+        /// (Prometheus). Always on. It listens in the daemon's network namespace, so
+        /// daemons in different namespaces share the default; the bound address is
+        /// logged.
+        #[arg(
+            long,
+            env = "EBPF_CNID_METRICS_ADDRESS",
+            default_value = metrics::DEFAULT_ADDRESS
+        )]
+        metrics_address: std::net::SocketAddr,
         #[command(flatten)]
         nat: NatArgs,
         #[command(flatten)]
@@ -163,6 +176,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             service_cidrs,
             host_firewall_cidrs,
             enable_tcx,
+            metrics_address,
             nat,
             cluster,
         } => {
@@ -177,6 +191,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 enable_tcx,
                 cgroup: cli.cgroup,
                 cluster,
+                metrics_address,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -1,9 +1,10 @@
 //! `ebpf-cnid run`: the daemon's life from load to shutdown.
 
 use std::{
+    net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context;
@@ -18,6 +19,7 @@ use crate::{
     cluster_watch,
     datapath::sock::cgroup2_mount,
     datapath::{Datapath, overlay::OverlaySettings},
+    metrics::{self, Install, NodeView, Telemetry},
     nat::{Flows, NatArgs, Timeouts},
     node::Node,
     server,
@@ -42,14 +44,34 @@ pub struct RunConfig {
     pub cgroup: Option<PathBuf>,
     /// This node's name and where the cluster's nodes come from.
     pub cluster: ClusterArgs,
+    /// `--metrics-address`: where `/healthz`, `/readyz` and `/metrics` are served.
+    pub metrics_address: SocketAddr,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     raise_file_limit();
-    // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
+    // Before anything is loaded: a wrong --uplink or a metrics address in use stops
+    // the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     let node_name = config.cluster.node_name()?;
     let node_source = config.cluster.source(crate::cluster::in_cluster());
+    let telemetry = Telemetry::new(config.bpf_dir.clone(), Install::NotAsked);
+    let metrics_listener = metrics::http::bind(config.metrics_address)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on --metrics-address {}",
+                config.metrics_address
+            )
+        })?;
+    tracing::info!(
+        address = %metrics_listener.local_addr()?,
+        "serving /healthz, /readyz and /metrics"
+    );
+    let metrics_server = tokio::spawn(metrics::http::serve(
+        metrics_listener,
+        Arc::clone(&telemetry),
+    ));
     // A nodes file that cannot be read, or a kubeconfig that does not load, stops the
     // daemon here, with nothing changed.
     let nodes = match &node_source {
@@ -99,10 +121,16 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     if flows.is_some() {
         node.on_detach(Arc::clone(&detached));
     }
+    telemetry.publish(NodeView::of(&node));
+    telemetry.set_datapath_loaded();
     let node = Arc::new(Mutex::new(node));
-    let address_watch = tokio::spawn(address_watch::run(Arc::clone(&node)));
+    let address_watch = tokio::spawn(address_watch::run(
+        Arc::clone(&node),
+        Arc::clone(&telemetry),
+    ));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+    telemetry.set_serving();
     // Beside the socket, whose folder `bind` made.
     let pod_cidrs_file = config
         .socket
@@ -125,10 +153,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             timeouts,
             config.nat.gc_interval(),
             detached,
+            Arc::clone(&telemetry),
         ))
     });
     let outcome = tokio::select! {
-        () = server::serve(listener, Arc::clone(&node)) => Ok(()),
+        () = server::serve(listener, Arc::clone(&node), Arc::clone(&telemetry)) => Ok(()),
         _ = terminate.recv() => Ok(()),
         _ = interrupt.recv() => Ok(()),
     };
@@ -136,6 +165,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         sweeper.abort();
     }
     address_watch.abort();
+    metrics_server.abort();
     if let Some(cluster_watch) = cluster_watch {
         cluster_watch.abort();
     }
@@ -197,7 +227,13 @@ const PRESSURE_CHECK: Duration = Duration::from_secs(1);
 /// and makes room in a table nearly full (early drop). The sweep is synchronous map work:
 /// it runs on a blocking thread, which owns the flow tables for the sweep and hands
 /// them back; it never takes the node's lock.
-async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detached: Arc<Notify>) {
+async fn sweep_nat(
+    flows: Flows,
+    timeouts: Timeouts,
+    interval: Duration,
+    detached: Arc<Notify>,
+    telemetry: Arc<Telemetry>,
+) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; start sweeping one interval after start.
@@ -224,6 +260,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
         let Some(mut owned) = flows.take() else {
             return;
         };
+        let started = Instant::now();
         let swept = tokio::task::spawn_blocking(move || {
             let outcome = clock::monotonic_now_ns()
                 .context("cannot read CLOCK_MONOTONIC")
@@ -231,6 +268,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             (owned, outcome)
         })
         .await;
+        telemetry.observe_sweep(started.elapsed());
         match swept {
             Ok((owned, outcome)) => {
                 flows = Some(owned);
