@@ -3,7 +3,7 @@
 //! process serves, `/readyz` only once the uplink has an address, and `/metrics`
 //! follows the pods' traffic (under their Kubernetes namespace and name), the drops by
 //! reason, source NAT's flows and refusals, hostPorts, the requests and the sweeps;
-//! and it answers while an ADD holds the node's lock.
+//! it answers while an ADD holds the node's lock, and idle clients cannot hold it.
 
 use std::{
     fs,
@@ -314,4 +314,49 @@ fn metrics_answer_while_an_add_holds_the_nodes_lock() {
         eventually(Duration::from_secs(5), || !locked()),
         "the lock is free again"
     );
+}
+
+#[test]
+fn idle_clients_hold_the_listener_for_ten_seconds_at_most() {
+    require_root();
+    let node = Node::start("10.244.83.0/24");
+    // Sixteen connections (the daemon serves that many at once) that never send a byte.
+    let idle = ebpf_cni_tests::traffic::run_in(&node.netns, || {
+        (0..16)
+            .map(|_| {
+                let stream = std::net::TcpStream::connect(http::METRICS_ADDRESS)
+                    .expect("the listener accepts");
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(20)))
+                    .expect("a read timeout");
+                stream
+            })
+            .collect::<Vec<_>>()
+    });
+    let started = std::time::Instant::now();
+    let held = http::get_at(
+        &node.netns,
+        http::METRICS_ADDRESS,
+        "/healthz",
+        Duration::from_secs(2),
+    );
+    assert!(held.is_err(), "a seventeenth client was served: {held:?}");
+    // The daemon closes each within its lifetime: the read ends, with nothing read.
+    for mut stream in idle {
+        let mut byte = [0u8; 1];
+        let read = stream.read(&mut byte);
+        assert!(
+            matches!(read, Ok(0))
+                || read
+                    .as_ref()
+                    .is_err_and(|error| error.kind() == std::io::ErrorKind::ConnectionReset),
+            "the idle connection was not closed: {read:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "closed late: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(http::get(&node.netns, "/healthz").status, 200);
 }

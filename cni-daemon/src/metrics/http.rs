@@ -18,21 +18,22 @@ use axum::{
 use prometheus_client::encoding::prometheus_text;
 use tokio::net::TcpListener;
 
-use super::{Telemetry, collect, view};
+use super::{Telemetry, collect, listener::BoundedListener, view};
 
 /// Binds `address`; an address in use stops the daemon before it loads anything.
 pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(address).await
 }
 
-/// Serves the endpoints on `listener` until the task is dropped.
+/// Serves the endpoints on `listener` until the task is dropped, its connections
+/// bounded in number and time ([`super::listener`]).
 pub async fn serve(listener: TcpListener, telemetry: Arc<Telemetry>) {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(telemetry);
-    if let Err(error) = axum::serve(listener, app).await {
+    if let Err(error) = axum::serve(BoundedListener::new(listener), app).await {
         tracing::error!(%error, "the health and metrics listener stopped");
     }
 }

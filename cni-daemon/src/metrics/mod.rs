@@ -10,10 +10,12 @@
 //!
 //! - [`view`]: the published node view and the readiness it gives;
 //! - [`collect`]: the metrics, read and encoded at each scrape;
-//! - [`http`]: the listener (axum).
+//! - [`http`]: the endpoints (axum), on a [`listener`] whose connections are bounded in
+//!   number and time.
 
 pub mod collect;
 pub mod http;
+pub mod listener;
 pub mod view;
 
 use std::{
