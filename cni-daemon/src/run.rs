@@ -67,7 +67,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     }
     let telemetry = Telemetry::new(
         config.bpf_dir.clone(),
-        if config.install.cni_conf_dir.is_some() {
+        if config.install.wanted() {
             Install::Pending
         } else {
             Install::NotAsked

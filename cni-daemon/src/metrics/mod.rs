@@ -68,8 +68,8 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Nothing loaded yet; `install` says whether the CNI configuration is to be
-    /// installed ([`Install::Pending`]) or not ([`Install::NotAsked`]).
+    /// Nothing loaded yet; `install` says whether the CNI configuration (plugin or
+    /// conflist) is to be installed ([`Install::Pending`]) or not ([`Install::NotAsked`]).
     pub fn new(bpf_dir: PathBuf, install: Install) -> Arc<Self> {
         Arc::new(Self {
             bpf_dir,

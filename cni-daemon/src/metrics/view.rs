@@ -8,10 +8,11 @@ use cni_api::{Endpoint, UplinkStatus};
 
 use crate::node::Node;
 
-/// Where installing the CNI configuration stands (`--cni-conf-dir`).
+/// Where installing the CNI configuration stands (`--cni-conf-dir`, `--cni-bin-dir`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Install {
-    /// No `--cni-conf-dir`: nothing to install, readiness does not wait for it.
+    /// Neither `--cni-conf-dir` nor `--cni-bin-dir`: nothing to install, readiness does
+    /// not wait for it.
     NotAsked,
     /// Not written yet.
     Pending,
@@ -105,8 +106,8 @@ impl NodeView {
 }
 
 /// Why the daemon is not ready (empty: ready): the datapath is loaded, the plugin's
-/// socket serves, every uplink has an address, and the CNI configuration is installed
-/// when it was asked for.
+/// socket serves, every uplink has an address, and the CNI configuration (the plugin,
+/// the conflist) is installed when it was asked for.
 pub fn not_ready(telemetry: &super::Telemetry) -> Vec<String> {
     let mut reasons = Vec::new();
     if !telemetry.datapath_loaded() {
