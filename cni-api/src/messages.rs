@@ -107,6 +107,22 @@ pub struct Endpoint {
     pub port_mappings: Vec<PortMapping>,
     #[serde(default)]
     pub bandwidth: Option<Bandwidth>,
+    /// The Kubernetes pod this interface belongs to, when the runtime said (`CNI_ARGS`).
+    /// Absent in requests of a plugin that predates it, and in their records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// The pod as kubelet names it in `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`,
+/// `K8S_POD_UID`); each part is `None` when the runtime did not pass it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,4 +243,57 @@ pub struct Attachment {
     pub program: String,
     /// `tcx` (kernel >= 6.6) or `clsact` (netlink, older kernels).
     pub mode: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(pod: Option<PodRef>) -> Endpoint {
+        Endpoint {
+            id: EndpointId {
+                container_id: "c1".to_owned(),
+                ifname: "eth0".to_owned(),
+            },
+            network: "pods".to_owned(),
+            netns: "/run/netns/p".to_owned(),
+            host_veth: "veb000000000000".to_owned(),
+            host_ifindex: 7,
+            host_mac: "02:00:00:00:00:01".to_owned(),
+            mac: "02:00:00:00:00:02".to_owned(),
+            ips: vec!["10.1.0.2/24".parse().expect("an address")],
+            masquerade: true,
+            cluster_cidrs: Vec::new(),
+            port_mappings: Vec::new(),
+            bandwidth: None,
+            pod,
+        }
+    }
+
+    #[test]
+    fn an_attach_without_the_pod_reads_as_no_pod_and_is_written_without_it() {
+        let old = serde_json::to_value(Request::Attach(Box::new(endpoint(None)))).expect("json");
+        assert!(old.get("pod").is_none(), "no pod key when unknown: {old}");
+        let read: Request = serde_json::from_value(old).expect("an older plugin's request");
+        assert_eq!(read, Request::Attach(Box::new(endpoint(None))));
+    }
+
+    #[test]
+    fn the_pod_travels_with_the_attach() {
+        let pod = PodRef {
+            namespace: Some("default".to_owned()),
+            name: Some("web-0".to_owned()),
+            uid: None,
+        };
+        let request = Request::Attach(Box::new(endpoint(Some(pod))));
+        let json = serde_json::to_value(&request).expect("json");
+        assert_eq!(
+            json["pod"],
+            serde_json::json!({"namespace": "default", "name": "web-0"})
+        );
+        assert_eq!(
+            serde_json::from_value::<Request>(json).expect("read"),
+            request
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The watcher of the node's IPv4 addresses and default route: an async task of the
 //! front that listens to rtnetlink's announcements and has the node follow them
-//! (`Node::sync_node_addrs`, `Node::follow_uplink`) on a blocking thread.
+//! (`Node::sync_node_addrs`, `Node::follow_uplink`) on a blocking thread, then
+//! publishes the node's view for the readiness and the metrics (its uplinks).
 
 use std::sync::{Arc, Mutex};
 
@@ -12,14 +13,17 @@ use rtnetlink::{
     sys::{AsyncSocket, SocketAddr},
 };
 
-use crate::node::Node;
+use crate::{
+    metrics::{NodeView, Telemetry},
+    node::Node,
+};
 
 /// Refills `NODE_ADDRS`, and has source NAT follow the uplink's address and device (see
 /// `Nat::follow_uplink`), on every IPv4 address change, and has NAT follow the default
 /// route on every change of it, until the task is dropped. A watcher that cannot start
 /// is logged: hostPorts then cover the addresses known at start, and NAT keeps the
 /// uplink and address it started with.
-pub async fn run(node: Arc<Mutex<Node>>) {
+pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
     let (mut connection, _handle, mut messages) = match rtnetlink::new_connection() {
         Ok(parts) => parts,
         Err(error) => {
@@ -38,15 +42,18 @@ pub async fn run(node: Arc<Mutex<Node>>) {
             continue;
         };
         let node = Arc::clone(&node);
+        let telemetry = Arc::clone(&telemetry);
         let synced = tokio::task::spawn_blocking(move || {
             let mut node = match node.lock() {
                 Ok(node) => node,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            match change {
+            let synced = match change {
                 Change::Address => node.sync_node_addrs().map(Some),
                 Change::DefaultRoute => node.follow_uplink().map(|()| None),
-            }
+            };
+            telemetry.publish(NodeView::of(&node));
+            synced
         })
         .await;
         match synced {

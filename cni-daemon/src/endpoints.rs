@@ -189,6 +189,7 @@ impl Endpoints {
                 cluster_cidrs,
                 port_mappings: Vec::new(),
                 bandwidth: None,
+                pod: None,
             };
             write_record(&self.record_path(&id), &endpoint)?;
             tracing::warn!(

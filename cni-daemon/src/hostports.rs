@@ -245,6 +245,7 @@ mod tests {
                 })
                 .collect(),
             bandwidth: None,
+            pod: None,
         }
     }
 

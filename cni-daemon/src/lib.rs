@@ -7,7 +7,9 @@
 //!   sweeper), [`server`] (the unix socket; requests are answered on blocking threads),
 //!   [`address_watch`] and [`cluster_watch`] (the node's addresses and the cluster's
 //!   nodes, followed), [`link_stats`] and [`big_tcp`] (netlink reads for the answers),
-//!   and [`inspect`] (the CLI's views of the pinned maps);
+//!   [`inspect`] (the CLI's views of the pinned maps), [`metrics`] (health and
+//!   Prometheus metrics over HTTP, never taking the node's lock) and [`install`] (the
+//!   CNI configuration written for the runtime once the daemon serves);
 //! - the node's model, synchronous: [`node`] (what follows keeps in step per request),
 //!   [`endpoints`], [`nat`], [`hostports`], [`node_addrs`], [`cluster`];
 //! - the datapath: [`datapath`] (load, attach, the maps handed out), [`bpffs`];
@@ -27,8 +29,10 @@ pub mod endpoints;
 pub mod files;
 pub mod hostports;
 pub mod inspect;
+pub mod install;
 pub mod link_stats;
 mod maps;
+pub mod metrics;
 pub mod nat;
 pub mod node;
 pub mod node_addrs;

@@ -17,6 +17,8 @@ use cni_daemon::{
     datapath::{self, sock, tc_block},
     files,
     inspect::{join, nat as nat_view, read, render},
+    install::{self, InstallArgs},
+    metrics,
     nat::NatArgs,
     node,
     run::{self, RunConfig},
@@ -108,6 +110,20 @@ enum Command {
             action = clap::ArgAction::Set
         )]
         enable_tcx: bool,
+        /// Address and port of the HTTP listener serving `/healthz` (alive), `/readyz`
+        /// (the datapath loaded, the plugin's socket serving, the uplink with an
+        /// address, the CNI configuration installed when asked) and `/metrics`
+        /// (Prometheus). Always on. It listens in the daemon's network namespace, so
+        /// daemons in different namespaces share the default; the bound address is
+        /// logged.
+        #[arg(
+            long,
+            env = "EBPF_CNID_METRICS_ADDRESS",
+            default_value = metrics::DEFAULT_ADDRESS
+        )]
+        metrics_address: std::net::SocketAddr,
+        #[command(flatten)]
+        install: InstallArgs,
         #[command(flatten)]
         nat: NatArgs,
         #[command(flatten)]
@@ -128,8 +144,15 @@ enum Command {
     /// The cluster's nodes as the running daemon's node source gives them: name,
     /// address, pod ranges.
     Nodes,
-    /// Remove every pin and endpoint record of this instance (stop the daemon first).
-    Uninstall,
+    /// Remove every pin and endpoint record of this instance (stop the daemon first),
+    /// and the CNI configuration `run --cni-conf-dir` wrote.
+    Uninstall {
+        /// The CNI config folder to remove `05-ebpf-cni.conflist` from (only that file,
+        /// and only when it is the one `run` writes). The plugin binary `run
+        /// --cni-bin-dir` copied stays: pods it made need it for their DEL.
+        #[arg(long, env = "EBPF_CNID_CNI_CONF_DIR")]
+        cni_conf_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -163,6 +186,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             service_cidrs,
             host_firewall_cidrs,
             enable_tcx,
+            metrics_address,
+            install,
             nat,
             cluster,
         } => {
@@ -177,6 +202,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 enable_tcx,
                 cgroup: cli.cgroup,
                 cluster,
+                metrics_address,
+                install,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -256,12 +283,23 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Output::Table => print(&render::counters_table(&rows)),
             }
         }
-        Command::Uninstall => {
+        Command::Uninstall { cni_conf_dir } => {
             if api::call(&cli.socket, &Request::Status, Duration::from_secs(2)).is_ok() {
                 bail!(
                     "a daemon still answers on {}; stop it before uninstalling",
                     cli.socket.display()
                 );
+            }
+            // First: a runtime stops handing new pods to this network before its
+            // datapath goes.
+            if let Some(conf_dir) = &cni_conf_dir {
+                let removed = install::remove_conflist(conf_dir).with_context(|| {
+                    format!(
+                        "cannot remove the CNI configuration from {}",
+                        conf_dir.display()
+                    )
+                })?;
+                tracing::info!(dir = %conf_dir.display(), removed, "CNI configuration");
             }
             remove_pod_block(&cli.state_dir)?;
             // The ways to other nodes' pods: the overlay device and the daemon's routes.

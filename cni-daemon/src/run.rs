@@ -1,9 +1,10 @@
 //! `ebpf-cnid run`: the daemon's life from load to shutdown.
 
 use std::{
+    net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context;
@@ -17,7 +18,9 @@ use crate::{
     cluster::{Cluster, ClusterArgs, NodeSource},
     cluster_watch,
     datapath::sock::cgroup2_mount,
-    datapath::{Datapath, overlay::OverlaySettings},
+    datapath::{Datapath, overlay, overlay::OverlaySettings},
+    install::{self, InstallArgs, NodeSettings},
+    metrics::{self, Install, NodeView, Telemetry},
     nat::{Flows, NatArgs, Timeouts},
     node::Node,
     server,
@@ -42,14 +45,50 @@ pub struct RunConfig {
     pub cgroup: Option<PathBuf>,
     /// This node's name and where the cluster's nodes come from.
     pub cluster: ClusterArgs,
+    /// `--metrics-address`: where `/healthz`, `/readyz` and `/metrics` are served.
+    pub metrics_address: SocketAddr,
+    /// Where the CNI configuration is installed once the daemon serves.
+    pub install: InstallArgs,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     raise_file_limit();
-    // Before anything is loaded: a wrong --uplink stops the daemon with nothing changed.
+    // Before anything is loaded: a wrong --uplink, a metrics address in use or an
+    // install without a node source stops the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     let node_name = config.cluster.node_name()?;
     let node_source = config.cluster.source(crate::cluster::in_cluster());
+    if config.install.cni_conf_dir.is_some() && node_source.is_none() {
+        anyhow::bail!(
+            "--cni-conf-dir needs a node source (--nodes-file, --kubeconfig, or a daemon \
+             in a pod): the installed conflist takes the pods' addresses from this node's \
+             pod ranges (usePodCidr)"
+        );
+    }
+    let telemetry = Telemetry::new(
+        config.bpf_dir.clone(),
+        if config.install.wanted() {
+            Install::Pending
+        } else {
+            Install::NotAsked
+        },
+    );
+    let metrics_listener = metrics::http::bind(config.metrics_address)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on --metrics-address {}",
+                config.metrics_address
+            )
+        })?;
+    tracing::info!(
+        address = %metrics_listener.local_addr()?,
+        "serving /healthz, /readyz and /metrics"
+    );
+    let metrics_server = tokio::spawn(metrics::http::serve(
+        metrics_listener,
+        Arc::clone(&telemetry),
+    ));
     // A nodes file that cannot be read, or a kubeconfig that does not load, stops the
     // daemon here, with nothing changed.
     let nodes = match &node_source {
@@ -99,10 +138,26 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     if flows.is_some() {
         node.on_detach(Arc::clone(&detached));
     }
+    telemetry.publish(NodeView::of(&node));
+    telemetry.set_datapath_loaded();
+    let node_settings = node_settings(&node, &config.socket);
     let node = Arc::new(Mutex::new(node));
-    let address_watch = tokio::spawn(address_watch::run(Arc::clone(&node)));
+    let address_watch = tokio::spawn(address_watch::run(
+        Arc::clone(&node),
+        Arc::clone(&telemetry),
+    ));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+    telemetry.set_serving();
+    // The socket accepts from here on (and is served once the select below runs): the
+    // runtime may now be told about the network.
+    let installer = config.install.wanted().then(|| {
+        tokio::spawn(install_until_done(
+            config.install.clone(),
+            node_settings,
+            Arc::clone(&telemetry),
+        ))
+    });
     // Beside the socket, whose folder `bind` made.
     let pod_cidrs_file = config
         .socket
@@ -125,10 +180,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             timeouts,
             config.nat.gc_interval(),
             detached,
+            Arc::clone(&telemetry),
         ))
     });
     let outcome = tokio::select! {
-        () = server::serve(listener, Arc::clone(&node)) => Ok(()),
+        () = server::serve(listener, Arc::clone(&node), Arc::clone(&telemetry)) => Ok(()),
         _ = terminate.recv() => Ok(()),
         _ = interrupt.recv() => Ok(()),
     };
@@ -136,6 +192,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         sweeper.abort();
     }
     address_watch.abort();
+    metrics_server.abort();
+    if let Some(installer) = installer {
+        installer.abort();
+    }
     if let Some(cluster_watch) = cluster_watch {
         cluster_watch.abort();
     }
@@ -145,6 +205,48 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped; maps stay pinned until `ebpf-cnid uninstall`");
     outcome
+}
+
+/// What the installed conflist says of `node`: the pods' MTU (the daemon's, else the
+/// first uplink's) and the daemon's socket.
+fn node_settings(node: &Node, socket: &std::path::Path) -> NodeSettings {
+    let status = node.status();
+    let uplink_mtu = || {
+        let uplink = status.uplink.as_deref()?;
+        overlay::link_mtu(uplink)
+            .inspect_err(|error| tracing::warn!(%error, uplink, "cannot read the uplink's MTU"))
+            .ok()
+            .flatten()
+    };
+    NodeSettings {
+        mtu: status.pod_mtu.or_else(uplink_mtu),
+        socket: socket.to_owned(),
+    }
+}
+
+/// How long a failed install waits before its next attempt.
+const INSTALL_RETRY: Duration = Duration::from_secs(10);
+
+/// Installs the CNI configuration ([`install::install`]) on a blocking thread, again
+/// every [`INSTALL_RETRY`] until it succeeds; readiness follows ([`Install`]). A failure
+/// does not stop the daemon: the pods already on the node keep being served.
+async fn install_until_done(args: InstallArgs, node: NodeSettings, telemetry: Arc<Telemetry>) {
+    let args = Arc::new(args);
+    loop {
+        let (args, node) = (Arc::clone(&args), node.clone());
+        let outcome = tokio::task::spawn_blocking(move || install::install(&args, &node)).await;
+        let error = match outcome {
+            Ok(Ok(())) => {
+                telemetry.set_install(Install::Done);
+                return;
+            }
+            Ok(Err(error)) => error.to_string(),
+            Err(error) => error.to_string(),
+        };
+        tracing::warn!(%error, retry_in = ?INSTALL_RETRY, "cannot install the CNI configuration");
+        telemetry.set_install(Install::Failed(error));
+        tokio::time::sleep(INSTALL_RETRY).await;
+    }
 }
 
 /// Starts following the cluster's nodes from `source`: the first read of a nodes file
@@ -197,7 +299,13 @@ const PRESSURE_CHECK: Duration = Duration::from_secs(1);
 /// and makes room in a table nearly full (early drop). The sweep is synchronous map work:
 /// it runs on a blocking thread, which owns the flow tables for the sweep and hands
 /// them back; it never takes the node's lock.
-async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detached: Arc<Notify>) {
+async fn sweep_nat(
+    flows: Flows,
+    timeouts: Timeouts,
+    interval: Duration,
+    detached: Arc<Notify>,
+    telemetry: Arc<Telemetry>,
+) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; start sweeping one interval after start.
@@ -224,6 +332,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
         let Some(mut owned) = flows.take() else {
             return;
         };
+        let started = Instant::now();
         let swept = tokio::task::spawn_blocking(move || {
             let outcome = clock::monotonic_now_ns()
                 .context("cannot read CLOCK_MONOTONIC")
@@ -231,6 +340,7 @@ async fn sweep_nat(flows: Flows, timeouts: Timeouts, interval: Duration, detache
             (owned, outcome)
         })
         .await;
+        telemetry.observe_sweep(started.elapsed());
         match swept {
             Ok((owned, outcome)) => {
                 flows = Some(owned);

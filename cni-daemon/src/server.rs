@@ -26,6 +26,7 @@ use crate::{
     big_tcp,
     hostports::HostPortError,
     link_stats,
+    metrics::{self, NodeView, Telemetry},
     node::{Node, NodeError},
 };
 
@@ -67,7 +68,9 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 }
 
 /// Accepts connections for as long as the daemon runs, [`MAX_CONNECTIONS`] at a time.
-pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>) {
+/// Every request's time is counted in `telemetry`, and the node's view is published
+/// there after every request that changes the endpoints.
+pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
@@ -88,8 +91,9 @@ pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>) {
             }
         };
         let node = Arc::clone(&node);
+        let telemetry = Arc::clone(&telemetry);
         tokio::spawn(async move {
-            if let Err(error) = handle(stream, node).await {
+            if let Err(error) = handle(stream, node, telemetry).await {
                 tracing::warn!(%error, "request failed");
             }
             drop(slot);
@@ -111,17 +115,26 @@ async fn read_request(stream: &mut UnixStream) -> anyhow::Result<Vec<u8>> {
         .map_err(|_| anyhow::anyhow!("no complete request within {IO_TIMEOUT:?}"))?
 }
 
-async fn handle(mut stream: UnixStream, node: Arc<Mutex<Node>>) -> anyhow::Result<()> {
+async fn handle(
+    mut stream: UnixStream,
+    node: Arc<Mutex<Node>>,
+    telemetry: Arc<Telemetry>,
+) -> anyhow::Result<()> {
     let body = read_request(&mut stream).await?;
+    let arrived = std::time::Instant::now();
     let response = match serde_json::from_slice::<Envelope<Request>>(&body) {
         Ok(envelope) if envelope.version == PROTOCOL_VERSION => {
+            let command = metrics::command_of(&envelope.body);
             // Node work blocks (maps, netlink, files, the node's lock): on a blocking
             // thread, so that the runtime's workers keep serving I/O meanwhile.
-            let mut response = tokio::task::spawn_blocking(move || answer(envelope.body, &node))
-                .await
-                .unwrap_or_else(|error| Response::Error {
-                    message: format!("the request failed: {error}"),
-                });
+            let published = Arc::clone(&telemetry);
+            let mut response =
+                tokio::task::spawn_blocking(move || answer(envelope.body, &node, &published))
+                    .await
+                    .unwrap_or_else(|error| Response::Error {
+                        message: format!("the request failed: {error}"),
+                    });
+            telemetry.observe_request(command, arrived.elapsed());
             match &mut response {
                 Response::Endpoints { stack_sent, .. } => match link_stats::tx_counters().await {
                     Ok(counters) => *stack_sent = counters,
@@ -163,12 +176,17 @@ async fn handle(mut stream: UnixStream, node: Arc<Mutex<Node>>) -> anyhow::Resul
 }
 
 /// Requests are short map, netlink and file operations on one [`Node`] behind one
-/// mutex: serializing them is simpler than finer locks and fast enough.
-fn answer(request: Request, node: &Mutex<Node>) -> Response {
+/// mutex: serializing them is simpler than finer locks and fast enough. One that can
+/// change the endpoints publishes the node's view to `telemetry` before the lock goes.
+fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Response {
     let mut node = match node.lock() {
         Ok(node) => node,
         Err(poisoned) => poisoned.into_inner(),
     };
+    let changes = matches!(
+        request,
+        Request::Attach(_) | Request::Detach(_) | Request::Gc { .. }
+    );
     let outcome = match request {
         Request::Status => Ok(Response::Status(node.status())),
         Request::Prepare { host_veth } => node.prepare(&host_veth).map(|()| Response::Prepared),
@@ -192,6 +210,9 @@ fn answer(request: Request, node: &Mutex<Node>) -> Response {
             .map(|removed| Response::Collected { removed }),
         Request::Nodes => Ok(Response::Nodes(node.cluster().view())),
     };
+    if changes {
+        telemetry.publish(NodeView::of(&node));
+    }
     outcome.unwrap_or_else(|error| match error {
         NodeError::HostPort(HostPortError::Conflict(message)) => Response::PortConflict { message },
         other => Response::Error {

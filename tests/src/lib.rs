@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod cni;
 pub mod daemon;
 pub mod frames;
+pub mod http;
 pub mod nat_frames;
 pub mod netns;
 pub mod node;

@@ -178,6 +178,13 @@ pub struct NatTables {
     pub counts: BTreeMap<[u8; 4], FlowCounts>,
 }
 
+/// Flows each NAT table holds at most (`--nat-max-flows`, as `NAT_OUT` was created).
+pub fn nat_capacity(bpf_dir: &Path) -> Result<u32, InspectError> {
+    let flows_out: HashMap<_, NatKey, NatEntry> =
+        HashMap::try_from(pinned(bpf_dir, map_names::NAT_OUT)?)?;
+    Ok(flows_out.map().info()?.max_entries())
+}
+
 /// Reads [`NatTables`].
 pub fn nat_tables(bpf_dir: &Path) -> Result<NatTables, InspectError> {
     let config: Array<_, NatConfig> = Array::try_from(pinned(bpf_dir, map_names::NAT_CONFIG)?)?;
@@ -208,7 +215,7 @@ pub fn nat_tables(bpf_dir: &Path) -> Result<NatTables, InspectError> {
 }
 
 /// New flows refused per pod address (`NAT_REFUSED`), by reason, summed over CPUs.
-fn refused_flows(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], RefusedFlows>, InspectError> {
+pub fn refused_flows(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], RefusedFlows>, InspectError> {
     let data = open_pinned(bpf_dir, map_names::NAT_REFUSED)?;
     let map: PerCpuHashMap<_, [u8; 4], RefusedFlows> =
         PerCpuHashMap::try_from(Map::PerCpuLruHashMap(data))?;
@@ -224,7 +231,7 @@ fn refused_flows(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], RefusedFlows>, Insp
 }
 
 /// Each pod's entries in the flow tables (`FLOW_COUNTS`).
-fn flow_counts(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], FlowCounts>, InspectError> {
+pub fn flow_counts(bpf_dir: &Path) -> Result<BTreeMap<[u8; 4], FlowCounts>, InspectError> {
     let map: HashMap<_, [u8; 4], FlowCounts> =
         HashMap::try_from(pinned(bpf_dir, map_names::FLOW_COUNTS)?)?;
     Ok(flows::snapshot(&map)?.into_iter().collect())

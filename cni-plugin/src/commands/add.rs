@@ -199,6 +199,7 @@ fn apply(
         cluster_cidrs: cluster_cidrs(&inv.conf, &result),
         port_mappings: port_mappings(&inv.conf),
         bandwidth: bandwidth(&inv.conf),
+        pod: inv.env.args.pod(),
     })?;
     applied.daemon = true;
 

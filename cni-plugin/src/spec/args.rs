@@ -18,6 +18,10 @@ pub enum ArgsError {
 
 /// The key by which a runtime says "ignore arguments you do not know" (libcni's name).
 const IGNORE_UNKNOWN: &str = "IgnoreUnknown";
+/// The keys by which kubelet names the pod.
+const K8S_POD_NAMESPACE: &str = "K8S_POD_NAMESPACE";
+const K8S_POD_NAME: &str = "K8S_POD_NAME";
+const K8S_POD_UID: &str = "K8S_POD_UID";
 
 /// Parsed `CNI_ARGS`, pairs in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,6 +71,24 @@ impl CniArgs {
 
     pub fn pairs(&self) -> &[(String, String)] {
         &self.pairs
+    }
+
+    /// The Kubernetes pod kubelet names (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`,
+    /// `K8S_POD_UID`; empty values read as absent); `None` when none of them is given.
+    /// Other keys are not looked at: unknown arguments are ignored, as the reference
+    /// plugins do when the runtime sets `IgnoreUnknown`, which kubelet always does.
+    pub fn pod(&self) -> Option<cni_api::PodRef> {
+        let get = |key| {
+            self.get(key)
+                .filter(|value| !value.is_empty())
+                .map(str::to_owned)
+        };
+        let pod = cni_api::PodRef {
+            namespace: get(K8S_POD_NAMESPACE),
+            name: get(K8S_POD_NAME),
+            uid: get(K8S_POD_UID),
+        };
+        (pod != cni_api::PodRef::default()).then_some(pod)
     }
 
     pub fn ignore_unknown(&self) -> bool {

@@ -103,3 +103,20 @@ fn known_args_pass_and_ignore_unknown_is_always_known() {
         .check_known(&["K8S_POD_NAME"])
         .expect("all known");
 }
+
+#[test]
+fn kubelet_args_name_the_pod() {
+    let pod = parse(KUBELET).pod().expect("a pod");
+    assert_eq!(pod.namespace.as_deref(), Some("default"));
+    assert_eq!(pod.name.as_deref(), Some("web-0"));
+    assert_eq!(pod.uid.as_deref(), Some("1f2e"));
+}
+
+#[test]
+fn args_without_pod_keys_name_no_pod() {
+    assert_eq!(parse("").pod(), None);
+    assert_eq!(parse("FOO=bar;K8S_POD_NAME=").pod(), None);
+    // Without IgnoreUnknown too: unknown keys are never refused.
+    let pod = parse("FOO=bar;K8S_POD_NAME=web-0").pod().expect("a pod");
+    assert_eq!((pod.namespace, pod.name.as_deref()), (None, Some("web-0")));
+}
