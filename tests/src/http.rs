@@ -61,24 +61,32 @@ pub fn scrape(netns: &Netns) -> Metrics {
 pub struct Metrics(pub String);
 
 impl Metrics {
-    /// Every sample of `name`, with its labels.
+    /// Every sample of `name` (as the text names it: `_total`, `_count`, `_sum`
+    /// included; histogram buckets are not samples here), with its labels, as
+    /// `prometheus-parse` reads the text.
     pub fn samples(&self, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
-        let mut samples = Vec::new();
-        for line in self.0.lines().filter(|line| !line.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let (metric, labels) = match series.split_once('{') {
-                Some((metric, rest)) => (metric, parse_labels(rest.trim_end_matches('}'))),
-                None => (series, Vec::new()),
-            };
-            if metric == name
-                && let Ok(value) = value.parse()
-            {
-                samples.push((labels, value));
-            }
-        }
-        samples
+        let scrape =
+            prometheus_parse::Scrape::parse(self.0.lines().map(|line| Ok(line.to_owned())))
+                .unwrap_or_else(|error| panic!("not the Prometheus text format: {error}"));
+        scrape
+            .samples
+            .into_iter()
+            .filter(|sample| sample.metric == name)
+            .filter_map(|sample| {
+                let value = match sample.value {
+                    prometheus_parse::Value::Counter(value)
+                    | prometheus_parse::Value::Gauge(value)
+                    | prometheus_parse::Value::Untyped(value) => value,
+                    _ => return None,
+                };
+                let labels = sample
+                    .labels
+                    .iter()
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect();
+                Some((labels, value))
+            })
+            .collect()
     }
 
     /// The value of the sample of `name` whose labels include `labels`; `None` when
@@ -107,15 +115,4 @@ impl Metrics {
         self.value(name, labels)
             .unwrap_or_else(|| panic!("no sample {name} {labels:?} in:\n{}", self.0))
     }
-}
-
-/// `a="x",b="y"` as pairs (values hold no quotes or commas here).
-fn parse_labels(text: &str) -> Vec<(String, String)> {
-    text.split(',')
-        .filter(|pair| !pair.is_empty())
-        .filter_map(|pair| {
-            let (key, value) = pair.split_once('=')?;
-            Some((key.to_owned(), value.trim_matches('"').to_owned()))
-        })
-        .collect()
 }
