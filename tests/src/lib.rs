@@ -12,6 +12,7 @@
 //! what the source NAT integration tests share.
 //! `runtimes` runs real container runtimes (containerd through the CRI, podman) on a
 //! simulated node, with the real plugin.
+//! `oci` writes OCI image archives (the runtime tests' image).
 
 pub mod big_tcp;
 pub mod bins;
@@ -24,6 +25,7 @@ pub mod frames;
 pub mod nat_frames;
 pub mod netns;
 pub mod node;
+pub mod oci;
 pub mod runtimes;
 pub mod snat;
 pub mod traffic;
