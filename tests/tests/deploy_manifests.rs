@@ -214,6 +214,17 @@ fn the_probes_ask_the_daemons_health_address() {
     let port = i32::from(address.port());
     assert_eq!(port_of(container.readiness_probe.as_ref(), "/readyz"), port);
     assert_eq!(port_of(container.liveness_probe.as_ref(), "/healthz"), port);
+    // Scrapers that follow the prometheus.io annotations find the same port.
+    let annotations = manifests
+        .daemon_set
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.metadata.as_ref())
+        .and_then(|metadata| metadata.annotations.as_ref());
+    if let Some(scraped) = annotations.and_then(|annotations| annotations.get("prometheus.io/port"))
+    {
+        assert_eq!(scraped, &port.to_string(), "prometheus.io/port");
+    }
 }
 
 #[test]
