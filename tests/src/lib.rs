@@ -12,6 +12,8 @@
 //! what the source NAT integration tests share.
 //! `runtimes` runs real container runtimes (containerd through the CRI, podman) on a
 //! simulated node, with the real plugin.
+//! `oci` writes OCI image archives (the runtime tests' image, `cargo xtask image`);
+//! `deploy` reads the Kubernetes manifests under `deploy/`.
 
 pub mod big_tcp;
 pub mod bins;
@@ -20,11 +22,13 @@ pub mod cgroup;
 pub mod cluster;
 pub mod cni;
 pub mod daemon;
+pub mod deploy;
 pub mod frames;
 pub mod http;
 pub mod nat_frames;
 pub mod netns;
 pub mod node;
+pub mod oci;
 pub mod runtimes;
 pub mod snat;
 pub mod traffic;

@@ -42,10 +42,21 @@ impl Node {
 
     /// Like [`Self::start_with_counters`], with extra `ebpf-cnid run` flags.
     pub fn start_with(subnet: &str, counted: &[&str], daemon_flags: &[&str]) -> Self {
+        Self::start_under(subnet, &[], counted, daemon_flags)
+    }
+
+    /// Like [`Self::start_with`], the daemon run through `wrapper` (see
+    /// [`Daemon::start_under`]).
+    pub fn start_under(
+        subnet: &str,
+        wrapper: &[&str],
+        counted: &[&str],
+        daemon_flags: &[&str],
+    ) -> Self {
         let netns = Netns::new("node");
         let external = external_host(&netns);
         let instance = Instance::new();
-        let daemon = Daemon::start_with(&netns, &instance, counted, daemon_flags);
+        let daemon = Daemon::start_under(&netns, &instance, wrapper, counted, daemon_flags);
         let network = Network::new(&instance, subnet);
         Self {
             daemon,

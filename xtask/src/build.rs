@@ -14,7 +14,7 @@ use crate::{cmd, setup::Toolchain};
 /// object is built once instead of once per cargo profile.
 pub const OBJECT_VAR: &str = "EBPF_CNI_OBJECT";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Profile {
     Dev,
     Release,

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build | test | demo`.
+//! Project tasks: `cargo xtask setup | build | test | demo | bench | image`.
 //!
 //! Every task that needs tools runs `setup` first, so a fresh machine needs nothing but
 //! the command itself (see README's Quick start).
@@ -7,6 +7,7 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+mod image;
 mod setup;
 mod test;
 
@@ -31,7 +32,8 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Setup, then fmt, clippy, unit tests and the root integration tests.
+    /// Setup, then fmt, clippy, the image check (podman), unit tests and the root
+    /// integration tests.
     Test {
         /// Extra arguments for `cargo test` (for example a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -49,6 +51,22 @@ enum Task {
         /// hostport, memory).
         #[arg(long)]
         only: Option<String>,
+    },
+    /// Build the binaries and write an OCI image archive of them (no registry, no
+    /// container engine); prints the archive's path last.
+    Image {
+        /// Cargo profile of the binaries.
+        #[arg(long, value_enum, default_value = "release")]
+        profile: build::Profile,
+        /// Where to write the archive (default: target/image/ebpf-cni-VERSION-PROFILE.oci.tar).
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// The image's reference (default: the one deploy/05-daemonset.yaml runs).
+        #[arg(long)]
+        name: Option<String>,
+        /// Then load it with podman (a store of its own) and run both binaries in it.
+        #[arg(long)]
+        check: bool,
     },
 }
 
@@ -77,6 +95,28 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Task::Test { args } => test::run(&root, &args)?,
         Task::Demo => demo::run(&root)?,
         Task::Bench { quick, only } => bench::run(&root, bench::Plan { quick }, only.as_deref())?,
+        Task::Image {
+            profile,
+            output,
+            name,
+            check,
+        } => {
+            let tools = setup::toolchain()?;
+            let request = image::Request {
+                profile,
+                output,
+                name,
+                check,
+            };
+            let archive = image::run(&root, &tools, &request)?;
+            #[expect(
+                clippy::print_stdout,
+                reason = "the archive's path is the task's output"
+            )]
+            {
+                println!("{}", archive.display());
+            }
+        }
     }
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::{
     build::{self, Profile},
-    cmd, setup,
+    cmd, image, setup,
 };
 
 pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
@@ -28,6 +28,9 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
     for leftover in ebpf_cni_tests::sweep_stale() {
         eprintln!("test: removed {leftover}, left by a killed run");
     }
+    // The image of the debug build just made: loaded and run with podman.
+    image::test(root, &built)?;
+    eprintln!("test: the OCI image archive loads in podman and both binaries run in it");
     let totals = cmd::run_counting_tests(
         build::host_cargo(root, &built.object)
             .args(["test", "--workspace", "--exclude", "cni-ebpf"])
