@@ -20,6 +20,39 @@ pub fn remove_dir_all(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Removes everything in the folder `path`, then the folder, unless it is a mount point
+/// (a host folder mounted into the daemon's container, which `uninstall` run there
+/// cannot remove: rmdir gives EBUSY, or EROFS when the container's root is read-only;
+/// it stays, empty). A missing folder is success.
+pub fn empty_and_remove_dir(path: &Path) -> io::Result<()> {
+    let entries = match fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            remove_dir_all(&entry.path())?;
+        } else {
+            remove_file(&entry.path())?;
+        }
+    }
+    match fs::remove_dir(path) {
+        Err(error)
+            if !matches!(
+                error.kind(),
+                io::ErrorKind::NotFound
+                    | io::ErrorKind::ResourceBusy
+                    | io::ErrorKind::ReadOnlyFilesystem
+            ) =>
+        {
+            Err(error)
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +72,16 @@ mod tests {
         fs::create_dir_all(&dir).expect("temp folder");
         assert!(remove_file(&dir).is_err());
         remove_dir_all(&dir).expect("removed");
+    }
+
+    #[test]
+    fn a_folder_is_emptied_then_removed_and_a_missing_one_is_fine() {
+        let dir = std::env::temp_dir().join(format!("ecni-empty-{}", std::process::id()));
+        fs::create_dir_all(dir.join("inner/deeper")).expect("temp folder");
+        fs::write(dir.join("f"), b"x").expect("file");
+        fs::write(dir.join("inner/deeper/g"), b"y").expect("file");
+        empty_and_remove_dir(&dir).expect("removed");
+        assert!(!dir.exists());
+        empty_and_remove_dir(&dir).expect("already gone");
     }
 }

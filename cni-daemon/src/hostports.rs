@@ -35,29 +35,42 @@ pub struct HostPorts {
 }
 
 impl HostPorts {
-    /// Makes the maps hold exactly the mappings of `endpoints`.
+    /// Makes the maps hold exactly the mappings of `endpoints`. The wanted mappings go
+    /// in (over equal ones) before stale ones go, and the bitmap is rewritten word by
+    /// word: a restart never leaves a moment without a live mapping, in which a
+    /// connection through it would meet the node's stack and be reset (found by
+    /// `deploy_end_to_end`'s hostPort stream across an upgrade).
     pub fn open<'a>(
-        mut map: HashMap<MapData, PortKey, PortTarget>,
-        mut targets: Array<MapData, u32>,
+        map: HashMap<MapData, PortKey, PortTarget>,
+        targets: Array<MapData, u32>,
         endpoints: impl Iterator<Item = &'a Endpoint>,
     ) -> Result<Self, HostPortError> {
-        let stale: Vec<PortKey> = map.keys().collect::<Result<_, _>>()?;
-        for key in stale {
-            crate::maps::removed(map.remove(&key))?;
-        }
-        for word in 0..=TARGET_COUNT {
-            if targets.get(&word, 0)? != 0 {
-                targets.set(word, 0, 0)?;
-            }
-        }
+        let before: Vec<PortKey> = map.keys().collect::<Result<_, _>>()?;
         let mut host_ports = Self {
             map,
             targets,
             target_counts: BTreeMap::new(),
         };
+        let mut wanted: Vec<PortKey> = Vec::new();
         for endpoint in endpoints {
             host_ports.add(endpoint)?;
+            wanted.extend(entries(endpoint)?.into_iter().map(|(key, _)| key));
         }
+        for key in before.iter().filter(|key| !wanted.contains(key)) {
+            crate::maps::removed(host_ports.map.remove(key))?;
+        }
+        for word in 0..TARGET_COUNT {
+            let first = u16::try_from(word * 32).unwrap_or(u16::MAX);
+            let bits = host_ports
+                .target_counts
+                .range(first..=first.saturating_add(31))
+                .fold(0u32, |bits, (port, _)| bits | 1 << (port % 32));
+            if host_ports.targets.get(&word, 0)? != bits {
+                host_ports.targets.set(word, bits, 0)?;
+            }
+        }
+        let ports = u32::try_from(host_ports.target_counts.len()).unwrap_or(u32::MAX);
+        host_ports.targets.set(TARGET_COUNT, ports, 0)?;
         Ok(host_ports)
     }
 

@@ -309,7 +309,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             datapath::remove_uplink_filters(&cli.bpf_dir)
                 .context("cannot remove the uplink programs' filters")?;
             bpffs::remove(&cli.bpf_dir)?;
-            files::remove_dir_all(&cli.state_dir)
+            // Emptied, and left when it is a mount point (uninstall run in the
+            // DaemonSet's pod, whose state folder is the host's, mounted).
+            files::empty_and_remove_dir(&cli.state_dir)
                 .with_context(|| format!("cannot remove {}", cli.state_dir.display()))?;
             // The socket, the plugin's cache of IPAM versions and this node's pod ranges
             // beside it, and their folder

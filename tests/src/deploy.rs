@@ -22,6 +22,24 @@ use crate::bins;
 /// The image the DaemonSet runs, as `cargo xtask image` names it by default.
 pub const IMAGE: &str = concat!("ebpf-cni.local/ebpf-cni:", env!("CARGO_PKG_VERSION"));
 
+/// The archive `cargo xtask image --profile <profile>` writes by default, under the
+/// workspace `root`.
+pub fn image_archive(root: &Path, profile: &str) -> PathBuf {
+    root.join("target").join("image").join(format!(
+        "ebpf-cni-{}-{profile}.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+/// The debug build's image archive: `EBPF_CNI_IMAGE` (`cargo xtask test` writes it and
+/// sets it), else where `cargo xtask image --profile dev` writes it.
+pub fn dev_image_archive() -> PathBuf {
+    std::env::var_os("EBPF_CNI_IMAGE").map_or_else(
+        || image_archive(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."), "dev"),
+        PathBuf::from,
+    )
+}
+
 /// The folder of the manifests.
 pub fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")

@@ -13,7 +13,8 @@
 //! `runtimes` runs real container runtimes (containerd through the CRI, podman) on a
 //! simulated node, with the real plugin.
 //! `oci` writes OCI image archives (the runtime tests' image, `cargo xtask image`);
-//! `deploy` reads the Kubernetes manifests under `deploy/`.
+//! `deploy` reads the Kubernetes manifests under `deploy/`; `kubelet` turns the
+//! DaemonSet's container into the `podman run` that starts it on a simulated node.
 
 pub mod big_tcp;
 pub mod bins;
@@ -25,6 +26,7 @@ pub mod daemon;
 pub mod deploy;
 pub mod frames;
 pub mod http;
+pub mod kubelet;
 pub mod nat_frames;
 pub mod netns;
 pub mod node;

@@ -171,3 +171,50 @@ pub fn digest(bytes: &[u8]) -> String {
 fn blob_path(bytes: &[u8]) -> String {
     format!("blobs/sha256/{:x}", Sha256::digest(bytes))
 }
+
+/// The files at `paths` (relative, `usr/local/bin/x`) in the first image of the
+/// archive at `archive`, as [`write_archive`] writes them (one gzip layer), in order;
+/// `None` for a path the layer does not hold. Panics when the archive cannot be read.
+pub fn files_in_archive(archive: &Path, paths: &[&str]) -> Vec<Option<Vec<u8>>> {
+    let bytes = fs::read(archive)
+        .unwrap_or_else(|error| panic!("cannot read {}: {error}", archive.display()));
+    let entry = |name: &str| -> Vec<u8> {
+        entry_of(&bytes, name).unwrap_or_else(|| panic!("{} holds no {name}", archive.display()))
+    };
+    let json = |name: &str| -> Value {
+        serde_json::from_slice(&entry(name))
+            .unwrap_or_else(|error| panic!("{name} in {}: {error}", archive.display()))
+    };
+    let blob = |digest: &Value| {
+        let digest = digest.as_str().expect("a digest");
+        format!(
+            "blobs/sha256/{}",
+            digest.strip_prefix("sha256:").expect("a sha256 digest")
+        )
+    };
+    let index = json("index.json");
+    let manifest = json(&blob(&index["manifests"][0]["digest"]));
+    let layer = entry(&blob(&manifest["layers"][0]["digest"]));
+    let mut unzipped = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(layer.as_slice()),
+        &mut unzipped,
+    )
+    .expect("a gzip layer");
+    paths.iter().map(|path| entry_of(&unzipped, path)).collect()
+}
+
+/// The content of the entry `name` of the tar `bytes`.
+fn entry_of(bytes: &[u8], name: &str) -> Option<Vec<u8>> {
+    let mut archive = tar::Archive::new(bytes);
+    let entries = archive.entries().ok()?;
+    for entry in entries {
+        let mut entry = entry.ok()?;
+        if entry.path().ok()?.as_ref() == Path::new(name) {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut data).ok()?;
+            return Some(data);
+        }
+    }
+    None
+}

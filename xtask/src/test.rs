@@ -29,7 +29,7 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
         eprintln!("test: removed {leftover}, left by a killed run");
     }
     // The image of the debug build just made: loaded and run with podman.
-    image::test(root, &built)?;
+    let archive = image::test(root, &built)?;
     eprintln!("test: the OCI image archive loads in podman and both binaries run in it");
     let totals = cmd::run_counting_tests(
         build::host_cargo(root, &built.object)
@@ -38,7 +38,9 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
             // A whole-suite run is a fresh build more often than an edit loop; the
             // incremental caches of forty test binaries would take gigabytes of disk.
             .env("CARGO_INCREMENTAL", "0")
-            .env("EBPF_CNI_BIN_DIR", &built.bin_dir),
+            .env("EBPF_CNI_BIN_DIR", &built.bin_dir)
+            // The image of that build, which the end-to-end test starts as the DaemonSet.
+            .env("EBPF_CNI_IMAGE", &archive),
     )?;
     // One closing line over every test binary (cargo prints one per binary, the last
     // of which is often an empty doc-test run).

@@ -157,6 +157,23 @@ pub fn remove_cni_cache(network: &str) {
     }
 }
 
+/// Removes libcni's cached results for `network` of the containers `ids` only (the
+/// network's name may be one others use too).
+pub fn remove_cni_cache_of(network: &str, ids: &[String]) {
+    for entry in cni_cache_entries(network) {
+        let name = entry
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if ids
+            .iter()
+            .any(|id| name.starts_with(&format!("{network}-{id}-")))
+        {
+            let _ = fs::remove_file(entry);
+        }
+    }
+}
+
 /// The folders of cgroup `relative` (e.g. `ecni-1-2-pods`) in every mounted cgroup
 /// hierarchy (v1 controllers and the unified one).
 pub fn cgroup_folders(relative: &str) -> Vec<PathBuf> {

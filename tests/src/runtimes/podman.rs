@@ -1,7 +1,7 @@
 //! podman (Debian's 4.3, CNI backend) in a node's network namespace: its config,
-//! storage, run and lock folders, runc state and CNI folders in one [`Workdir`], the
-//! locally built image loaded. Every container, with what it left on the host, is
-//! removed on drop.
+//! storage, run and lock folders, runc state and (unless given others) CNI folders in
+//! one [`Workdir`], the locally built image loaded. Every container and image, with
+//! what they left on the host, is removed on drop.
 
 use std::{
     fs,
@@ -39,30 +39,66 @@ pub struct Podman {
     dir: Workdir,
     node: PathBuf,
     network: String,
+    /// The CNI config folder and the plugin folders podman is pointed at.
+    cni_conf_dir: PathBuf,
+    cni_plugin_dirs: Vec<PathBuf>,
     /// The containers' cgroup parent (cgroupfs), `ecni-<pid>-<n>-pods`.
     cgroup_parent: String,
     /// The containers' namespaces seen, removed on drop if podman left them.
     netns: Mutex<Vec<PathBuf>>,
+    /// The containers started, whose libcni cache entries are removed on drop.
+    ids: Mutex<Vec<String>>,
     /// Whether [`BLOB_CACHE`] and [`RUNC_DEFAULT_ROOT`] were absent before this
     /// instance (then removed on drop, the latter if empty).
     made_blob_cache: bool,
     made_runc_root: bool,
 }
 
+/// Where a podman instance finds its CNI networks and plugins.
+pub struct CniFolders {
+    /// The network its containers join (a conflist's name in `conf_dir`).
+    pub network: String,
+    pub conf_dir: PathBuf,
+    /// libcni's plugin path, searched in order.
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
 impl Podman {
-    /// Configures podman for `node`'s network (the conflist's name) and loads the image.
+    /// Configures podman for `node`'s network (the conflist's name, written by the
+    /// test with the project's plugin) and loads the image.
     pub fn new(node: &Node) -> Self {
+        let dir = Workdir::new("pod");
+        let bin = dir.folder("cni-bin");
+        cni_bin_dir(&bin);
+        let conf = dir.folder("cni-conf");
+        write_conflist(node, &conf);
+        let cni = CniFolders {
+            network: node.network.name.clone(),
+            conf_dir: conf,
+            plugin_dirs: vec![bin],
+        };
+        Self::in_dir(dir, &node.netns, cni)
+    }
+
+    /// podman in the network namespace `node`, on the network and folders of `cni`
+    /// (folders someone else fills: a daemon installing its conflist), with the image
+    /// loaded.
+    pub fn on_node(node: &Netns, cni: CniFolders) -> Self {
+        Self::in_dir(Workdir::new("pod"), node, cni)
+    }
+
+    fn in_dir(dir: Workdir, node: &Netns, cni: CniFolders) -> Self {
         for (program, package) in [("podman", "podman"), ("conmon", "conmon"), ("runc", "runc")] {
             require_tool(program, package);
         }
-        let dir = Workdir::new("pod");
-        cni_bin_dir(&dir.folder("cni-bin"));
-        write_conflist(node, &dir.folder("cni-conf"));
         let podman = Self {
-            node: node.netns.path(),
-            network: node.network.name.clone(),
+            node: node.path(),
+            network: cni.network,
+            cni_conf_dir: cni.conf_dir,
+            cni_plugin_dirs: cni.plugin_dirs,
             cgroup_parent: unique_name("pods"),
             netns: Mutex::new(Vec::new()),
+            ids: Mutex::new(Vec::new()),
             made_blob_cache: !Path::new(BLOB_CACHE).exists(),
             made_runc_root: !Path::new(RUNC_DEFAULT_ROOT).exists(),
             dir,
@@ -73,14 +109,26 @@ impl Podman {
             .expect("cannot write storage.conf");
         let archive = podman.dir.join("image.tar");
         image::write_oci_archive(&archive, IMAGE);
-        let archive = archive.display().to_string();
-        podman.ok(&["load", "--quiet", "--input", &archive]);
+        podman.load(&archive);
         podman
     }
 
-    /// The engine's config: the CNI backend with the workdir's plugin and conflist
-    /// folders, runc with cgroupfs (this machine has no systemd), file events and
-    /// locks, and the run folder in the workdir.
+    /// `podman load` of the archive at `path`; returns the names it loaded.
+    pub fn load(&self, path: &Path) -> Vec<String> {
+        let archive = path.display().to_string();
+        let out = self.ok(&["load", "--input", &archive]);
+        // `Loaded image: a` or `Loaded image(s): a,b`.
+        out.lines()
+            .filter(|line| line.starts_with("Loaded image"))
+            .filter_map(|line| line.split_once(": ").map(|(_, names)| names))
+            .flat_map(|names| names.split(','))
+            .map(|name| name.trim().to_owned())
+            .collect()
+    }
+
+    /// The engine's config: the CNI backend with its plugin and conflist folders, runc
+    /// with cgroupfs (this machine has no systemd), file events and locks, and the run
+    /// folder in the workdir.
     fn containers_conf(&self) -> String {
         let dir = |name: &str| self.dir.join(name).display().to_string();
         format!(
@@ -98,14 +146,19 @@ volume_path = "{volumes}"
 
 [network]
 network_backend = "cni"
-cni_plugin_dirs = ["{bin}"]
+cni_plugin_dirs = [{bin}]
 network_config_dir = "{conf}"
 "#,
             events = dir("events.log"),
             tmp = dir("tmp"),
             volumes = dir("volumes"),
-            bin = dir("cni-bin"),
-            conf = dir("cni-conf"),
+            bin = self
+                .cni_plugin_dirs
+                .iter()
+                .map(|dir| format!("\"{}\"", dir.display()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            conf = self.cni_conf_dir.display(),
         )
     }
 
@@ -150,23 +203,15 @@ network_config_dir = "{conf}"
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
-    /// `podman run -d` of the image on the node's network, with a TCP hostPort for each
-    /// (host, container) port of `host_ports`; returns the container as podman inspects
-    /// it, or podman's error.
-    pub fn try_run(&self, host_ports: &[(u16, u16)]) -> Result<RuntimePod, String> {
+    /// `podman run --detach <args>` with what every container needs on this machine
+    /// (the instance's cgroup parent, resource limits podman may set); returns the
+    /// container's id, or podman's error.
+    pub fn run_detached(&self, args: &[String]) -> Result<String, String> {
         let parent = format!("/{}", self.cgroup_parent);
-        let mut args: Vec<String> = ["run", "--detach", "--network", &self.network]
-            .iter()
-            .map(|arg| (*arg).to_owned())
-            .collect();
-        args.extend(["--cgroup-parent".to_owned(), parent]);
-        args.extend(ULIMITS.iter().map(|arg| (*arg).to_owned()));
-        for (host, container) in host_ports {
-            args.extend(["--publish".to_owned(), format!("{host}:{container}/tcp")]);
-        }
-        args.push(IMAGE.to_owned());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = self.run(&args);
+        let mut all: Vec<&str> = vec!["run", "--detach", "--cgroup-parent", &parent];
+        all.extend(ULIMITS);
+        all.extend(args.iter().map(String::as_str));
+        let out = self.run(&all);
         if !out.status.success() {
             return Err(format!(
                 "podman run failed ({}): {}",
@@ -175,6 +220,22 @@ network_config_dir = "{conf}"
             ));
         }
         let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.push(id.clone());
+        }
+        Ok(id)
+    }
+
+    /// `podman run -d` of the image on the node's network, with a TCP hostPort for each
+    /// (host, container) port of `host_ports`; returns the container as podman inspects
+    /// it, or podman's error.
+    pub fn try_run(&self, host_ports: &[(u16, u16)]) -> Result<RuntimePod, String> {
+        let mut args: Vec<String> = vec!["--network".into(), self.network.clone()];
+        for (host, container) in host_ports {
+            args.extend(["--publish".to_owned(), format!("{host}:{container}/tcp")]);
+        }
+        args.push(IMAGE.to_owned());
+        let id = self.run_detached(&args)?;
         let inspect: serde_json::Value = serde_json::from_str(&self.ok(&["inspect", &id]))
             .map_err(|error| format!("podman inspect printed no JSON: {error}"))?;
         let settings = &inspect[0]["NetworkSettings"];
@@ -229,6 +290,7 @@ impl Drop for Podman {
         // conmon and the containers' processes, cgroups, namespaces, cache entries.
         self.record_namespaces();
         let _ = self.run(&["rm", "--all", "--force", "--time", "0"]);
+        let _ = self.run(&["rmi", "--all", "--force"]);
         cleanup::end_processes_mentioning(&self.dir.path().display().to_string(), CLEANUP_GRACE);
         cleanup::remove_cgroup(&self.cgroup_parent);
         if let Ok(seen) = self.netns.lock() {
@@ -236,7 +298,9 @@ impl Drop for Podman {
                 cleanup::remove_netns(path);
             }
         }
-        cleanup::remove_cni_cache(&self.network);
+        if let Ok(ids) = self.ids.lock() {
+            cleanup::remove_cni_cache_of(&self.network, &ids);
+        }
         if self.made_blob_cache {
             let _ = fs::remove_dir_all(BLOB_CACHE);
         }

@@ -39,9 +39,7 @@ pub fn run(root: &Path, tools: &Toolchain, request: &Request) -> anyhow::Result<
             Profile::Dev => "dev",
             Profile::Release => "release",
         };
-        root.join("target")
-            .join("image")
-            .join(format!("ebpf-cni-{VERSION}-{profile}.oci.tar"))
+        ebpf_cni_tests::deploy::image_archive(root, profile)
     });
     write(&built, &name, &output)?;
     if request.check {
@@ -76,16 +74,14 @@ pub fn write(built: &Built, name: &str, output: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The check `cargo xtask test` runs after its debug build: the archive of those
-/// binaries under a name of its own, loaded and run with podman, then removed.
-pub fn test(root: &Path, built: &Built) -> anyhow::Result<()> {
-    let name = format!(
-        "ebpf-cni.local/{}:{VERSION}",
-        ebpf_cni_tests::unique_name("image")
-    );
-    let output = root.join("target").join("image").join("test.oci.tar");
-    write(built, &name, &output)?;
-    let checked = check::run(&output, &name, VERSION);
-    let _ = std::fs::remove_file(&output);
-    checked
+/// The check `cargo xtask test` runs after its debug build: the archive `cargo xtask
+/// image --profile dev` would write, of those binaries, loaded and run with podman in a
+/// store of its own. The archive stays, for the end-to-end test (`deploy_end_to_end`),
+/// which loads it again; returns its path.
+pub fn test(root: &Path, built: &Built) -> anyhow::Result<PathBuf> {
+    let name = ebpf_cni_tests::deploy::IMAGE;
+    let output = ebpf_cni_tests::deploy::image_archive(root, "dev");
+    write(built, name, &output)?;
+    check::run(&output, name, VERSION)?;
+    Ok(output)
 }
