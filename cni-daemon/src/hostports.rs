@@ -4,7 +4,7 @@
 //! and the conflict rule (one (protocol, host address, host port) per node).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     net::{IpAddr, Ipv4Addr},
 };
 
@@ -51,12 +51,12 @@ impl HostPorts {
             targets,
             target_counts: BTreeMap::new(),
         };
-        let mut wanted: Vec<PortKey> = Vec::new();
+        let mut wanted: HashSet<PortKey> = HashSet::new();
         for endpoint in endpoints {
             host_ports.add(endpoint)?;
             wanted.extend(entries(endpoint)?.into_iter().map(|(key, _)| key));
         }
-        for key in before.iter().filter(|key| !wanted.contains(key)) {
+        for key in before.iter().filter(|key| !wanted.contains(*key)) {
             crate::maps::removed(host_ports.map.remove(key))?;
         }
         for word in 0..TARGET_COUNT {

@@ -6,7 +6,7 @@ use std::{net::SocketAddr, thread, time::Duration};
 use ebpf_cni_tests::{
     cni::{Call, veths},
     daemon::{Daemon, eventually},
-    node::Node,
+    node::{NODE_ADDR, Node, port_mappings, socket},
     require_root,
     traffic::{EchoServer, Stream},
 };
@@ -81,6 +81,35 @@ fn sigkill_of_the_daemon_does_not_interrupt_a_tcp_stream_between_pods() {
         ["from_pod", "from_pod"],
         "both pods' veths are bound to the block with this daemon's program"
     );
+    stream.finish().expect("the stream never failed");
+}
+
+#[test]
+fn restarts_of_the_daemon_do_not_interrupt_a_connection_through_a_host_port() {
+    const HOST_PORT: u16 = 30081;
+    require_root();
+    let mut node = Node::start("10.244.42.0/24");
+    let pod = node.add_pod_with(
+        "rst-hostport",
+        &port_mappings(PORT, &[(HOST_PORT, "tcp", None)]),
+    );
+    let _server = EchoServer::start(&pod.netns, PORT);
+    let stream = Stream::start(&node.external, socket(NODE_ADDR, HOST_PORT));
+    assert!(
+        flowing(&stream, 0),
+        "the stream through the host port starts"
+    );
+    // Each start writes the mappings again: never a moment without them, in which a
+    // segment from outside would meet the node's stack and be reset.
+    for restart in 0..3 {
+        assert!(node.daemon.stop(), "restart {restart}: the daemon stops");
+        node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+        let after = stream.echoed();
+        assert!(
+            flowing(&stream, after),
+            "restart {restart}: the stream flows on"
+        );
+    }
     stream.finish().expect("the stream never failed");
 }
 
