@@ -4,8 +4,8 @@
 //! `--routing native`. The first list gives this node its pod range (`ebpf-cnid status`)
 //! and another node a route; a MODIFIED event moves that route; a `410 Gone` makes the
 //! daemon list again and the new list replaces the nodes (the one it no longer names
-//! loses its route); after a cut connection the watch resumes from where it was and a
-//! DELETED event removes the last route.
+//! loses its route); a watch the server ends resumes from its last bookmark, one cut
+//! mid-stream from the last version seen, and a DELETED event removes the last route.
 //!
 //! What this leaves untested: the in-cluster configuration (`KUBERNETES_SERVICE_HOST`
 //! with the service account's token and CA under /var/run/secrets, over TLS), which is
@@ -130,8 +130,11 @@ fn the_daemon_follows_nodes_from_the_kubernetes_api_through_a_410_and_a_cut() {
         "{nodes}"
     );
 
-    // A cut connection: the watch resumes from the last version it saw.
+    // A watch the server ends (its timeout) resumes from the last bookmark; one cut
+    // mid-stream resumes from the last version seen.
     watch.bookmark("25");
+    drop(watch);
+    let watch = runtime.block_on(api.expect_watch("25"));
     watch.cut();
     let watch = runtime.block_on(api.expect_watch("25"));
     watch.event(
