@@ -259,9 +259,8 @@ pub mod tcp_state {
     pub const POD_CLOSED: u8 = 6;
     /// Seconds a [`POD_CLOSED`] flow keeps its node port: two or three retransmissions
     /// of the remote's FIN (Linux's first RTO is 200 ms or more), should the pod's last
-    /// ACK be lost. It bounds the rate of short connections one pod can open to one
-    /// service: each holds its node port this long after it ends (27,776 ports, the
-    /// default budget, for one second).
+    /// ACK be lost. Under pressure the pod's own next flow may take the port sooner
+    /// ([`POD_CLOSED_RECLAIM_MS`]).
     pub const POD_CLOSED_SECS: u32 = 1;
     /// Milliseconds after which a [`POD_CLOSED`] flow's node port goes to a new flow
     /// of the same pod when no other port is found for it (the pod at its budget of

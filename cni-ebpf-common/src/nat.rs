@@ -297,8 +297,8 @@ pub enum NatCounter {
     /// New flows refused because their pod held its budget (flows, or node ports
     /// toward their destination).
     OverBudget = 9,
-    /// New flows that found no free node port and took over one its own pod's
-    /// closing flow held (see `tcp_state::POD_CLOSED_RECLAIM_MS`).
+    /// New flows that found no free node port and took over the port of a closing flow
+    /// of their own pod (see `tcp_state::POD_CLOSED_RECLAIM_MS`).
     ClosingReclaimed = 10,
 }
 

@@ -206,6 +206,16 @@ impl Call {
     }
 }
 
+/// The address of a CNI result's first IP (`ips[0].address`, CIDR notation); panics
+/// when there is none.
+pub fn first_ip(result: &Value) -> std::net::Ipv4Addr {
+    result["ips"][0]["address"]
+        .as_str()
+        .and_then(|address| address.split('/').next())
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("an IPv4 address in the result: {result}"))
+}
+
 /// Names of the veth links in `netns` (the node's host sides, or a pod's interface).
 pub fn veths(netns: &Netns) -> Vec<String> {
     let out = netns.ip(&["-j", "link", "show", "type", "veth"]);

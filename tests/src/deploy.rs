@@ -12,7 +12,7 @@ use std::{
 
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
-    core::v1::{ConfigMap, ServiceAccount},
+    core::v1::{ConfigMap, Container, PodSpec, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
 use serde::de::DeserializeOwned;
@@ -52,6 +52,24 @@ pub struct Manifests {
     pub cluster_role_binding: ClusterRoleBinding,
     pub config_map: ConfigMap,
     pub daemon_set: DaemonSet,
+}
+
+impl Manifests {
+    /// The DaemonSet's pod template.
+    pub fn pod_spec(&self) -> &PodSpec {
+        self.daemon_set
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.template.spec.as_ref())
+            .expect("the DaemonSet has a pod template")
+    }
+
+    /// The pod's one container, ebpf-cnid.
+    pub fn container(&self) -> &Container {
+        let containers = &self.pod_spec().containers;
+        assert_eq!(containers.len(), 1, "the DaemonSet runs one container");
+        &containers[0]
+    }
 }
 
 /// Reads every `*.yaml` of [`dir`]; panics naming the file on a parse error, an unknown
@@ -125,19 +143,13 @@ pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
 
 /// The capabilities the DaemonSet's container adds (`BPF`, ...), in its order.
 pub fn added_capabilities(manifests: &Manifests) -> Vec<String> {
-    let containers = manifests
-        .daemon_set
-        .spec
+    manifests
+        .container()
+        .security_context
         .as_ref()
-        .and_then(|spec| spec.template.spec.as_ref())
-        .map(|spec| spec.containers.as_slice())
-        .unwrap_or_default();
-    containers
-        .iter()
-        .filter_map(|container| container.security_context.as_ref())
-        .filter_map(|context| context.capabilities.as_ref())
-        .flat_map(|capabilities| capabilities.add.clone().unwrap_or_default())
-        .collect()
+        .and_then(|context| context.capabilities.as_ref())
+        .and_then(|capabilities| capabilities.add.clone())
+        .unwrap_or_default()
 }
 
 /// What `ebpf-cnid run --help` lists: the flags, and per environment variable the

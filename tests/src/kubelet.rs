@@ -41,26 +41,10 @@ pub struct NodeHost {
     pub extra_volumes: Vec<(PathBuf, PathBuf)>,
 }
 
-/// The DaemonSet's pod template.
-pub fn pod_spec(manifests: &Manifests) -> &PodSpec {
-    manifests
-        .daemon_set
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.spec.as_ref())
-        .expect("the DaemonSet has a pod template")
-}
-
-/// The pod's one container.
-pub fn container(manifests: &Manifests) -> &Container {
-    let containers = &pod_spec(manifests).containers;
-    assert_eq!(containers.len(), 1, "the DaemonSet runs one container");
-    &containers[0]
-}
-
 /// The pod's `terminationGracePeriodSeconds` (Kubernetes' default: 30).
 pub fn grace_seconds(manifests: &Manifests) -> u64 {
-    let seconds = pod_spec(manifests)
+    let seconds = manifests
+        .pod_spec()
         .termination_grace_period_seconds
         .unwrap_or(30);
     u64::try_from(seconds).expect("a grace period of zero or more")
@@ -69,7 +53,7 @@ pub fn grace_seconds(manifests: &Manifests) -> u64 {
 /// The environment kubelet gives the container: the ConfigMap of `envFrom`, then `env`
 /// (the downward API's node name), then `host.extra_env`, with paths moved.
 pub fn environment(manifests: &Manifests, host: &NodeHost) -> Vec<(String, String)> {
-    let container = container(manifests);
+    let container = manifests.container();
     let mounts: Vec<PathBuf> = container
         .volume_mounts
         .iter()
@@ -168,8 +152,8 @@ pub fn podman_run_args(
     name: &str,
     args: Option<&[&str]>,
 ) -> Vec<String> {
-    let spec = pod_spec(manifests);
-    let container = container(manifests);
+    let spec = manifests.pod_spec();
+    let container = manifests.container();
     assert_eq!(
         spec.host_network,
         Some(true),
@@ -420,7 +404,7 @@ mod tests {
     #[test]
     fn the_readiness_probe_names_its_port() {
         let manifests = crate::deploy::load();
-        let container = container(&manifests);
+        let container = manifests.container();
         let probe = container
             .readiness_probe
             .as_ref()

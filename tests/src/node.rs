@@ -170,16 +170,9 @@ impl Node {
     /// Like [`Self::add_pod`], with `runtime_config` (e.g. portMappings) in the config.
     pub fn add_pod_with(&self, container_id: &str, runtime_config: &serde_json::Value) -> Pod {
         let (netns, outcome) = self.try_add(container_id, runtime_config);
-        let result = outcome.ok();
-        let address = result["ips"][0]["address"].as_str().expect("an address");
-        let ip = address
-            .split('/')
-            .next()
-            .and_then(|ip| ip.parse().ok())
-            .expect("an IPv4 address");
         Pod {
             container_id: container_id.to_owned(),
-            ip,
+            ip: crate::cni::first_ip(&outcome.ok()),
             netns,
         }
     }

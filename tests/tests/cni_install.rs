@@ -19,7 +19,7 @@ use std::{
 use ebpf_cni_tests::{
     bins,
     cluster::NodesFile,
-    cni::{Call, REFERENCE_PLUGINS},
+    cni::{Call, REFERENCE_PLUGINS, first_ip},
     daemon::{Daemon, Instance, eventually},
     http,
     netns::Netns,
@@ -232,16 +232,8 @@ fn the_conflist_appears_whole_once_the_daemon_serves_and_the_real_plugin_takes_i
         .var("CNI_PATH", &cni_path)
         .run_plugin(&host.netns, &dirs.bin.join("ebpf-cni"))
         .ok();
-    let address = added["ips"][0]["address"].as_str().expect("an address");
-    let ip = address
-        .split('/')
-        .next()
-        .and_then(|ip| ip.parse().ok())
-        .expect("IPv4");
-    assert!(
-        in_subnet(ip, POD_CIDR),
-        "{address} is in the node's pod range"
-    );
+    let ip = first_ip(&added);
+    assert!(in_subnet(ip, POD_CIDR), "{ip} is in the node's pod range");
     let link: Value = serde_json::from_str(&pod.ip(&["-j", "link", "show", "dev", "eth0"]))
         .expect("ip -j prints JSON");
     assert_eq!(link[0]["mtu"], 1450, "the pod's MTU is the conflist's");

@@ -23,6 +23,14 @@ use ebpf_cni_tests::{
 
 const PORT: u16 = 9600;
 
+/// Whether `stream` echoes another 64 KiB within 5 s.
+fn goes_on(stream: &Stream) -> bool {
+    let before = stream.echoed();
+    eventually(Duration::from_secs(5), || {
+        stream.echoed() > before + 64 * 1024
+    })
+}
+
 /// Three nodes with `--routing routing`; node 1's daemon killed and restarted under a
 /// stream from its pod to node 2's; then node 3 leaves the file.
 fn restart_and_removal(routing: &str, ranges: [&str; 3]) {
@@ -55,12 +63,7 @@ fn restart_and_removal(routing: &str, ranges: [&str; 3]) {
         &[],
         &["--node-name", &name, file_flag, path, flags[0], flags[1]],
     );
-    let restarted = stream.echoed();
-    assert!(
-        eventually(Duration::from_secs(5), || stream.echoed()
-            > restarted + 64 * 1024),
-        "the stream goes on after the restart"
-    );
+    assert!(goes_on(&stream), "the stream goes on after the restart");
     assert_eq!(
         daemon_routes(&cluster.node(1).netns),
         routes,
@@ -86,12 +89,7 @@ fn restart_and_removal(routing: &str, ranges: [&str; 3]) {
         Some(2),
         "node 3 is gone from the list: {nodes}"
     );
-    let during = stream.echoed();
-    assert!(
-        eventually(Duration::from_secs(5), || stream.echoed()
-            > during + 64 * 1024),
-        "node 2's traffic goes on"
-    );
+    assert!(goes_on(&stream), "node 2's traffic goes on");
     stream.finish().expect("the stream never broke");
 }
 
@@ -231,12 +229,7 @@ fn address_and_range_change(routing: &str, ranges: [&str; 3], moved_range: &str)
     );
     assert_eq!(last_peer(&server_c2.peers()), IpAddr::V4(a.ip));
 
-    let during = stream.echoed();
-    assert!(
-        eventually(Duration::from_secs(5), || stream.echoed()
-            > during + 64 * 1024),
-        "node 2's traffic goes on"
-    );
+    assert!(goes_on(&stream), "node 2's traffic goes on");
     stream.finish().expect("the stream never broke");
 }
 

@@ -50,24 +50,21 @@ fn pods_on_three_nodes_talk_with_their_own_addresses() {
     // straight into the pod from the uplink. A FORWARD chain that drops everything on
     // both nodes stops no pod.
     let server = EchoServer::start(&b.netns, PORT + 2);
-    for node in [1, 2] {
-        let rule = cluster
-            .node(node)
-            .netns
-            .run("iptables", &["-I", "FORWARD", "-j", "DROP"]);
-        assert!(rule.status.success(), "iptables: {rule:?}");
-    }
+    let forward_drop = |action: &str| {
+        for node in [1, 2] {
+            let rule = cluster
+                .node(node)
+                .netns
+                .run("iptables", &[action, "FORWARD", "-j", "DROP"]);
+            assert!(rule.status.success(), "iptables {action}: {rule:?}");
+        }
+    };
+    forward_drop("-I");
     round_trip(&a.netns, (b.ip, PORT + 2).into(), b"past FORWARD")
         .expect("pod a reaches pod b with FORWARD dropping everything");
     assert_eq!(last_peer(&server.peers()), IpAddr::from(a.ip));
     drop(server);
-    for node in [1, 2] {
-        let rule = cluster
-            .node(node)
-            .netns
-            .run("iptables", &["-D", "FORWARD", "-j", "DROP"]);
-        assert!(rule.status.success(), "iptables: {rule:?}");
-    }
+    forward_drop("-D");
 
     // The node's own traffic follows the daemon's routes.
     let server = EchoServer::start(&b.netns, PORT + 1);

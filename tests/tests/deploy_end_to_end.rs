@@ -91,7 +91,7 @@ fn the_image_run_as_the_daemon_set_networks_a_runtimes_containers_across_an_upgr
         },
     );
     let loaded = podman.load(&archive);
-    let container = kubelet::container(&manifests);
+    let container = manifests.container();
     assert_eq!(
         loaded,
         [container.image.clone().expect("an image")],
@@ -433,7 +433,7 @@ impl Kubelet<'_> {
     /// hostNetwork pod: to the node's address, at the probe's port and path; `None`
     /// when nothing answers.
     fn probe(&self, readiness: bool) -> Option<u16> {
-        let container = kubelet::container(self.manifests);
+        let container = self.manifests.container();
         let probe = if readiness {
             container.readiness_probe.as_ref()
         } else {

@@ -6,25 +6,7 @@
 use std::{collections::BTreeMap, net::SocketAddr, path::Path};
 
 use ebpf_cni_tests::deploy::{self, Manifests};
-use k8s_openapi::{
-    api::core::v1::{Container, PodSpec, Probe},
-    apimachinery::pkg::util::intstr::IntOrString,
-};
-
-fn pod_spec(manifests: &Manifests) -> &PodSpec {
-    manifests
-        .daemon_set
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.spec.as_ref())
-        .expect("the DaemonSet has a pod template")
-}
-
-fn daemon(manifests: &Manifests) -> &Container {
-    let containers = &pod_spec(manifests).containers;
-    assert_eq!(containers.len(), 1, "one container, ebpf-cnid");
-    &containers[0]
-}
+use k8s_openapi::{api::core::v1::Probe, apimachinery::pkg::util::intstr::IntOrString};
 
 fn settings(manifests: &Manifests) -> &BTreeMap<String, String> {
     manifests
@@ -47,7 +29,7 @@ fn every_setting_is_an_env_var_of_ebpf_cnid_run() {
         "the ConfigMap sets variables `ebpf-cnid run` does not read: {unknown:?}; it reads {:?}",
         help.env.keys().collect::<Vec<_>>()
     );
-    let container = daemon(&manifests);
+    let container = manifests.container();
     for var in container.env.iter().flatten() {
         assert!(
             help.env.contains_key(&var.name),
@@ -81,7 +63,8 @@ fn every_setting_is_an_env_var_of_ebpf_cnid_run() {
 #[test]
 fn the_node_name_comes_from_the_pods_node() {
     let manifests = deploy::load();
-    let var = daemon(&manifests)
+    let var = manifests
+        .container()
         .env
         .iter()
         .flatten()
@@ -115,8 +98,9 @@ const HOST_PATHS: [(&str, bool); 6] = [
 fn every_host_folder_the_daemon_uses_is_mounted_at_the_hosts_path() {
     let manifests = deploy::load();
     let help = deploy::run_help();
-    let spec = pod_spec(&manifests);
-    let mounts = daemon(&manifests)
+    let spec = manifests.pod_spec();
+    let mounts = manifests
+        .container()
         .volume_mounts
         .as_deref()
         .unwrap_or_default();
@@ -188,7 +172,7 @@ fn the_probes_ask_the_daemons_health_address() {
         "kubelet probes a hostNetwork pod at the node's address and Prometheus scrapes it \
          there: {address} does not listen on it"
     );
-    let container = daemon(&manifests);
+    let container = manifests.container();
     let port_of = |probe: Option<&Probe>, path: &str| {
         let get = probe
             .and_then(|probe| probe.http_get.as_ref())
@@ -254,7 +238,7 @@ fn the_cluster_role_reads_nodes_and_nothing_else() {
                 && subject.namespace == account.namespace),
         "the binding does not name the service account: {subjects:?}"
     );
-    assert_eq!(pod_spec(&manifests).service_account_name, account.name);
+    assert_eq!(manifests.pod_spec().service_account_name, account.name);
 }
 
 #[test]
@@ -269,7 +253,7 @@ fn the_daemon_set_runs_on_every_node_in_its_network_with_capabilities_not_privil
         manifests.config_map.metadata.namespace.as_deref(),
         Some("kube-system")
     );
-    let spec = pod_spec(&manifests);
+    let spec = manifests.pod_spec();
     assert_eq!(spec.host_network, Some(true));
     assert_eq!(
         spec.priority_class_name.as_deref(),
@@ -302,7 +286,7 @@ fn the_daemon_set_runs_on_every_node_in_its_network_with_capabilities_not_privil
         Some(IntOrString::Int(1))
     );
 
-    let container = daemon(&manifests);
+    let container = manifests.container();
     let requests = container
         .resources
         .as_ref()

@@ -14,7 +14,7 @@ use std::{
 };
 
 use ebpf_cni_tests::{
-    cni::Call,
+    cni::{Call, first_ip},
     daemon::{Daemon, Instance, eventually},
     http::{self, Metrics},
     netns::Netns,
@@ -49,14 +49,9 @@ fn add_named(node: &Node, container_id: &str, namespace: &str, name: &str) -> Po
     .var("CNI_ARGS", &args)
     .run(&node.netns)
     .ok();
-    let ip = result["ips"][0]["address"]
-        .as_str()
-        .and_then(|address| address.split('/').next())
-        .and_then(|ip| ip.parse().ok())
-        .expect("an IPv4 address");
     Pod {
         container_id: container_id.to_owned(),
-        ip,
+        ip: first_ip(&result),
         netns,
     }
 }

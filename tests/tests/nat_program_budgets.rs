@@ -8,7 +8,7 @@
 //! another pod's. Budgets and counts:
 //! `cni_ebpf_common::budget`.
 
-use cni_ebpf_common::{DropReason, NatConfig, NatCounter, NatKey, tcp_state};
+use cni_ebpf_common::{DropReason, NatConfig, NatCounter, NatEntry, NatKey, tcp_state};
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
     frames::{TC_ACT_OK, TC_ACT_SHOT},
@@ -181,14 +181,7 @@ fn a_pod_at_its_port_budget_goes_on_with_its_own_expired_ports() {
     assert_eq!(open_udp(&object, MASQ.ip, 1000..1005, 53), [TC_ACT_OK; 5]);
     // Their node ports expire (idle past the UDP timeout, 30 s).
     let long_ago = monotonic_ns() - 60 * 1_000_000_000;
-    for (key, mut entry) in object.nat_in_entries() {
-        entry.last_seen_ns = long_ago;
-        object.insert_nat_in(key, entry);
-    }
-    for (key, mut entry) in object.nat_out_entries() {
-        entry.last_seen_ns = long_ago;
-        object.insert_nat_out(key, entry);
-    }
+    rewrite_all(&mut object, |entry| entry.last_seen_ns = long_ago);
     let probes = object.nat_counter(NatCounter::PortProbes);
     let verdicts = open_udp(&object, MASQ.ip, 3000..3005, 53);
     assert_eq!(
@@ -216,18 +209,25 @@ fn syn(object: &BpfObject, pod: [u8; 4], pod_port: u16) -> (u32, u16) {
     (run.verdict, port(&run.frame, 34))
 }
 
+/// Rewrites every entry of `NAT_IN` and `NAT_OUT` with `change`.
+fn rewrite_all(object: &mut BpfObject, change: impl Fn(&mut NatEntry)) {
+    for (key, mut entry) in object.nat_in_entries() {
+        change(&mut entry);
+        object.insert_nat_in(key, entry);
+    }
+    for (key, mut entry) in object.nat_out_entries() {
+        change(&mut entry);
+        object.insert_nat_out(key, entry);
+    }
+}
+
 /// Makes every flow in both tables a closing flow the pod's TIME_WAIT holds
 /// (`POD_CLOSED`), last seen `idle_ms` ago.
 fn close_all(object: &mut BpfObject, idle_ms: u64) {
     let when = monotonic_coarse_ns() - idle_ms * 1_000_000;
-    for (key, mut entry) in object.nat_in_entries() {
+    rewrite_all(object, |entry| {
         (entry.state, entry.last_seen_ns) = (tcp_state::POD_CLOSED, when);
-        object.insert_nat_in(key, entry);
-    }
-    for (key, mut entry) in object.nat_out_entries() {
-        (entry.state, entry.last_seen_ns) = (tcp_state::POD_CLOSED, when);
-        object.insert_nat_out(key, entry);
-    }
+    });
 }
 
 #[test]

@@ -19,16 +19,16 @@ use crate::{netns::Netns, node::Node, unique_name};
 pub const IMAGE: &str = "ecni.local/pause:1";
 /// Where rootful podman keeps c/image's blob info cache, whatever its config says
 /// (`podman load` writes it).
-const BLOB_CACHE: &str = "/var/lib/containers";
+pub const BLOB_CACHE: &str = "/var/lib/containers";
 /// runc's default state folder, which the cleanup podman that conmon runs when a
 /// container exits creates (its command line does not carry `--runtime-flag`).
-const RUNC_DEFAULT_ROOT: &str = "/run/runc";
+pub const RUNC_DEFAULT_ROOT: &str = "/run/runc";
 /// How long conmon's exit command (`podman container cleanup`) may take to finish
 /// after a removal, before what is left is killed.
 const CLEANUP_GRACE: Duration = Duration::from_secs(5);
 /// Resource limits set on every container: podman's defaults (nofile and nproc at
 /// 1048576) are above this machine's hard limits, which runc may not raise.
-const ULIMITS: [&str; 4] = [
+pub const ULIMITS: [&str; 4] = [
     "--ulimit",
     "nofile=1024:1024",
     "--ulimit",
@@ -126,48 +126,12 @@ impl Podman {
             .collect()
     }
 
-    /// The engine's config: the CNI backend with its plugin and conflist folders, runc
-    /// with cgroupfs (this machine has no systemd), file events and locks, and the run
-    /// folder in the workdir.
     fn containers_conf(&self) -> String {
-        let dir = |name: &str| self.dir.join(name).display().to_string();
-        format!(
-            r#"[containers]
-log_driver = "k8s-file"
-
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-events_logfile_path = "{events}"
-lock_type = "file"
-runtime = "runc"
-tmp_dir = "{tmp}"
-volume_path = "{volumes}"
-
-[network]
-network_backend = "cni"
-cni_plugin_dirs = [{bin}]
-network_config_dir = "{conf}"
-"#,
-            events = dir("events.log"),
-            tmp = dir("tmp"),
-            volumes = dir("volumes"),
-            bin = self
-                .cni_plugin_dirs
-                .iter()
-                .map(|dir| format!("\"{}\"", dir.display()))
-                .collect::<Vec<_>>()
-                .join(", "),
-            conf = self.cni_conf_dir.display(),
-        )
+        containers_conf(self.dir.path(), &self.cni_conf_dir, &self.cni_plugin_dirs)
     }
 
     fn storage_conf(&self) -> String {
-        format!(
-            "[storage]\ndriver = \"overlay\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
-            self.dir.join("root").display(),
-            self.dir.join("runroot").display()
-        )
+        storage_conf(self.dir.path())
     }
 
     /// `podman <args>` inside the node's namespace, with this instance's config; runc
@@ -309,4 +273,48 @@ impl Drop for Podman {
         }
         // The workdir unmounts what is left under it and goes when its field drops.
     }
+}
+
+/// The engine's config of a podman whose folders are under `dir`: the CNI backend with
+/// `cni_conf_dir` and `plugin_dirs`, runc with cgroupfs (this machine has no systemd),
+/// file events and locks, and the run folder in `dir`.
+pub fn containers_conf(dir: &Path, cni_conf_dir: &Path, plugin_dirs: &[PathBuf]) -> String {
+    let path = |name: &str| dir.join(name).display().to_string();
+    format!(
+        r#"[containers]
+log_driver = "k8s-file"
+
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "{events}"
+lock_type = "file"
+runtime = "runc"
+tmp_dir = "{tmp}"
+volume_path = "{volumes}"
+
+[network]
+network_backend = "cni"
+cni_plugin_dirs = [{bin}]
+network_config_dir = "{conf}"
+"#,
+        events = path("events.log"),
+        tmp = path("tmp"),
+        volumes = path("volumes"),
+        bin = plugin_dirs
+            .iter()
+            .map(|dir| format!("\"{}\"", dir.display()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        conf = cni_conf_dir.display(),
+    )
+}
+
+/// The storage config of a podman whose image store and run root are under `dir`.
+pub fn storage_conf(dir: &Path) -> String {
+    format!(
+        "[storage]\ndriver = \"overlay\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
+        dir.join("root").display(),
+        dir.join("runroot").display()
+    )
 }

@@ -12,25 +12,15 @@ use std::{
 
 use anyhow::{Context, bail, ensure};
 use ebpf_cni_tests::{
-    runtimes::{Workdir, cleanup, require_tool},
+    runtimes::{
+        Workdir, cleanup,
+        podman::{self, BLOB_CACHE, RUNC_DEFAULT_ROOT, ULIMITS},
+        require_tool,
+    },
     unique_name,
 };
 
 use super::rootfs::BIN_DIR;
-
-/// Where rootful podman keeps c/image's blob info cache, whatever its config says
-/// (removed if this check made it).
-const BLOB_CACHE: &str = "/var/lib/containers";
-/// runc's default state folder, which conmon's cleanup command creates (it does not get
-/// `--runtime-flag`); removed if this check made it and it is empty.
-const RUNC_DEFAULT_ROOT: &str = "/run/runc";
-/// Resource limits podman would otherwise set above this machine's hard limits.
-const ULIMITS: [&str; 4] = [
-    "--ulimit",
-    "nofile=1024:1024",
-    "--ulimit",
-    "nproc=1024:1024",
-];
 
 /// Loads `archive` (named `name`), runs `ebpf-cnid --version` and the plugin's VERSION
 /// in it, and checks what they print.
@@ -103,37 +93,14 @@ impl Podman {
             made_blob_cache: !Path::new(BLOB_CACHE).exists(),
             made_runc_root: !Path::new(RUNC_DEFAULT_ROOT).exists(),
         };
-        let dir = |name: &str| podman.dir.join(name).display().to_string();
-        let conf = format!(
-            r#"[containers]
-log_driver = "k8s-file"
-
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-events_logfile_path = "{events}"
-lock_type = "file"
-runtime = "runc"
-tmp_dir = "{tmp}"
-volume_path = "{volumes}"
-
-[network]
-network_backend = "cni"
-network_config_dir = "{conf}"
-"#,
-            events = dir("events.log"),
-            tmp = dir("tmp"),
-            volumes = dir("volumes"),
-            conf = dir("cni-conf"),
-        );
+        let conf = podman::containers_conf(podman.dir.path(), &podman.dir.join("cni-conf"), &[]);
         fs::write(podman.dir.join("containers.conf"), conf)
             .context("cannot write containers.conf")?;
-        let storage = format!(
-            "[storage]\ndriver = \"overlay\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
-            dir("root"),
-            dir("runroot")
-        );
-        fs::write(podman.dir.join("storage.conf"), storage).context("cannot write storage.conf")?;
+        fs::write(
+            podman.dir.join("storage.conf"),
+            podman::storage_conf(podman.dir.path()),
+        )
+        .context("cannot write storage.conf")?;
         Ok(podman)
     }
 
