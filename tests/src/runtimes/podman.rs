@@ -276,7 +276,7 @@ impl Drop for Podman {
 }
 
 /// The engine's config of a podman whose folders are under `dir`: the CNI backend with
-/// `cni_conf_dir` and `plugin_dirs`, runc with cgroupfs (this machine has no systemd),
+/// `cni_conf_dir` and `plugin_dirs` (podman's default plugin path when empty), runc with cgroupfs (this machine has no systemd),
 /// file events and locks, and the run folder in `dir`.
 pub fn containers_conf(dir: &Path, cni_conf_dir: &Path, plugin_dirs: &[PathBuf]) -> String {
     let path = |name: &str| dir.join(name).display().to_string();
@@ -295,17 +295,21 @@ volume_path = "{volumes}"
 
 [network]
 network_backend = "cni"
-cni_plugin_dirs = [{bin}]
-network_config_dir = "{conf}"
+{bin}network_config_dir = "{conf}"
 "#,
         events = path("events.log"),
         tmp = path("tmp"),
         volumes = path("volumes"),
-        bin = plugin_dirs
-            .iter()
-            .map(|dir| format!("\"{}\"", dir.display()))
-            .collect::<Vec<_>>()
-            .join(", "),
+        // podman refuses an empty list: none at all means its defaults.
+        bin = if plugin_dirs.is_empty() {
+            String::new()
+        } else {
+            let dirs: Vec<String> = plugin_dirs
+                .iter()
+                .map(|dir| format!("\"{}\"", dir.display()))
+                .collect();
+            format!("cni_plugin_dirs = [{}]\n", dirs.join(", "))
+        },
         conf = cni_conf_dir.display(),
     )
 }
