@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{bins, cgroup::Cgroup, netns::Netns, unique_name};
+use crate::{bins, cgroup::Cgroup, netns::Netns, scaled, unique_name};
 
 /// How long a starting daemon may take to answer `status`.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -199,7 +199,7 @@ impl Daemon {
     }
 
     fn wait_ready(&mut self, instance: &Instance) {
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let deadline = Instant::now() + scaled(READY_TIMEOUT);
         loop {
             if instance.cli(&["status"]).status.success() {
                 return;
@@ -216,7 +216,8 @@ impl Daemon {
             }
             assert!(
                 Instant::now() < deadline,
-                "ebpf-cnid did not answer within {READY_TIMEOUT:?}:\n{}",
+                "ebpf-cnid did not answer within {:?}:\n{}",
+                scaled(READY_TIMEOUT),
                 instance.log()
             );
             thread::sleep(Duration::from_millis(50));
@@ -254,9 +255,10 @@ impl Drop for Daemon {
     }
 }
 
-/// Waits up to `timeout` for `check` to hold, polling.
+/// Waits up to `timeout` (stretched in a slow guest: [`scaled`]) for `check` to hold,
+/// polling.
 pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + scaled(timeout);
     loop {
         if check() {
             return true;

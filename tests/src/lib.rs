@@ -26,6 +26,7 @@ pub mod daemon;
 pub mod deploy;
 pub mod frames;
 pub mod http;
+pub mod kernel;
 pub mod kubelet;
 pub mod nat_frames;
 pub mod netns;
@@ -35,7 +36,13 @@ pub mod runtimes;
 pub mod snat;
 pub mod traffic;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::{
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
 
 /// Prefix of every namespace, bpffs folder, socket folder and cgroup this code creates,
 /// so that leftovers of a killed run are recognisable.
@@ -46,6 +53,27 @@ pub fn unique_name(tag: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("{PREFIX}-{}-{n}-{tag}", std::process::id())
+}
+
+/// The variable through which `cargo xtask vm-test` tells the tests how much slower
+/// than this machine the guest runs (about 10 under software emulation).
+pub const TIME_SCALE_VAR: &str = "EBPF_CNI_TIME_SCALE";
+
+/// `limit` stretched by the run's time scale ([`TIME_SCALE_VAR`], 1 when unset): the
+/// waits for something to happen, never the lengths of timers the product runs (a
+/// flow's timeout, a sweep interval), which pass at the same speed in a slow guest.
+pub fn scaled(limit: Duration) -> Duration {
+    static SCALE: OnceLock<u32> = OnceLock::new();
+    let scale = *SCALE.get_or_init(|| {
+        std::env::var(TIME_SCALE_VAR).map_or(1, |value| {
+            value
+                .parse::<u32>()
+                .ok()
+                .filter(|scale| *scale >= 1)
+                .unwrap_or_else(|| panic!("{TIME_SCALE_VAR}={value}: a whole number from 1"))
+        })
+    });
+    limit * scale
 }
 
 /// Fails loudly (never skips) when not root: CI runs as root, so a skip would hide a

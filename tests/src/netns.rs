@@ -53,6 +53,10 @@ impl Netns {
     /// Names of the TCX programs on `device` in this namespace, ingress then egress, asked
     /// from the kernel (Debian's bpftool predates TCX and cannot list them).
     pub fn tcx_programs(&self, device: &str) -> Vec<String> {
+        // A kernel without TCX (before 6.6) refuses the query: it has no such program.
+        if !crate::kernel::has_tcx() {
+            return Vec::new();
+        }
         let device = device.to_owned();
         crate::traffic::run_in(self, move || {
             let mut names = Vec::new();

@@ -1,6 +1,6 @@
 //! The uplink programs (source NAT) across daemon restarts, attached both ways the daemon
-//! knows: TCX links (Linux >= 6.6, the default) and clsact filters (older kernels, or
-//! `--enable-tcx false`, which lets this kernel run the older kernels' path). Either way
+//! knows: TCX links (Linux >= 6.6, the default there) and clsact filters (older kernels,
+//! or `--enable-tcx false`, which lets a newer kernel run the older kernels' path). Either way
 //! a pod's TCP connection to the external host goes on through every restart, the
 //! uplink carries each program once, and uninstall takes them off.
 
@@ -14,6 +14,7 @@ use cni_ebpf_common::program_names;
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
     daemon::{Daemon, eventually},
+    kernel,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node},
     require_root,
     traffic::{EchoServer, Stream, round_trip, run_in},
@@ -73,56 +74,76 @@ fn stream_through_restarts(subnet: &str, flags: &[&str]) -> Node {
     node
 }
 
-#[test]
-fn with_tcx_links_source_nat_goes_on_across_restarts() {
-    require_root();
-    let node = stream_through_restarts("10.244.82.0/24", &[]);
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Tcx,
+    Clsact,
+}
+
+/// The daemon's default: TCX links where the kernel has them (6.6), else clsact
+/// filters (the path Debian 12's 6.1 takes; `cargo xtask vm-test` runs it there).
+fn default_mode() -> Mode {
+    if kernel::has_tcx() {
+        Mode::Tcx
+    } else {
+        Mode::Clsact
+    }
+}
+
+/// The uplink carries each program once, the way `mode` attaches it, and `status`
+/// says so.
+fn assert_attached(node: &Node, mode: Mode) {
+    type Filters = Vec<(String, u64)>;
+    let (label, tcx, filters): (&str, &[&str], [Filters; 2]) = match mode {
+        Mode::Tcx => (
+            "tcx",
+            &["uplink_ingress", "uplink_egress"],
+            [vec![], vec![]],
+        ),
+        // One filter per hook at the fixed preference: each restart replaced the
+        // program in place, none added a filter.
+        Mode::Clsact => (
+            "clsact",
+            &[],
+            [
+                vec![("uplink_ingress".to_owned(), 0xc001)],
+                vec![("uplink_egress".to_owned(), 0xc001)],
+            ],
+        ),
+    };
     assert_eq!(
-        uplink_modes(&node),
+        uplink_modes(node),
         [
-            "uplink_egress \"tcx\"".to_owned(),
-            "uplink_ingress \"tcx\"".to_owned()
+            format!("uplink_egress \"{label}\""),
+            format!("uplink_ingress \"{label}\"")
         ]
     );
     assert_eq!(
         node.netns.tcx_programs("uplink0"),
-        ["uplink_ingress", "uplink_egress"],
-        "one TCX program per direction, whatever the restarts"
+        tcx,
+        "{mode:?}: the uplink's TCX programs"
     );
-    for direction in ["ingress", "egress"] {
+    for (direction, filters) in ["ingress", "egress"].into_iter().zip(filters) {
         assert_eq!(
-            uplink_filters(&node, direction),
-            [],
-            "no filter beside them"
+            uplink_filters(node, direction),
+            filters,
+            "{mode:?}: the filters on the uplink's {direction}"
         );
     }
+}
+
+#[test]
+fn with_the_default_attach_mode_source_nat_goes_on_across_restarts() {
+    require_root();
+    let node = stream_through_restarts("10.244.82.0/24", &[]);
+    assert_attached(&node, default_mode());
 }
 
 #[test]
 fn with_clsact_filters_source_nat_goes_on_across_restarts_and_uninstall_takes_them() {
     require_root();
     let mut node = stream_through_restarts("10.244.83.0/24", &CLSACT);
-    assert_eq!(
-        uplink_modes(&node),
-        [
-            "uplink_egress \"clsact\"".to_owned(),
-            "uplink_ingress \"clsact\"".to_owned()
-        ]
-    );
-    assert!(
-        node.netns.tcx_programs("uplink0").is_empty(),
-        "no TCX program on the uplink"
-    );
-    // One filter per hook at the fixed preference: each restart replaced the program
-    // in place, none added a filter.
-    assert_eq!(
-        uplink_filters(&node, "ingress"),
-        [("uplink_ingress".to_owned(), 0xc001)]
-    );
-    assert_eq!(
-        uplink_filters(&node, "egress"),
-        [("uplink_egress".to_owned(), 0xc001)]
-    );
+    assert_attached(&node, Mode::Clsact);
 
     // The filters outlive the daemon (translation goes on while it is stopped), and
     // uninstall, which removes the maps' pins, takes them off too.
@@ -236,38 +257,18 @@ fn switching_between_tcx_and_clsact_leaves_one_set_of_uplink_programs() {
             "the pod reaches the external host {when}"
         );
     };
-    reaches("with TCX links");
-    let filters = |node: &Node| {
-        [
-            uplink_filters(node, "ingress"),
-            uplink_filters(node, "egress"),
-        ]
-        .concat()
-    };
+    assert_attached(&node, default_mode());
+    reaches("in the default mode");
 
     assert!(node.daemon.stop());
     node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &CLSACT);
-    assert!(
-        node.netns.tcx_programs("uplink0").is_empty(),
-        "the TCX links went"
-    );
-    assert_eq!(
-        filters(&node),
-        [
-            ("uplink_ingress".to_owned(), 0xc001),
-            ("uplink_egress".to_owned(), 0xc001)
-        ]
-    );
+    assert_attached(&node, Mode::Clsact);
     reaches("with clsact filters");
 
     assert!(node.daemon.stop());
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
-    assert_eq!(
-        node.netns.tcx_programs("uplink0"),
-        ["uplink_ingress", "uplink_egress"]
-    );
-    assert_eq!(filters(&node), [], "the filters went");
-    reaches("with TCX links again");
+    assert_attached(&node, default_mode());
+    reaches("in the default mode again");
 }
 
 #[test]

@@ -51,16 +51,18 @@ pub enum DatapathError {
     Load(#[from] aya::EbpfError),
     #[error("the eBPF object has no program {0}")]
     MissingProgram(&'static str),
-    /// The kernel refused a program (its verifier, or a helper it lacks).
+    /// The kernel refused a program (its verifier, or a helper it lacks). The message
+    /// carries the verifier's closing reason; its whole output is logged at debug level
+    /// (`EBPF_CNID_LOG=debug`), since it runs to thousands of lines.
     #[error(
-        "the kernel ({kernel}) refuses program {program}: {source}. ebpf-cni needs the BPF \
+        "the kernel ({kernel}) refuses program {program}: {reason}. ebpf-cni needs the BPF \
          features of Linux 5.17 (bpf_loop and the helpers before it), or a distribution \
-         kernel that backports them"
+         kernel that backports them (EBPF_CNID_LOG=debug prints the verifier's output)"
     )]
     ProgramLoad {
         program: &'static str,
         kernel: String,
-        source: aya::programs::ProgramError,
+        reason: String,
     },
     #[error("program {program}: {source}")]
     Program {
@@ -249,11 +251,35 @@ fn refused(program: &'static str, source: aya::programs::ProgramError) -> Datapa
         |_| "version unknown".to_owned(),
         |version| version.to_string(),
     );
+    let reason = match &source {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            tracing::debug!(program, "the verifier's output:\n{log}");
+            match verifier_reason(&log) {
+                Some(reason) => format!("{reason} ({io_error})"),
+                None => io_error.to_string(),
+            }
+        }
+        other => other.to_string(),
+    };
     DatapathError::ProgramLoad {
         program,
         kernel,
-        source,
+        reason,
     }
+}
+
+/// The verifier's reason for a refusal: the last line of its output before the
+/// statistics it closes with (`invalid func unknown#181`, `R1 invalid mem access`).
+fn verifier_reason(log: &str) -> Option<&str> {
+    const STATISTICS: &[&str] = &["verification time", "stack depth", "processed "];
+    log.lines()
+        .map(str::trim)
+        .rev()
+        .find(|line| !line.is_empty() && !STATISTICS.iter().any(|stat| line.starts_with(stat)))
 }
 
 fn classifier<'a>(
@@ -332,4 +358,18 @@ fn spawn_log_forwarder(ebpf: &mut Ebpf) {
             guard.clear_ready();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verifier_reason;
+
+    #[test]
+    fn the_refusal_names_the_verifiers_last_word_not_its_statistics() {
+        let log = "; fun()\n796: (7b) *(u64 *)(r10 -336) = r1\n797: (85) call unknown#160\n\
+                   invalid func unknown#160\nverification time 15154 usec\n\
+                   stack depth 352+0+0+0\nprocessed 438 insns (limit 1000000)\n\n";
+        assert_eq!(verifier_reason(log), Some("invalid func unknown#160"));
+        assert_eq!(verifier_reason("\n"), None);
+    }
 }
