@@ -322,18 +322,24 @@ impl Endpoints {
         Ok(())
     }
 
-    /// Makes the map hold exactly the records' addresses.
+    /// Makes the map hold exactly the records' addresses: the records' entries go in
+    /// (over equal ones) before stale ones go. A restart never leaves a moment without a
+    /// live pod's entry, in which the running programs would hand its traffic to the
+    /// node's stack (a hostPort connection from outside was answered with a reset; the
+    /// moment was long enough to hit in a software-emulated guest).
     fn rewrite_map(&mut self) -> Result<(), EndpointError> {
-        let stale: Vec<EndpointKey> = self.map.keys().collect::<Result<_, _>>()?;
-        for key in stale {
-            self.map.remove(&key)?;
-        }
+        let before: Vec<EndpointKey> = self.map.keys().collect::<Result<_, _>>()?;
         let records: Vec<Endpoint> = self.records.values().cloned().collect();
+        let mut wanted = Vec::new();
         for endpoint in &records {
             let info = endpoint_info(endpoint)?;
             for key in ipv4_keys(endpoint) {
                 self.map.insert(key, info, 0)?;
+                wanted.push(key.addr);
             }
+        }
+        for key in before.iter().filter(|key| !wanted.contains(&key.addr)) {
+            crate::maps::removed(self.map.remove(key))?;
         }
         Ok(())
     }

@@ -27,7 +27,9 @@ pub fn sink(netns: &Netns, port: u16, size: usize) -> JoinHandle<(SocketAddr, bo
     });
     std::thread::spawn(move || {
         let (mut stream, peer) = listener.accept().expect("a connection");
-        stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        stream
+            .set_read_timeout(Some(crate::scaled(IO_TIMEOUT)))
+            .expect("timeout");
         let mut buffer = vec![0u8; 1 << 16];
         let (mut received, mut intact) = (0usize, true);
         loop {
@@ -52,12 +54,12 @@ pub fn sink(netns: &Netns, port: u16, size: usize) -> JoinHandle<(SocketAddr, bo
 /// waits for the sink's close (every byte acknowledged).
 pub fn send(netns: &Netns, to: SocketAddr, size: usize) -> std::io::Result<()> {
     spawn_in(netns, move || -> std::io::Result<()> {
-        let mut stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)?;
-        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        let mut stream = TcpStream::connect_timeout(&to, crate::scaled(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(crate::scaled(IO_TIMEOUT)))?;
         let data: Vec<u8> = (0..size).map(pattern).collect();
         stream.write_all(&data)?;
         stream.shutdown(Shutdown::Write)?;
-        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_read_timeout(Some(crate::scaled(IO_TIMEOUT)))?;
         let _ = stream.read(&mut [0u8; 1])?;
         Ok(())
     })

@@ -35,9 +35,16 @@ pub use self::{
 };
 use crate::netns::Netns;
 
-/// The longest any helper here keeps a thread alive.
-const MAX_LIFETIME: Duration = Duration::from_secs(60);
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest any helper here keeps a thread alive (stretched in a slow guest: a test
+/// restarting the daemon three times under a stream takes a minute there).
+fn max_lifetime() -> Duration {
+    crate::scaled(Duration::from_secs(60))
+}
+
+/// How long a helper waits for a connection, a read or a write.
+fn io_timeout() -> Duration {
+    crate::scaled(Duration::from_secs(5))
+}
 
 /// Runs `work` on a new thread inside `netns`.
 pub fn spawn_in<T, F>(netns: &Netns, work: F) -> JoinHandle<T>

@@ -19,7 +19,7 @@ use nix::sys::socket::{
     sockopt::ReuseAddr,
 };
 
-use super::{Background, IO_TIMEOUT, MAX_LIFETIME, run_in};
+use super::{Background, io_timeout, max_lifetime, run_in};
 use crate::netns::Netns;
 
 /// A TCP echo server in a namespace, stopped on drop.
@@ -40,7 +40,7 @@ impl EchoServer {
             let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind");
             listener.set_nonblocking(true).expect("nonblocking");
             bound.send(()).expect("ready signal");
-            let deadline = Instant::now() + MAX_LIFETIME;
+            let deadline = Instant::now() + max_lifetime();
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 match listener.accept() {
                     Ok((stream, peer)) => {
@@ -54,7 +54,7 @@ impl EchoServer {
             }
         });
         ready
-            .recv_timeout(IO_TIMEOUT)
+            .recv_timeout(io_timeout())
             .expect("the echo server did not bind");
         Self {
             received,
@@ -74,10 +74,10 @@ impl EchoServer {
     }
 }
 
-/// Echoes one connection until EOF, an error, the stop flag or `MAX_LIFETIME`.
+/// Echoes one connection until EOF, an error, the stop flag or the helpers' lifetime.
 fn echo(mut stream: TcpStream, stop: &AtomicBool, received: &AtomicU64) {
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let deadline = Instant::now() + MAX_LIFETIME;
+    let deadline = Instant::now() + max_lifetime();
     let mut buffer = [0u8; 16 * 1024];
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         match stream.read(&mut buffer) {
@@ -98,7 +98,7 @@ fn echo(mut stream: TcpStream, stop: &AtomicBool, received: &AtomicU64) {
 pub fn round_trip(netns: &Netns, to: SocketAddr, payload: &[u8]) -> Result<Vec<u8>, String> {
     let payload = payload.to_vec();
     run_in(netns, move || {
-        let stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)
+        let stream = TcpStream::connect_timeout(&to, io_timeout())
             .map_err(|e| format!("connect {to}: {e}"))?;
         exchange(stream, &payload)
     })
@@ -138,10 +138,10 @@ pub fn round_trip_from(
 /// `bulk`). A write that cannot go on fails after the timeout rather than hang.
 fn exchange(mut stream: TcpStream, payload: &[u8]) -> Result<Vec<u8>, String> {
     stream
-        .set_read_timeout(Some(IO_TIMEOUT))
+        .set_read_timeout(Some(io_timeout()))
         .map_err(|e| e.to_string())?;
     stream
-        .set_write_timeout(Some(IO_TIMEOUT))
+        .set_write_timeout(Some(io_timeout()))
         .map_err(|e| e.to_string())?;
     stream
         .write_all(payload)
@@ -166,10 +166,10 @@ pub fn many_connections(
     run_in(netns, move || {
         let mut streams = Vec::with_capacity(count);
         for n in 0..count {
-            let stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)
+            let stream = TcpStream::connect_timeout(&to, io_timeout())
                 .map_err(|e| format!("connection {n}: {e}"))?;
             stream
-                .set_read_timeout(Some(IO_TIMEOUT))
+                .set_read_timeout(Some(io_timeout()))
                 .map_err(|e| e.to_string())?;
             streams.push(stream);
         }
@@ -203,14 +203,14 @@ impl Stream {
         let echoed = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&echoed);
         let worker = Background::start(netns, move |stop| {
-            let mut stream = TcpStream::connect_timeout(&to, IO_TIMEOUT)
+            let mut stream = TcpStream::connect_timeout(&to, io_timeout())
                 .map_err(|e| format!("connect {to}: {e}"))?;
             stream
-                .set_read_timeout(Some(IO_TIMEOUT))
+                .set_read_timeout(Some(io_timeout()))
                 .map_err(|e| e.to_string())?;
             let chunk = [0x5au8; 1024];
             let mut back = [0u8; 1024];
-            let deadline = Instant::now() + MAX_LIFETIME;
+            let deadline = Instant::now() + max_lifetime();
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 stream
                     .write_all(&chunk)

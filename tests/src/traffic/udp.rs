@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Background, IO_TIMEOUT, MAX_LIFETIME, run_in};
+use super::{Background, io_timeout, max_lifetime, run_in};
 use crate::netns::Netns;
 
 /// The largest UDP payload over IPv4: datagrams larger than the MTU travel in fragments.
@@ -30,7 +30,7 @@ impl UdpEcho {
                 .set_read_timeout(Some(Duration::from_millis(100)))
                 .expect("timeout");
             bound.send(()).expect("ready signal");
-            let deadline = Instant::now() + MAX_LIFETIME;
+            let deadline = Instant::now() + max_lifetime();
             let mut buffer = vec![0u8; MAX_DATAGRAM];
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 if let Ok((n, peer)) = socket.recv_from(&mut buffer) {
@@ -40,7 +40,7 @@ impl UdpEcho {
             }
         });
         ready
-            .recv_timeout(IO_TIMEOUT)
+            .recv_timeout(io_timeout())
             .expect("the UDP server did not bind");
         Self {
             peers,
