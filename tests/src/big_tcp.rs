@@ -15,7 +15,8 @@ pub const SIZE: u32 = 196_608;
 /// The kernel's default.
 pub const DEFAULT: u32 = 65_536;
 
-/// `link`'s IPv4 GSO and GRO max sizes inside `netns`.
+/// `link`'s IPv4 GSO and GRO max sizes inside `netns` ([`DEFAULT`] before Linux 6.3,
+/// which reports neither).
 pub fn sizes(netns: &Netns, link: &str) -> (u32, u32) {
     let name = link.to_owned();
     let message = on_netlink(netns, move |handle| async move {
@@ -38,10 +39,16 @@ pub fn sizes(netns: &Netns, link: &str) -> (u32, u32) {
         LinkAttribute::GroIpv4MaxSize(size) => Some(*size),
         _ => None,
     });
-    (
-        gso.expect("the kernel reports gso_ipv4_max_size (Linux >= 6.3)"),
-        gro.expect("the kernel reports gro_ipv4_max_size (Linux >= 6.3)"),
-    )
+    assert_eq!(
+        (gso.is_some(), gro.is_some()),
+        (
+            crate::kernel::has_big_tcp_ipv4(),
+            crate::kernel::has_big_tcp_ipv4()
+        ),
+        "the kernel reports gso_ipv4_max_size and gro_ipv4_max_size from Linux 6.3"
+    );
+    // A kernel before 6.3 has no IPv4 BIG TCP: the 64 KiB limit.
+    (gso.unwrap_or(DEFAULT), gro.unwrap_or(DEFAULT))
 }
 
 /// Sets `link`'s IPv4 GSO and GRO max sizes inside `netns` to `size`.

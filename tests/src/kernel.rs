@@ -32,6 +32,12 @@ pub fn has_tcx() -> bool {
     version() >= (6, 6)
 }
 
+/// IPv4 BIG TCP (`gso_ipv4_max_size`, Linux 6.3): pods follow the uplink's size there;
+/// before, every link has the 64 KiB limit and no such attribute.
+pub fn has_big_tcp_ipv4() -> bool {
+    version() >= (6, 3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::major_minor;

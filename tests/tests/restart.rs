@@ -86,9 +86,20 @@ fn sigkill_of_the_daemon_does_not_interrupt_a_tcp_stream_between_pods() {
 
 #[test]
 fn restarts_of_the_daemon_do_not_interrupt_a_connection_through_a_host_port() {
+    host_port_through_restarts("10.244.42.0/24", &[]);
+}
+
+#[test]
+fn with_clsact_filters_restarts_do_not_interrupt_a_connection_through_a_host_port() {
+    host_port_through_restarts("10.244.46.0/24", &["--enable-tcx", "false"]);
+}
+
+/// A connection from outside through a host port, across three restarts of a daemon
+/// run with `flags`.
+fn host_port_through_restarts(subnet: &str, flags: &[&str]) {
     const HOST_PORT: u16 = 30081;
     require_root();
-    let mut node = Node::start("10.244.42.0/24");
+    let mut node = Node::start_with(subnet, &[], flags);
     let pod = node.add_pod_with(
         "rst-hostport",
         &port_mappings(PORT, &[(HOST_PORT, "tcp", None)]),
@@ -103,7 +114,7 @@ fn restarts_of_the_daemon_do_not_interrupt_a_connection_through_a_host_port() {
     // segment from outside would meet the node's stack and be reset.
     for restart in 0..3 {
         assert!(node.daemon.stop(), "restart {restart}: the daemon stops");
-        node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+        node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], flags);
         let after = stream.echoed();
         assert!(
             flowing(&stream, after),

@@ -96,7 +96,7 @@ pub fn run_counting_tests(command: &mut Command) -> anyhow::Result<TestTotals> {
 }
 
 /// Adds `test result: ok. 3 passed; 0 failed; ...` to `totals`; other lines are ignored.
-fn add_result_line(totals: &mut TestTotals, line: &str) {
+pub fn add_result_line(totals: &mut TestTotals, line: &str) {
     let Some(rest) = line.strip_prefix("test result: ") else {
         return;
     };

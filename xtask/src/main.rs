@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build | test | demo | bench | image`.
+//! Project tasks: `cargo xtask setup | build | test | vm-test | demo | bench | image`.
 //!
 //! Every task that needs tools runs `setup` first, so a fresh machine needs nothing but
 //! the command itself (see README's Quick start).
@@ -10,6 +10,7 @@ mod demo;
 mod image;
 mod setup;
 mod test;
+mod vm;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -38,6 +39,19 @@ enum Task {
         /// Extra arguments for `cargo test` (for example a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
+    },
+    /// The integration tests inside qemu guests of Debian's kernels: 6.1 (no TCX), the
+    /// 6.12 LTS, and the refusal on 5.10 below the floor.
+    VmTest {
+        /// 6.1, 6.12, 5.10 (only the refusal test), or all.
+        #[arg(long, default_value = "6.1")]
+        kernel: String,
+        /// How the guest's CPUs run: auto (KVM when a guest boots with it, else TCG).
+        #[arg(long, value_enum, default_value = "auto")]
+        accel: vm::Accel,
+        /// Arguments for every test binary, after `--` (a test name filter, --skip NAME).
+        #[arg(last = true)]
+        filter: Vec<String>,
     },
     /// The main job: a simulated node in network namespaces, traffic through eBPF.
     Demo,
@@ -93,6 +107,18 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             build::all(&root, &tools, build::Profile::from_release(release))?;
         }
         Task::Test { args } => test::run(&root, &args)?,
+        Task::VmTest {
+            kernel,
+            accel,
+            filter,
+        } => vm::run(
+            &root,
+            &vm::Request {
+                kernel,
+                accel,
+                filter,
+            },
+        )?,
         Task::Demo => demo::run(&root)?,
         Task::Bench { quick, only } => bench::run(&root, bench::Plan { quick }, only.as_deref())?,
         Task::Image {

@@ -40,7 +40,15 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     (
         "busybox-static",
-        "the runtime tests' image: a static busybox, built into an OCI archive locally",
+        "the runtime tests' image, and the VM tests' initramfs: a static busybox",
+    ),
+    (
+        "qemu-system-x86",
+        "the VM tests: Debian's kernels booted with the host's root shared read-only",
+    ),
+    (
+        "kmod",
+        "depmod for the VM tests' kernels; modprobe in their guests",
     ),
 ];
 
@@ -210,7 +218,7 @@ fn link_rustc_llvm(lib_dir: &Path, major: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn tools_home() -> anyhow::Result<PathBuf> {
+pub fn tools_home() -> anyhow::Result<PathBuf> {
     if let Some(dir) = env::var_os("EBPF_CNI_TOOLS_DIR") {
         return Ok(PathBuf::from(dir));
     }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::{
     build::{self, Profile},
-    cmd, image, setup,
+    cmd, image, setup, vm,
 };
 
 pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
@@ -49,5 +49,53 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
         println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     }
     anyhow::ensure!(totals.passed > 0, "no test ran");
-    Ok(())
+    // The same binaries on a kernel users run that lacks TCX, and the refusal below
+    // the floor: each in a qemu guest (`cargo xtask vm-test`).
+    let specs = vm::ci_kernels()?;
+    let results = vm::suite(
+        root,
+        &built,
+        &archive,
+        &specs,
+        vm::Accel::Auto,
+        &binary_args(extra),
+        vm::Skips::KnownFailures,
+    )?;
+    vm::conclude(&results)
+}
+
+/// What of `cargo test`'s arguments each test binary takes: its positional filter and
+/// everything after `--` (cargo's own options, such as `-p NAME`, are not passed on).
+fn binary_args(extra: &[String]) -> Vec<String> {
+    let (cargo_args, binary_args) = match extra.iter().position(|arg| arg == "--") {
+        Some(split) => (&extra[..split], &extra[split + 1..]),
+        None => (extra, &[][..]),
+    };
+    let filter = cargo_args
+        .iter()
+        .enumerate()
+        .filter(|(index, arg)| {
+            !arg.starts_with('-') && (*index == 0 || !cargo_args[index - 1].starts_with('-'))
+        })
+        .map(|(_, arg)| arg.clone());
+    filter.chain(binary_args.iter().cloned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<String> {
+        words.iter().map(|word| (*word).to_owned()).collect()
+    }
+
+    #[test]
+    fn test_binaries_get_the_filter_and_what_follows_the_separator() {
+        assert_eq!(binary_args(&args(&["snat"])), args(&["snat"]));
+        assert_eq!(
+            binary_args(&args(&["-p", "ebpf-cni-tests", "snat", "--", "--exact"])),
+            args(&["snat", "--exact"])
+        );
+        assert!(binary_args(&[]).is_empty());
+    }
 }

@@ -1,0 +1,359 @@
+//! `cargo xtask vm-test`: the integration tests, the same built binaries, inside qemu
+//! guests running Debian's own kernels (6.1 without TCX, the 6.12 LTS with it), and the
+//! kernel-floor refusal on bullseye's 5.10.
+//!
+//! The guest boots the unpacked kernel with an initramfs of busybox (initramfs.rs),
+//! mounts the host's root read-only over virtio-9p under a tmpfs overlay, and runs the
+//! binaries as root with the mounts a test host has (guest.sh). The console is the only
+//! channel back (qemu.rs).
+
+mod initramfs;
+mod kernel;
+mod qemu;
+
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+
+pub use self::qemu::Accel;
+use self::{
+    initramfs::Plan,
+    kernel::{Kernel, Suite},
+};
+use crate::{
+    build::{self, Built, Profile},
+    cmd::TestTotals,
+    image, setup,
+};
+
+/// What `cargo xtask vm-test` was asked.
+pub struct Request {
+    /// `6.1`, `6.12`, `5.10` or `all`.
+    pub kernel: String,
+    pub accel: Accel,
+    /// Arguments for every test binary (a test name filter, `--skip NAME`, ...).
+    pub filter: Vec<String>,
+}
+
+/// `cargo xtask vm-test`: setup, the debug build, then each kernel in turn.
+pub fn run(root: &Path, request: &Request) -> anyhow::Result<()> {
+    let specs = kernel::select(&request.kernel)?;
+    let tools = setup::full()?;
+    let built = build::all(root, &tools, Profile::Dev)?;
+    // The image the end-to-end test starts as the DaemonSet (`cargo xtask test` checks
+    // it with podman; here it is only written).
+    let archive = ebpf_cni_tests::deploy::image_archive(root, "dev");
+    image::write(&built, ebpf_cni_tests::deploy::IMAGE, &archive)?;
+    let results = suite(
+        root,
+        &built,
+        &archive,
+        &specs,
+        request.accel,
+        &request.filter,
+        Skips::None,
+    )?;
+    conclude(&results)
+}
+
+/// Tests `cargo xtask test` skips in a guest of a kernel, with the reason: known
+/// failures there, each open in issue 26's note and run by `cargo xtask vm-test`, which
+/// skips nothing.
+const CI_SKIPS: &[(&str, &str, &str)] = &[(
+    "6.1",
+    "a_pod_at_its_port_budget_takes_its_own_closing_ports_once_past_the_reclaim_hold",
+    "on 6.1 the port search after a reclaim starts a few ports further than on 6.6 and \
+     later, misses the pod's other closing ports and refuses (PortBudget); cause not \
+     found yet",
+)];
+
+/// The kernels `cargo xtask test` runs after the host's suite: the refusal below the
+/// floor (a minute or two), then Debian 12's (the clsact path, on a kernel users run).
+const CI_KERNELS: &[&str] = &["5.10", "6.1"];
+
+/// [`CI_KERNELS`] as specs.
+pub fn ci_kernels() -> anyhow::Result<Vec<kernel::Spec>> {
+    let mut specs = Vec::new();
+    for name in CI_KERNELS {
+        specs.extend(kernel::select(name)?);
+    }
+    Ok(specs)
+}
+
+/// One kernel's result.
+pub struct KernelResult {
+    pub name: &'static str,
+    pub version: String,
+    pub accel: Accel,
+    pub elapsed: Duration,
+    /// The error that ended the guest early (no boot, hang, panic), if one did.
+    pub error: Option<String>,
+    pub totals: TestTotals,
+    pub failed_binaries: Vec<(String, i32)>,
+}
+
+impl KernelResult {
+    fn passed(&self) -> bool {
+        self.error.is_none()
+            && self.failed_binaries.is_empty()
+            && self.totals.failed == 0
+            && self.totals.passed > 0
+    }
+
+    /// `vm-test 6.1 (Debian 6.1.176-1, TCG (software emulation), 31 min): 512 passed, 0 failed`
+    pub fn summary(&self) -> String {
+        let mut line = format!(
+            "vm-test {} (Debian {}, {}, {} min): {} passed, {} failed",
+            self.name,
+            self.version,
+            self.accel.label(),
+            self.elapsed.as_secs().div_ceil(60),
+            self.totals.passed,
+            self.totals.failed
+        );
+        if !self.failed_binaries.is_empty() {
+            let binaries: Vec<String> = self
+                .failed_binaries
+                .iter()
+                .map(|(name, status)| match status {
+                    124 | 137 => format!("{name} (timed out)"),
+                    _ => format!("{name} (exit {status})"),
+                })
+                .collect();
+            line.push_str(&format!("; failing binaries: {}", binaries.join(", ")));
+        }
+        if let Some(error) = &self.error {
+            line.push_str(&format!("; {}", error.lines().next().unwrap_or_default()));
+        }
+        line
+    }
+}
+
+/// Whether a run skips [`CI_SKIPS`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Skips {
+    None,
+    KnownFailures,
+}
+
+/// Runs the tests of `built` in a guest of each kernel of `specs`, one after another.
+/// An error only for what stops every kernel (no package lists, no test binaries); a
+/// guest's own failure is in its [`KernelResult`].
+pub fn suite(
+    root: &Path,
+    built: &Built,
+    archive: &Path,
+    specs: &[kernel::Spec],
+    accel: Accel,
+    filter: &[String],
+    skips: Skips,
+) -> anyhow::Result<Vec<KernelResult>> {
+    let binaries = test_binaries(root, built)?;
+    let cache = setup::tools_home()?.join("vm");
+    let work = root.join("target/vm");
+    fs::create_dir_all(&work)?;
+    let mut results = Vec::new();
+    // KVM works or not whatever the kernel: probed once, with the first.
+    let mut resolved = None;
+    for spec in specs {
+        let kernel = kernel::get(&cache, *spec)?;
+        let mut args = filter.to_vec();
+        if skips == Skips::KnownFailures {
+            for (_, test, why) in CI_SKIPS.iter().filter(|(name, ..)| *name == spec.name) {
+                eprintln!("vm-test: skipping {test} on {}: {why}", spec.name);
+                args.extend(["--skip".to_owned(), (*test).to_owned()]);
+            }
+        }
+        let plan = plan(root, built, archive, &kernel, &binaries, accel, &args)?;
+        let initramfs = work.join(format!("initramfs-{}.cpio", spec.name));
+        initramfs::write(&kernel, &plan, &initramfs)?;
+        let accel = *resolved.get_or_insert_with(|| qemu::resolve(accel, &kernel, &initramfs));
+        eprintln!(
+            "vm-test: Linux {} (Debian {}, {}) under {}: {} test binaries",
+            kernel.release,
+            kernel.version,
+            spec.suite,
+            accel.label(),
+            plan.binaries.len()
+        );
+        let start = Instant::now();
+        let outcome = qemu::run(accel, &kernel, &initramfs, total_timeout(accel, &plan));
+        let result = match outcome {
+            Ok(outcome) => KernelResult {
+                name: spec.name,
+                version: kernel.version.clone(),
+                accel,
+                elapsed: start.elapsed(),
+                error: None,
+                totals: outcome.totals,
+                failed_binaries: outcome.failed_binaries,
+            },
+            Err(error) => {
+                eprintln!("vm-test: {error:#}");
+                KernelResult {
+                    name: spec.name,
+                    version: kernel.version.clone(),
+                    accel,
+                    elapsed: start.elapsed(),
+                    error: Some(format!("{error:#}")),
+                    totals: TestTotals::default(),
+                    failed_binaries: Vec::new(),
+                }
+            }
+        };
+        eprintln!("{}", result.summary());
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// Prints one line per kernel; an error when any kernel failed.
+pub fn conclude(results: &[KernelResult]) -> anyhow::Result<()> {
+    #[expect(clippy::print_stdout, reason = "the closing summary belongs on stdout")]
+    for result in results {
+        println!("{}", result.summary());
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|result| !result.passed())
+        .map(|result| result.name)
+        .collect();
+    anyhow::ensure!(failed.is_empty(), "vm-test failed on {}", failed.join(", "));
+    Ok(())
+}
+
+/// The whole guest's limit: the binaries' own limit each would be far too long, so the
+/// sum of what they take under TCG on this machine's kind, doubled, and at least an hour.
+fn total_timeout(accel: Accel, plan: &Plan) -> Duration {
+    let per_binary = match accel {
+        Accel::Kvm => Duration::from_secs(60),
+        _ => Duration::from_secs(180),
+    };
+    (per_binary * u32::try_from(plan.binaries.len()).unwrap_or(u32::MAX) * 2)
+        .max(Duration::from_secs(3600))
+}
+
+fn plan(
+    root: &Path,
+    built: &Built,
+    archive: &Path,
+    kernel: &Kernel,
+    binaries: &[(String, PathBuf)],
+    accel: Accel,
+    filter: &[String],
+) -> anyhow::Result<Plan> {
+    let path = |path: &Path| path.to_str().map(str::to_owned).context("non-UTF-8 path");
+    let binaries = match kernel.spec.suite_kind {
+        Suite::Integration => binaries.to_vec(),
+        Suite::Refusal => binaries
+            .iter()
+            .filter(|(name, _)| name == KERNEL_FLOOR_TEST)
+            .cloned()
+            .collect(),
+    };
+    anyhow::ensure!(
+        !binaries.is_empty(),
+        "no test binary to run on {}",
+        kernel.spec.name
+    );
+    let env = vec![
+        ("TESTS_DIR".to_owned(), path(&root.join("tests"))?),
+        (
+            "BIN_TIMEOUT".to_owned(),
+            accel.binary_timeout().as_secs().to_string(),
+        ),
+        (
+            "PATH".to_owned(),
+            env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        ),
+        (
+            "HOME".to_owned(),
+            env::var("HOME").unwrap_or_else(|_| "/root".into()),
+        ),
+        (build::OBJECT_VAR.to_owned(), path(&built.object)?),
+        ("EBPF_CNI_BIN_DIR".to_owned(), path(&built.bin_dir)?),
+        ("EBPF_CNI_IMAGE".to_owned(), path(archive)?),
+        // The host's open-file limits: a kernel starts init with 1024 of 4096, and a test
+        // of 2,000 connections needs more.
+        ("NOFILE".to_owned(), nofile()),
+        // The tests' waits stretched by how much slower the guest runs.
+        (
+            ebpf_cni_tests::TIME_SCALE_VAR.to_owned(),
+            accel.time_scale().to_string(),
+        ),
+        // What the test binaries' panics print.
+        ("RUST_BACKTRACE".to_owned(), "0".to_owned()),
+    ];
+    Ok(Plan {
+        env,
+        binaries,
+        args: filter.to_vec(),
+    })
+}
+
+/// `SOFT:HARD` of this process's open-file limit, for the guest's shell to take over.
+fn nofile() -> String {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or_else(
+        |_| "1024:4096".to_owned(),
+        |(soft, hard)| format!("{soft}:{hard}"),
+    )
+}
+
+/// The test that checks the daemon's refusal below Linux 5.17 (and that it starts
+/// above).
+const KERNEL_FLOOR_TEST: &str = "kernel_floor";
+
+/// The integration test binaries of the tests crate, built (cargo's `--no-run`) with the
+/// environment `cargo xtask test` builds them with, so nothing is built twice.
+fn test_binaries(root: &Path, built: &Built) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut command = build::host_cargo(root, &built.object);
+    command
+        .args([
+            "test",
+            "-p",
+            "ebpf-cni-tests",
+            "--tests",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .env("CARGO_INCREMENTAL", "0")
+        .stderr(Stdio::inherit());
+    let out = command
+        .output()
+        .context("cannot run cargo to list the test binaries")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cannot build the integration test binaries ({})",
+        out.status
+    );
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let mut binaries = Vec::new();
+    for line in listing.lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_integration_test = message["reason"] == "compiler-artifact"
+            && message["profile"]["test"] == true
+            && message["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "test"));
+        if let (true, Some(name), Some(executable)) = (
+            is_integration_test,
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) {
+            binaries.push((name.to_owned(), PathBuf::from(executable)));
+        }
+    }
+    binaries.sort();
+    anyhow::ensure!(
+        !binaries.is_empty(),
+        "cargo listed no integration test binary"
+    );
+    Ok(binaries)
+}
