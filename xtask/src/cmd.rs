@@ -50,7 +50,8 @@ pub fn output(command: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn describe(command: &Command) -> String {
+/// The command line of `command`, for traces and errors.
+pub fn describe(command: &Command) -> String {
     std::iter::once(command.get_program())
         .chain(command.get_args())
         .map(|part| part.to_string_lossy().into_owned())

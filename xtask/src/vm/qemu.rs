@@ -112,7 +112,7 @@ pub fn run(
     total: Duration,
 ) -> anyhow::Result<Outcome> {
     let mut command = qemu(accel, kernel, initramfs, "");
-    eprintln!("+ {}", describe(&command));
+    eprintln!("+ {}", cmd::describe(&command));
     let mut console = Console::start(&mut command)?;
     let start = Instant::now();
     let booted = console.wait_for("vm-test: guest up", start + accel.boot_timeout(), true)?;
@@ -211,14 +211,6 @@ fn qemu(accel: Accel, kernel: &Kernel, initramfs: &Path, extra_cmdline: &str) ->
         ])
         .stdin(Stdio::null());
     command
-}
-
-fn describe(command: &Command) -> String {
-    std::iter::once(command.get_program())
-        .chain(command.get_args())
-        .map(|part| part.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 enum Line {
