@@ -57,11 +57,11 @@ fn status(node: &Node) -> Value {
 }
 
 /// The source address the external host sees for a connection from `pod` to
-/// `OTHER_POD`, an address of the external host.
-fn source_seen(pod: &Netns, server: &EchoServer) -> IpAddr {
+/// `OTHER_POD`, an address of the external host; `None` when the connection fails.
+fn source_seen(pod: &Netns, server: &EchoServer) -> Option<IpAddr> {
     let to: SocketAddr = (OTHER_POD.parse::<Ipv4Addr>().expect("an address"), PORT).into();
-    round_trip(pod, to, b"who am I").expect("a round trip to the other range");
-    server.peers().last().expect("a connection seen").ip()
+    round_trip(pod, to, b"who am I").ok()?;
+    Some(server.peers().last().expect("a connection seen").ip())
 }
 
 #[test]
@@ -103,12 +103,14 @@ fn this_nodes_ranges_fill_use_pod_cidr_and_every_nodes_pods_keep_their_source() 
     let server = EchoServer::start(&node.external, PORT);
     assert_eq!(
         source_seen(&pod.netns, &server),
-        IpAddr::V4(pod.ip),
+        Some(IpAddr::V4(pod.ip)),
         "a pod of another node sees this pod's own address"
     );
 
     // node-b's range moves: the file is replaced (a rename), and within a second the
-    // old range is no longer the cluster's: translated like any outside address.
+    // old range is no longer the cluster's: translated like any outside address. A
+    // connection open across the change may be reset (its packets leave translated
+    // halfway: the old range's pods are gone), so one failing meanwhile is "not yet".
     file.replace(&[
         ("node-a", NODE_ADDR, &[THIS_RANGE]),
         ("node-b", "198.18.0.2", &[MOVED_RANGE]),
@@ -116,7 +118,7 @@ fn this_nodes_ranges_fill_use_pod_cidr_and_every_nodes_pods_keep_their_source() 
     let node_addr: IpAddr = NODE_ADDR.parse().expect("an address");
     assert!(
         eventually(Duration::from_secs(2), || source_seen(&pod.netns, &server)
-            == node_addr),
+            == Some(node_addr)),
         "after the move, traffic to the old range is translated: {:?}",
         server.peers()
     );

@@ -49,8 +49,8 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
         println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     }
     anyhow::ensure!(totals.passed > 0, "no test ran");
-    // The same binaries on a kernel users run that lacks TCX, and the refusal below
-    // the floor: each in a qemu guest (`cargo xtask vm-test`).
+    // The refusal below the floor, in a qemu guest of bullseye's 5.10 (`cargo xtask
+    // vm-test`; which kernels: `vm::CI_KERNELS`).
     let specs = vm::ci_kernels()?;
     let results = vm::suite(
         root,

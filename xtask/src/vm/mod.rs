@@ -61,9 +61,9 @@ pub fn run(root: &Path, request: &Request) -> anyhow::Result<()> {
     conclude(&results)
 }
 
-/// Tests `cargo xtask test` skips in a guest of a kernel, with the reason: known
-/// failures there, each open in issue 26's note and run by `cargo xtask vm-test`, which
-/// skips nothing.
+/// Tests `cargo xtask test` skips in a guest of a kernel of [`CI_KERNELS`], with the
+/// reason: known failures there, each open in issue 26's note and run by `cargo xtask
+/// vm-test`, which skips nothing.
 const CI_SKIPS: &[(&str, &str, &str)] = &[(
     "6.1",
     "a_pod_at_its_port_budget_takes_its_own_closing_ports_once_past_the_reclaim_hold",
@@ -73,8 +73,9 @@ const CI_SKIPS: &[(&str, &str, &str)] = &[(
 )];
 
 /// The kernels `cargo xtask test` runs after the host's suite: the refusal below the
-/// floor (a minute or two), then Debian 12's (the clsact path, on a kernel users run).
-const CI_KERNELS: &[&str] = &["5.10", "6.1"];
+/// floor (a minute or two). Debian 12's 6.1 joins once a whole clean-clone run of it is
+/// green (issue 26's note: about 45 minutes under TCG, one race fixed after the last).
+const CI_KERNELS: &[&str] = &["5.10"];
 
 /// [`CI_KERNELS`] as specs.
 pub fn ci_kernels() -> anyhow::Result<Vec<kernel::Spec>> {
