@@ -5,7 +5,10 @@
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path};
 
-use ebpf_cni_tests::deploy::{self, Manifests};
+use ebpf_cni_tests::{
+    deploy::{self, Manifests},
+    kubelet,
+};
 use k8s_openapi::{api::core::v1::Probe, apimachinery::pkg::util::intstr::IntOrString};
 
 fn settings(manifests: &Manifests) -> &BTreeMap<String, String> {
@@ -182,18 +185,8 @@ fn the_probes_ask_the_daemons_health_address() {
             get.host, None,
             "the probe asks the pod's (the node's) address"
         );
-        match &get.port {
-            IntOrString::Int(port) => *port,
-            IntOrString::String(name) => {
-                container
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|port| port.name.as_deref() == Some(name.as_str()))
-                    .unwrap_or_else(|| panic!("no container port named {name}"))
-                    .container_port
-            }
-        }
+        let (_, port) = kubelet::probe_target(container, probe.expect("a probe"));
+        i32::from(port)
     };
     let port = i32::from(address.port());
     assert_eq!(port_of(container.readiness_probe.as_ref(), "/readyz"), port);
