@@ -11,10 +11,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader, Pod,
-    maps::{
-        Array, HashMap, LpmTrie, Map, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
-        lpm_trie::Key,
-    },
+    maps::{Array, HashMap, LpmTrie, Map, MapError, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
 };
 use cni_ebpf_common::{
@@ -385,18 +382,15 @@ impl BpfObject {
         self.hash_entries(map_names::NAT_IN)
     }
 
-    /// Points every per-destination port cursor, on every CPU, at `offset` in the port
+    /// Points every per-destination port cursor at `offset` in the port
     /// range: the next new flow to any destination tries that port first.
     pub fn set_nat_cursors(&mut self, offset: u32) {
-        let mut array: PerCpuArray<_, u32> =
-            PerCpuArray::try_from(self.map_mut(map_names::NAT_CURSORS))
-                .expect("NAT_CURSORS is a per-CPU array");
-        let cpus = aya::util::nr_cpus().expect("the number of possible CPUs");
+        let mut array: Array<_, u32> =
+            Array::try_from(self.map_mut(map_names::NAT_CURSORS)).expect("NAT_CURSORS is an array");
         for slot in 0..array.len() {
             // Stored as the offset plus one (0: not used yet).
-            let values = PerCpuValues::try_from(vec![offset + 1; cpus]).expect("one per CPU");
             array
-                .set(slot, values, 0)
+                .set(slot, offset + 1, 0)
                 .unwrap_or_else(|error| panic!("cannot write cursor {slot}: {error}"));
         }
     }

@@ -19,6 +19,10 @@ use ebpf_cni_tests::{
     },
     require_root,
 };
+use nix::{
+    sched::{CpuSet, sched_setaffinity},
+    unistd::Pid,
+};
 
 /// A UDP datagram of `pod` from `pod_port` to [`REMOTE`]`:remote_port`.
 fn datagram(pod: [u8; 4], pod_port: u16, remote_port: u16) -> Vec<u8> {
@@ -280,6 +284,51 @@ fn a_pod_at_its_port_budget_takes_its_own_closing_ports_once_past_the_reclaim_ho
         .expect("the new flow");
     assert_eq!(holder.node_port, taken);
     assert_eq!(holder.state, tcp_state::SYN_SENT);
+}
+
+/// Pins the calling thread to `cpu`: `BPF_PROG_TEST_RUN` runs the program there.
+fn run_on_cpu(cpu: usize) {
+    let mut set = CpuSet::new();
+    set.set(cpu).expect("a CPU number within the set");
+    sched_setaffinity(Pid::from_raw(0), &set)
+        .unwrap_or_else(|error| panic!("cannot pin the test to CPU {cpu}: {error}"));
+}
+
+#[test]
+fn a_pod_at_its_port_budget_finds_its_closing_ports_from_another_cpu() {
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs to run the program on (has {cpus})"
+    );
+    let mut object = uplink_sized(
+        NatConfig {
+            dest_port_budget: 5,
+            ..nat_config()
+        },
+        None,
+    );
+    // The pod's flows leave from CPU 0, its next connection from CPU 1 (its sender
+    // moved): the ports it can take back are found all the same, oldest first.
+    run_on_cpu(0);
+    let opened: Vec<(u32, u16)> = (1000..1005).map(|p| syn(&object, MASQ.ip, p)).collect();
+    assert!(opened.iter().all(|(verdict, _)| *verdict == TC_ACT_OK));
+    close_all(&mut object, 500);
+    run_on_cpu(1);
+    for (round, pod_port) in (2000..2005).enumerate() {
+        let (verdict, taken) = syn(&object, MASQ.ip, pod_port);
+        assert_eq!(
+            verdict, TC_ACT_OK,
+            "connection {round} from CPU 1 is refused"
+        );
+        assert_eq!(
+            taken, opened[round].1,
+            "connection {round} takes the oldest closing port left {opened:?}"
+        );
+    }
+    assert_eq!(object.nat_counter(NatCounter::ClosingReclaimed), 5);
+    assert_eq!(object.nat_refused(MASQ.ip).port_budget, 0);
 }
 
 #[test]

@@ -1,11 +1,10 @@
-//! Source NAT's tables across releases and sizes: an earlier release's pinned notes and
-//! config are carried into this release's tables, and a new table size creates them anew
+//! Source NAT's tables across releases and sizes: an earlier release's pinned notes,
+//! config and port cursors are carried into (or replaced by) this release's tables, and a new table size creates them anew
 //! while flows keep going.
 
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 
-use std::time::Duration;
-
+use aya::maps::MapType;
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
@@ -239,7 +238,7 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
 }
 
 #[test]
-fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() {
+fn a_nat_config_and_cursors_pinned_by_an_earlier_release_are_replaced_and_flows_keep_going() {
     require_root();
     let mut node = Node::start("10.244.79.0/24");
     let pod = node.add_pod("old-config");
@@ -256,10 +255,24 @@ fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() 
         std::mem::size_of::<cni_ebpf_common::NatConfig>()
     );
 
-    // An earlier release's NAT_CONFIG: 32 bytes, before `udp_stream_secs`.
+    // An earlier release's NAT_CONFIG: 32 bytes, before `udp_stream_secs`; and its
+    // port cursors, one per CPU.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     node.pin_earlier_map(&pin, "array", 4, 32, 1);
     assert_eq!(value_size(&pin), 32, "test bug: the old size");
+    let cursors = node.instance.bpf_dir.join(map_names::NAT_CURSORS);
+    let kind = |pin: &std::path::Path| {
+        aya::maps::MapInfo::from_pin(pin)
+            .expect("a pinned NAT_CURSORS")
+            .map_type()
+            .expect("a known map type")
+    };
+    node.pin_earlier_map(&cursors, "percpu_array", 4, 4, 1024);
+    assert_eq!(
+        kind(&cursors),
+        MapType::PerCpuArray,
+        "test bug: the old kind"
+    );
 
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
     assert_eq!(
@@ -273,6 +286,7 @@ fn a_nat_config_pinned_by_an_earlier_release_is_replaced_and_flows_keep_going() 
             .contains("NAT_CONFIG pinned by an earlier release"),
         "said in the log"
     );
+    assert_eq!(kind(&cursors), MapType::Array, "cursors shared by the CPUs");
     udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"old flow").expect("the old flow");
     udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"new flow").expect("a new flow");
     assert_eq!(

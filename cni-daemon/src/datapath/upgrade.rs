@@ -14,7 +14,9 @@
 //!   their flows carried into the plain hashes the load creates;
 //! - counters whose layout changed (`NAT_STATS` of 8 slots, `NAT_REFUSED` of one count
 //!   a pod) and a `DEST_PORTS` of another size are unpinned: they start from zero (the
-//!   budgets count only flows created from then on, see `cni_ebpf_common::budget`).
+//!   budgets count only flows created from then on, see `cni_ebpf_common::budget`);
+//! - `NAT_CURSORS` pinned per CPU (before the CPUs shared the port cursors) is unpinned:
+//!   the port searches start again from random ports.
 //!
 //! The load then creates what was unpinned. Links of earlier daemons are upgraded where
 //! they are attached: the per-veth links in [`pod`](super::pod), uplink links pinned
@@ -285,10 +287,11 @@ type Fits = fn(&MapInfo, u32) -> bool;
 
 /// Unpins the counters this release lays out otherwise, for the load to create anew:
 /// `NAT_STATS` of fewer slots than [`NatCounter::SLOTS`], `NAT_REFUSED` of another
-/// value than [`RefusedFlows`], `DEST_PORTS` of another size than `max_flows`. What
-/// they counted starts again from zero.
+/// value than [`RefusedFlows`], `DEST_PORTS` of another size than `max_flows`; and
+/// `NAT_CURSORS` of another kind than a plain array (an earlier release's per-CPU
+/// cursors). What they counted starts again from zero, the cursors from random ports.
 fn replace_counters(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError> {
-    let fits: [(&str, Fits); 3] = [
+    let fits: [(&str, Fits); 4] = [
         (map_names::NAT_STATS, |info, _| {
             info.max_entries() == NatCounter::SLOTS
         }),
@@ -297,6 +300,9 @@ fn replace_counters(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError>
         }),
         (map_names::DEST_PORTS, |info, max_flows| {
             info.max_entries() == max_flows
+        }),
+        (map_names::NAT_CURSORS, |info, _| {
+            matches!(info.map_type(), Ok(MapType::Array))
         }),
     ];
     for (name, fits) in fits {

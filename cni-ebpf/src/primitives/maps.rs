@@ -67,10 +67,10 @@ pub static NAT_INBOUND: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_FLOWS, 0
 /// log2 of the number of per-destination port cursors (see `snat::ports`).
 pub const CURSOR_BITS: u32 = 10;
 
-/// Per CPU, per destination hash: the next node port's offset in the range, plus one (0:
-/// not used yet).
+/// Per destination hash, shared by the CPUs: the next node port's offset in the range,
+/// plus one (0: not used yet).
 #[map(name = "NAT_CURSORS")]
-pub static NAT_CURSORS: PerCpuArray<u32> = PerCpuArray::pinned(1 << CURSOR_BITS, 0);
+pub static NAT_CURSORS: Array<u32> = Array::pinned(1 << CURSOR_BITS, 0);
 
 #[map(name = "NAT_CONFIG")]
 static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);

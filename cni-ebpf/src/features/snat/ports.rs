@@ -1,4 +1,4 @@
-//! Node ports for new flows: a search per destination from a per-CPU cursor, each port
+//! Node ports for new flows: a search per destination from a shared cursor, each port
 //! claimed in `NAT_IN`; or, for protocols whose port is not rewritten, the pod's own.
 
 use aya_ebpf::{
@@ -47,8 +47,15 @@ const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 /// `--random-fully` MASQUERADE rules Kubernetes writes: a pod's ports inside the range
 /// and those folded into it from outside would land on each other.
 ///
-/// Cursors are per CPU (no atomics, no contention), in 2^[`CURSOR_BITS`] slots chosen by
-/// a hash of the destination. On a held port the next one is tried; after
+/// Cursors are in 2^[`CURSOR_BITS`] slots chosen by a hash of the destination, shared by
+/// the CPUs and read and written without atomics, as Linux keeps its own table of
+/// counters (`table_perturb`): two CPUs that read a cursor at once start at the same
+/// port, and the one whose claim comes second finds it held and takes the next. Shared,
+/// not per CPU, because a pod's flows toward one destination leave from whatever CPU
+/// its sender runs on: with a cursor per CPU, the ports a pod at its budget could take
+/// back (below) lie behind another CPU's cursor, and its SYNs were refused while it
+/// held closing ports of its own (docs/decisions.md, "Port cursors shared by the
+/// CPUs"). On a held port the next one is tried; after
 /// [`LINEAR_PROBES`] in a row the search jumps ahead (block k starts k times
 /// [`GOLDEN_STRIDE`] of the range past the first port tried), so a block of ports held
 /// by long-lived flows (which a cursor hands out in a row) is not walked port by port.
@@ -72,7 +79,8 @@ pub(super) fn allocate(
     let cursor = NAT_CURSORS
         .get_ptr_mut(cursor_slot(key))
         .ok_or(Refusal::NoPort)?;
-    // SAFETY: a pointer into this CPU's slot, valid for the program run.
+    // SAFETY: a pointer into the map value, valid for the program run; another CPU's
+    // write meanwhile only moves the start (the `% size` below keeps it in range).
     let mut start = match unsafe { *cursor } {
         // Not used yet: a random start.
         // SAFETY: a helper without arguments.
