@@ -81,11 +81,11 @@ pub fn resolve(requested: Accel, kernel: &Kernel, probe: &Path) -> Accel {
         return Accel::Tcg;
     }
     let mut command = qemu(Accel::Kvm, kernel, probe, "vmprobe=1");
-    let found = Console::start(&mut command).and_then(|mut console| {
+    let found = Console::start(&mut command).map(|mut console| {
         let deadline = Instant::now() + Duration::from_secs(30);
         let found = console.wait_for("vm-test: probe ok", deadline, false);
         console.stop();
-        found
+        matches!(found, Line::Text(_))
     });
     match found {
         Ok(true) => Accel::Kvm,
@@ -116,14 +116,23 @@ pub fn run(
     eprintln!("+ {}", cmd::describe(&command));
     let mut console = Console::start(&mut command)?;
     let start = Instant::now();
-    let booted = console.wait_for("vm-test: guest up", start + accel.boot_timeout(), true)?;
-    if !booted {
-        console.stop();
-        bail!(
-            "the guest did not boot within {} s; the console's tail:\n{}",
-            accel.boot_timeout().as_secs(),
-            console.tail()
-        );
+    match console.wait_for("vm-test: guest up", start + accel.boot_timeout(), true) {
+        Line::Text(_) => {}
+        Line::Timeout => {
+            console.stop();
+            bail!(
+                "the guest did not boot within {} s; the console's tail:\n{}",
+                accel.boot_timeout().as_secs(),
+                console.tail()
+            );
+        }
+        Line::End => {
+            let ended = console.ended();
+            bail!(
+                "the guest stopped before it was up ({ended}); the console's tail:\n{}",
+                console.tail()
+            );
+        }
     }
     let silence = accel.binary_timeout() + Duration::from_secs(60);
     let mut outcome = Outcome {
@@ -160,15 +169,10 @@ pub fn run(
                 );
             }
             Line::End => {
-                let status = console.stop();
+                let ended = console.ended();
                 bail!(
-                    "the guest stopped before the end of its tests (qemu: {status}){}; the \
-                     console's tail:\n{}",
-                    if console.tail().contains("Kernel panic") {
-                        ", a kernel panic"
-                    } else {
-                        ""
-                    },
+                    "the guest stopped before the end of its tests ({ended}); the console's \
+                     tail:\n{}",
                     console.tail()
                 );
             }
@@ -281,9 +285,10 @@ impl Console {
         }
     }
 
-    /// Reads until a line equal to or starting with `marker`; `Ok(false)` at the
-    /// deadline or the end. `echo`: pass the lines through.
-    fn wait_for(&mut self, marker: &str, deadline: Instant, echo: bool) -> anyhow::Result<bool> {
+    /// Reads until a line equal to or starting with `marker` (returned as
+    /// [`Line::Text`]), the deadline ([`Line::Timeout`]) or the end. `echo`: pass the
+    /// lines through.
+    fn wait_for(&mut self, marker: &str, deadline: Instant, echo: bool) -> Line {
         loop {
             match self.next_line(deadline) {
                 Line::Text(text) => {
@@ -291,12 +296,24 @@ impl Console {
                         print_line(&text);
                     }
                     if text.starts_with(marker) {
-                        return Ok(true);
+                        return Line::Text(text);
                     }
                 }
-                Line::Timeout | Line::End => return Ok(false),
+                other => return other,
             }
         }
+    }
+
+    /// What ended the console early, for an error: qemu's exit status, and whether the
+    /// tail shows a kernel panic.
+    fn ended(&mut self) -> String {
+        let status = self.stop();
+        let panic = if self.tail().contains("Kernel panic") {
+            ", a kernel panic"
+        } else {
+            ""
+        };
+        format!("qemu: {status}{panic}")
     }
 
     fn tail(&self) -> String {
