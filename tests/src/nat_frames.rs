@@ -8,6 +8,8 @@
 //! host veths are other ifindexes, only used as `bpf_redirect_peer` targets (the helper
 //! returns TC_ACT_REDIRECT in a test run, nothing is sent).
 
+use std::time::Duration;
+
 use cni_ebpf_common::{NatConfig, NatEntry, NatKey, NatReverseKey, endpoint_flags, program_names};
 use nix::time::{ClockId, clock_gettime};
 
@@ -148,6 +150,18 @@ pub fn monotonic_ns() -> u64 {
 /// `bpf_ktime_get_coarse_ns` stamps entries with.
 pub fn monotonic_coarse_ns() -> u64 {
     nanos(ClockId::CLOCK_MONOTONIC_COARSE)
+}
+
+/// [`monotonic_coarse_ns`] as it was `ago`: a timestamp for an entry made to look that
+/// old. On a machine up for less than that (a guest just booted, `cargo xtask
+/// vm-test`), waits until the clock has reached it, since there is no earlier time.
+pub fn coarse_ns_ago(ago: Duration) -> u64 {
+    let ago = u64::try_from(ago.as_nanos()).expect("an age within u64 nanoseconds");
+    let now = monotonic_coarse_ns();
+    if let Some(short) = (ago + 1_000_000_000).checked_sub(now) {
+        std::thread::sleep(Duration::from_nanos(short));
+    }
+    monotonic_coarse_ns() - ago
 }
 
 fn nanos(clock: ClockId) -> u64 {

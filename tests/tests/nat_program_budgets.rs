@@ -8,14 +8,16 @@
 //! another pod's. Budgets and counts:
 //! `cni_ebpf_common::budget`.
 
+use std::time::Duration;
+
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, NatEntry, NatKey, tcp_state};
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
     frames::{TC_ACT_OK, TC_ACT_SHOT},
     nat_frames::{
-        MASQ, MASQ_2, NODE_ADDR, POD_PORT, REMOTE, REMOTE_PORT, TCP, TCP_ACK, TCP_SYN, UDP, egress,
-        inbound, ingress, monotonic_coarse_ns, monotonic_ns, nat_config, out_key, outbound, port,
-        tcp, udp, uplink_sized,
+        MASQ, MASQ_2, NODE_ADDR, POD_PORT, REMOTE, REMOTE_PORT, TCP, TCP_ACK, TCP_SYN, UDP,
+        coarse_ns_ago, egress, inbound, ingress, nat_config, out_key, outbound, port, tcp, udp,
+        uplink_sized,
     },
     require_root,
 };
@@ -184,7 +186,7 @@ fn a_pod_at_its_port_budget_goes_on_with_its_own_expired_ports() {
     );
     assert_eq!(open_udp(&object, MASQ.ip, 1000..1005, 53), [TC_ACT_OK; 5]);
     // Their node ports expire (idle past the UDP timeout, 30 s).
-    let long_ago = monotonic_ns() - 60 * 1_000_000_000;
+    let long_ago = coarse_ns_ago(Duration::from_secs(60));
     rewrite_all(&mut object, |entry| entry.last_seen_ns = long_ago);
     let probes = object.nat_counter(NatCounter::PortProbes);
     let verdicts = open_udp(&object, MASQ.ip, 3000..3005, 53);
@@ -228,7 +230,7 @@ fn rewrite_all(object: &mut BpfObject, change: impl Fn(&mut NatEntry)) {
 /// Makes every flow in both tables a closing flow the pod's TIME_WAIT holds
 /// (`POD_CLOSED`), last seen `idle_ms` ago.
 fn close_all(object: &mut BpfObject, idle_ms: u64) {
-    let when = monotonic_coarse_ns() - idle_ms * 1_000_000;
+    let when = coarse_ns_ago(Duration::from_millis(idle_ms));
     rewrite_all(object, |entry| {
         (entry.state, entry.last_seen_ns) = (tcp_state::POD_CLOSED, when);
     });

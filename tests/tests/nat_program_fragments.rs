@@ -5,13 +5,15 @@
 //! changed. A fragment whose first one has not passed is never sent with the pod's
 //! address (dropped, counted) and, arriving, is left to the stack.
 
+use std::time::Duration;
+
 use cni_ebpf_common::{DropReason, FragmentKey, NatCounter};
 use ebpf_cni_tests::{
     frames::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, all_drops, ipv4_header_is_valid, no_drops},
     nat_frames::{
         IP_SRC, MASQ, NODE_ADDR, POD_PORT, REMOTE, REMOTE_PORT, SPORT, UDP, addr,
-        assert_checksums_valid, assert_delivered, assert_unchanged, delivered, egress, inbound,
-        ingress, monotonic_coarse_ns, outbound, port, udp, uplink, with_addrs, with_frag_field,
+        assert_checksums_valid, assert_delivered, assert_unchanged, coarse_ns_ago, delivered,
+        egress, inbound, ingress, outbound, port, udp, uplink, with_addrs, with_frag_field,
         with_ip_id,
     },
     require_root,
@@ -82,7 +84,7 @@ fn fragments_after_a_translated_first_one_leave_with_its_source() {
     let (key, mut target) = records[0];
     assert_eq!(key.way, FragmentKey::LEAVING);
     assert_eq!(target.addr, NODE_ADDR);
-    target.seen_ns = monotonic_coarse_ns() - 31_000_000_000;
+    target.seen_ns = coarse_ns_ago(Duration::from_secs(31));
     object.insert_nat_fragment(key, target);
     assert_eq!(egress(&object, &last).verdict, TC_ACT_SHOT, "expired");
     assert_eq!(all_drops(&object), nat_fragment_drops(3));

@@ -4,6 +4,8 @@
 //! straight into the pod; anything else reaches the stack untouched, and a pod's answers
 //! on a connection a host outside opened to its own address leave untranslated.
 
+use std::time::Duration;
+
 use cni_ebpf_common::{NatCounter, NatEntry, tcp_state, udp_state};
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
@@ -12,8 +14,8 @@ use ebpf_cni_tests::{
         ECHO_ID, ICMP, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMP_ID, INNER_ICMP_ID, INNER_SPORT,
         INNER_SRC, IP_SRC, MASQ, MASQ_2, NODE_ADDR, OTHER_NODE_POD, POD_PORT, PORT_MIN, REMOTE,
         REMOTE_PORT, ROUTER, SPORT, TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, UDP, addr,
-        assert_checksums_valid, assert_delivered, assert_unchanged, delivered, egress, frag_needed,
-        icmp_echo, in_key, inbound, ingress, monotonic_coarse_ns, out_key, outbound, port, quote,
+        assert_checksums_valid, assert_delivered, assert_unchanged, coarse_ns_ago, delivered,
+        egress, frag_needed, icmp_echo, in_key, inbound, ingress, out_key, outbound, port, quote,
         tcp, time_exceeded, udp, uplink, with_ip_options, without_ip_options,
     },
     require_root,
@@ -494,7 +496,7 @@ fn a_connection_from_outside_is_noted_with_its_tcp_state_and_forgotten_once_clos
     let key = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
     let closed = note_of(&object, TCP);
     let aged = |state| NatEntry {
-        last_seen_ns: monotonic_coarse_ns() - 11 * 1_000_000_000,
+        last_seen_ns: coarse_ns_ago(Duration::from_secs(11)),
         state,
         ..closed
     };

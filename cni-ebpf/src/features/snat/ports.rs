@@ -16,7 +16,7 @@ use crate::{
     features::{budget, conntrack, hostport},
     primitives::{
         counters,
-        maps::{CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT},
+        maps::{CURSOR_BITS, NAT_CURSORS, NAT_IN, NAT_OUT, PORT_SEARCH},
     },
 };
 
@@ -109,10 +109,13 @@ pub(super) fn allocate(
         size,
         stride: ((u64::from(size) * GOLDEN_STRIDE) >> 32) as u32,
         port: 0,
-        reclaim: 0,
         full: false,
         over_budget: false,
     };
+    let fallback = PORT_SEARCH.get_ptr_mut(0).ok_or(Refusal::NoPort)?;
+    // SAFETY: a pointer into this CPU's value, valid for the program run (a program
+    // runs to its end on one CPU before another starts there).
+    unsafe { *fallback = 0 };
     // SAFETY: `probe` has the callback signature bpf_loop expects and reads `search`,
     // which outlives the call, as the `Search` it is.
     unsafe {
@@ -126,8 +129,10 @@ pub(super) fn allocate(
     if search.full {
         return Err(Refusal::TableFull);
     }
-    if search.port == 0 && search.reclaim != 0 && reclaim(&search.flow, search.reclaim) {
-        search.port = search.reclaim;
+    // SAFETY: as above.
+    let closing = unsafe { *fallback };
+    if search.port == 0 && closing != 0 && reclaim(&search.flow, closing) {
+        search.port = closing;
     }
     if search.port == 0 {
         return Err(if search.over_budget {
@@ -206,9 +211,6 @@ struct Search<'a> {
     stride: u32,
     /// The port claimed; 0 while none (node ports are 1024 and above).
     port: u16,
-    /// The first port probed that holds a reclaimable closing flow of the same pod
-    /// (see [`Claim::Reclaimable`]); 0 while none.
-    reclaim: u16,
     /// Whether the search stopped on a full `NAT_IN`.
     full: bool,
     /// Whether a free port was passed over for the pod's budget of ports toward the
@@ -232,10 +234,15 @@ struct NewFlow<'a> {
 
 /// Probe `index` of a [`Search`]: claims its port and stops the loop (1), or counts a
 /// held port and goes on (0); stops on a full `NAT_IN` (no other port would fit either),
-/// and at the end of a block once a reclaimable closing port is noted.
+/// and at the end of a block once a reclaimable closing port is noted: the first one
+/// probed that holds a closing flow of the same pod (see [`Claim::Reclaimable`]), in
+/// `PORT_SEARCH` (0 while none).
 extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the pointer `allocate` gave it.
     let search = unsafe { &mut *search.cast::<Search<'_>>() };
+    let Some(fallback) = PORT_SEARCH.get_ptr_mut(0) else {
+        return 1;
+    };
     if search.size == 0 {
         // Never so (`allocate` sets one or more); tells the compiler the division
         // below cannot panic, which would leave the callback without an exit.
@@ -261,15 +268,19 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
             counters::nat(NatCounter::PortProbes);
         }
         Claim::Reclaimable => {
-            if search.reclaim == 0 {
-                search.reclaim = port;
+            // SAFETY: a pointer into this CPU's value, valid for the program run.
+            unsafe {
+                if *fallback == 0 {
+                    *fallback = port;
+                }
             }
             counters::nat(NatCounter::PortProbes);
         }
     }
     // With a closing port to fall back on, the search ends with its block: at a rate
     // that keeps the pod at its budget the jumps beyond land on live ports.
-    if search.reclaim != 0 && index % LINEAR_PROBES == LINEAR_PROBES - 1 {
+    // SAFETY: as above.
+    if unsafe { *fallback } != 0 && index % LINEAR_PROBES == LINEAR_PROBES - 1 {
         1
     } else {
         0
