@@ -187,7 +187,10 @@ pub fn suite(
                 }
             }
         };
-        eprintln!("{}", result.summary());
+        if specs.len() > 1 {
+            // As each kernel ends; [`conclude`] prints them all again at the end.
+            eprintln!("{}", result.summary());
+        }
         results.push(result);
     }
     Ok(results)
