@@ -75,7 +75,9 @@ pub static NAT_CURSORS: Array<u32> = Array::pinned(1 << CURSOR_BITS, 0);
 /// Per CPU, the port search's closing port to fall back on (see `snat::ports`): kept
 /// in a map value, not on the stack, so that verifiers before Linux 6.7, which check a
 /// `bpf_loop` callback once with the values its caller left, cannot take it for the
-/// caller's 0 on every iteration. Scratch for one program run: not pinned.
+/// caller's 0 on every iteration. Scratch for one program run: not pinned. A run that
+/// interrupted another on the same CPU (only under PREEMPT_RT) could leave the other a
+/// wrong port, which `reclaim` checks again before it takes it.
 #[map(name = "PORT_SEARCH")]
 pub static PORT_SEARCH: PerCpuArray<u16> = PerCpuArray::with_max_entries(1, 0);
 

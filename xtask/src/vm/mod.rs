@@ -162,30 +162,25 @@ pub fn suite(
         let filtered = !filter.is_empty() && spec.suite_kind == Suite::Integration;
         let start = Instant::now();
         let outcome = qemu::run(accel, &kernel, &initramfs, total_timeout(accel, &plan));
-        let result = match outcome {
-            Ok(outcome) => KernelResult {
-                name: spec.name,
-                version: kernel.version.clone(),
-                accel,
-                elapsed: start.elapsed(),
-                error: None,
-                totals: outcome.totals,
-                failed_binaries: outcome.failed_binaries,
-                filtered,
-            },
+        let (outcome, error) = match outcome {
+            Ok(outcome) => {
+                let error = outcome.ended_early.clone();
+                (outcome, error)
+            }
             Err(error) => {
                 eprintln!("vm-test: {error:#}");
-                KernelResult {
-                    name: spec.name,
-                    version: kernel.version.clone(),
-                    accel,
-                    elapsed: start.elapsed(),
-                    error: Some(format!("{error:#}")),
-                    totals: TestTotals::default(),
-                    failed_binaries: Vec::new(),
-                    filtered,
-                }
+                (qemu::Outcome::default(), Some(format!("{error:#}")))
             }
+        };
+        let result = KernelResult {
+            name: spec.name,
+            version: kernel.version.clone(),
+            accel,
+            elapsed: start.elapsed(),
+            error,
+            totals: outcome.totals,
+            failed_binaries: outcome.failed_binaries,
+            filtered,
         };
         if specs.len() > 1 {
             // As each kernel ends; [`conclude`] prints them all again at the end.

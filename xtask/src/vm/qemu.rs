@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use super::kernel::Kernel;
 use crate::cmd::{self, TestTotals};
@@ -97,15 +97,29 @@ pub fn resolve(requested: Accel, kernel: &Kernel, probe: &Path) -> Accel {
 }
 
 /// What one guest run gave.
+#[derive(Default)]
 pub struct Outcome {
+    /// The tests counted up to the end, or up to what ended the guest early.
     pub totals: TestTotals,
     /// Binaries that exited non-zero, with their exit status (124: `timeout` stopped it).
     pub failed_binaries: Vec<(String, i32)>,
+    /// What ended the guest before `vm-test: done`, if anything did: it did not boot,
+    /// hung, or stopped (a kernel panic). The console's tail is printed with it.
+    pub ended_early: Option<String>,
 }
 
-/// Boots `kernel` with `initramfs` (its plan inside) and reads the console to the end:
-/// an error for a guest that does not boot, hangs, or stops before `vm-test: done`
-/// (a kernel panic: `panic=-1` with `-no-reboot` ends qemu), with the console's tail.
+impl Outcome {
+    /// Ends the run early for `reason`, and prints the console's tail.
+    fn ended_early(mut self, reason: String, console: &Console) -> Self {
+        eprintln!("vm-test: {reason}; the console's tail:\n{}", console.tail());
+        self.ended_early = Some(reason);
+        self
+    }
+}
+
+/// Boots `kernel` with `initramfs` (its plan inside) and reads the console to the end or
+/// to what ends the guest early (see [`Outcome::ended_early`]: a kernel panic ends qemu,
+/// with `panic=-1` and `-no-reboot`). An error only when qemu does not start.
 pub fn run(
     accel: Accel,
     kernel: &Kernel,
@@ -116,29 +130,23 @@ pub fn run(
     eprintln!("+ {}", cmd::describe(&command));
     let mut console = Console::start(&mut command)?;
     let start = Instant::now();
+    let mut outcome = Outcome::default();
     match console.wait_for("vm-test: guest up", start + accel.boot_timeout(), true) {
         Line::Text(_) => {}
         Line::Timeout => {
             console.stop();
-            bail!(
-                "the guest did not boot within {} s; the console's tail:\n{}",
-                accel.boot_timeout().as_secs(),
-                console.tail()
+            let reason = format!(
+                "the guest did not boot within {} s",
+                accel.boot_timeout().as_secs()
             );
+            return Ok(outcome.ended_early(reason, &console));
         }
         Line::End => {
-            let ended = console.ended();
-            bail!(
-                "the guest stopped before it was up ({ended}); the console's tail:\n{}",
-                console.tail()
-            );
+            let reason = format!("the guest stopped before it was up ({})", console.ended());
+            return Ok(outcome.ended_early(reason, &console));
         }
     }
     let silence = accel.binary_timeout() + Duration::from_secs(60);
-    let mut outcome = Outcome {
-        totals: TestTotals::default(),
-        failed_binaries: Vec::new(),
-    };
     loop {
         let deadline = (Instant::now() + silence).min(start + total);
         match console.next_line(deadline) {
@@ -161,20 +169,19 @@ pub fn run(
             }
             Line::Timeout => {
                 console.stop();
-                bail!(
-                    "the guest printed nothing for {} s or ran past {} min; the console's tail:\n{}",
+                let reason = format!(
+                    "the guest printed nothing for {} s or ran past {} min",
                     silence.as_secs(),
-                    total.as_secs() / 60,
-                    console.tail()
+                    total.as_secs() / 60
                 );
+                return Ok(outcome.ended_early(reason, &console));
             }
             Line::End => {
-                let ended = console.ended();
-                bail!(
-                    "the guest stopped before the end of its tests ({ended}); the console's \
-                     tail:\n{}",
-                    console.tail()
+                let reason = format!(
+                    "the guest stopped before the end of its tests ({})",
+                    console.ended()
                 );
+                return Ok(outcome.ended_early(reason, &console));
             }
         }
     }
