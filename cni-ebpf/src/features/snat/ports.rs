@@ -52,10 +52,10 @@ const GOLDEN_STRIDE: u64 = 0x9E37_79B9;
 /// counters (`table_perturb`): two CPUs that read a cursor at once start at the same
 /// port, and the one whose claim comes second finds it held and takes the next. Shared,
 /// not per CPU, because a pod's flows toward one destination leave from whatever CPU
-/// its sender runs on: with a cursor per CPU, the ports a pod at its budget could take
-/// back (below) lie behind another CPU's cursor, and its SYNs were refused while it
-/// held closing ports of its own (docs/decisions.md, "Port cursors shared by the
-/// CPUs"). On a held port the next one is tried; after
+/// its sender runs on: with a cursor per CPU, the ports a pod at its budget can take
+/// back (below) would lie behind another CPU's cursor, and its SYNs would be refused
+/// while it holds closing ports of its own (docs/decisions.md, "Port cursors shared by
+/// the CPUs"). On a held port the next one is tried; after
 /// [`LINEAR_PROBES`] in a row the search jumps ahead (block k starts k times
 /// [`GOLDEN_STRIDE`] of the range past the first port tried), so a block of ports held
 /// by long-lived flows (which a cursor hands out in a row) is not walked port by port.
@@ -113,8 +113,8 @@ pub(super) fn allocate(
         over_budget: false,
     };
     let fallback = PORT_SEARCH.get_ptr_mut(0).ok_or(Refusal::NoPort)?;
-    // SAFETY: a pointer into this CPU's value, valid for the program run (a program
-    // runs to its end on one CPU before another starts there).
+    // SAFETY: a pointer into this CPU's value, valid for the program run (a run that
+    // interrupts this one there is harmless, see `PORT_SEARCH`).
     unsafe { *fallback = 0 };
     // SAFETY: `probe` has the callback signature bpf_loop expects and reads `search`,
     // which outlives the call, as the `Search` it is.
