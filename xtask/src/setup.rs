@@ -44,7 +44,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     (
         "qemu-system-x86",
-        "the VM tests: Debian's kernels booted with the host's root shared read-only",
+        "the libraries of the VM tests' emulator (bookworm-backports' qemu, vm/emulator.rs)",
     ),
     (
         "kmod",

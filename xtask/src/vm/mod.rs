@@ -2,11 +2,15 @@
 //! guests running Debian's own kernels (6.1 without TCX, the 6.12 LTS with it), and the
 //! kernel-floor refusal on bullseye's 5.10.
 //!
+//! Kernels (kernel.rs) and the emulator (emulator.rs, bookworm-backports' qemu) are
+//! Debian's packages, unpacked through a private apt (apt.rs) into the tools cache.
 //! The guest boots the unpacked kernel with an initramfs of busybox (initramfs.rs),
 //! mounts the host's root read-only over virtio-9p under a tmpfs overlay, and runs the
 //! binaries as root with the mounts a test host has (guest.sh). The console is the only
 //! channel back (qemu.rs).
 
+mod apt;
+mod emulator;
 mod initramfs;
 mod kernel;
 mod qemu;
@@ -139,17 +143,27 @@ pub fn suite(
 ) -> anyhow::Result<Vec<KernelResult>> {
     let binaries = test_binaries(root, built)?;
     let cache = setup::tools_home()?.join("vm");
+    let source = apt::Source::new(
+        cache.join("apt"),
+        kernel::KERNELS
+            .iter()
+            .map(|spec| spec.suite)
+            .chain([emulator::SUITE]),
+    );
+    let emulator = emulator::get(&cache, &source)?;
+    eprintln!("vm-test: {}", emulator.version);
     let work = root.join("target/vm");
     fs::create_dir_all(&work)?;
     let mut results = Vec::new();
     // KVM works or not whatever the kernel: probed once, with the first.
     let mut resolved = None;
     for spec in specs {
-        let kernel = kernel::get(&cache, *spec)?;
+        let kernel = kernel::get(&cache, &source, *spec)?;
         let plan = plan(root, built, archive, &kernel, &binaries, accel, filter)?;
         let initramfs = work.join(format!("initramfs-{}.cpio", spec.name));
         initramfs::write(&kernel, &plan, &initramfs)?;
-        let accel = *resolved.get_or_insert_with(|| qemu::resolve(accel, &kernel, &initramfs));
+        let accel =
+            *resolved.get_or_insert_with(|| qemu::resolve(&emulator, accel, &kernel, &initramfs));
         eprintln!(
             "vm-test: Linux {} (Debian {}, {}) under {}: {} test binaries",
             kernel.release,
@@ -161,7 +175,13 @@ pub fn suite(
         // Only a filter may leave no test to run.
         let filtered = !filter.is_empty() && spec.suite_kind == Suite::Integration;
         let start = Instant::now();
-        let outcome = qemu::run(accel, &kernel, &initramfs, total_timeout(accel, &plan));
+        let outcome = qemu::run(
+            &emulator,
+            accel,
+            &kernel,
+            &initramfs,
+            total_timeout(accel, &plan),
+        );
         let (outcome, error) = match outcome {
             Ok(outcome) => {
                 let error = outcome.ended_early.clone();

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Context;
 
-use super::kernel::Kernel;
+use super::{emulator::Emulator, kernel::Kernel};
 use crate::cmd::{self, TestTotals};
 
 /// How the guest's CPUs run.
@@ -72,7 +72,7 @@ impl Accel {
 /// stage one answers `vmprobe` at once) within 30 s. Some machines have a `/dev/kvm`
 /// that opens but runs no guest (nested virtualisation without VMX: the boot stalls in
 /// real mode), so only a boot tells.
-pub fn resolve(requested: Accel, kernel: &Kernel, probe: &Path) -> Accel {
+pub fn resolve(emulator: &Emulator, requested: Accel, kernel: &Kernel, probe: &Path) -> Accel {
     if requested != Accel::Auto {
         return requested;
     }
@@ -80,7 +80,7 @@ pub fn resolve(requested: Accel, kernel: &Kernel, probe: &Path) -> Accel {
         eprintln!("vm-test: /dev/kvm does not open ({error}): TCG");
         return Accel::Tcg;
     }
-    let mut command = qemu(Accel::Kvm, kernel, probe, "vmprobe=1");
+    let mut command = qemu(emulator, Accel::Kvm, kernel, probe, "vmprobe=1");
     let found = Console::start(&mut command).map(|mut console| {
         let deadline = Instant::now() + Duration::from_secs(30);
         let found = console.wait_for("vm-test: probe ok", deadline, false);
@@ -121,12 +121,13 @@ impl Outcome {
 /// to what ends the guest early (see [`Outcome::ended_early`]: a kernel panic ends qemu,
 /// with `panic=-1` and `-no-reboot`). An error only when qemu does not start.
 pub fn run(
+    emulator: &Emulator,
     accel: Accel,
     kernel: &Kernel,
     initramfs: &Path,
     total: Duration,
 ) -> anyhow::Result<Outcome> {
-    let mut command = qemu(accel, kernel, initramfs, "");
+    let mut command = qemu(emulator, accel, kernel, initramfs, "");
     eprintln!("+ {}", cmd::describe(&command));
     let mut console = Console::start(&mut command)?;
     let start = Instant::now();
@@ -187,9 +188,18 @@ pub fn run(
     }
 }
 
-fn qemu(accel: Accel, kernel: &Kernel, initramfs: &Path, extra_cmdline: &str) -> Command {
+fn qemu(
+    emulator: &Emulator,
+    accel: Accel,
+    kernel: &Kernel,
+    initramfs: &Path,
+    extra_cmdline: &str,
+) -> Command {
     let cpus = thread::available_parallelism().map_or(2, |n| n.get().min(4));
-    let mut command = Command::new("qemu-system-x86_64");
+    let mut command = Command::new(&emulator.binary);
+    for folder in &emulator.firmware {
+        command.arg("-L").arg(folder);
+    }
     command
         .args(accel.args())
         .args(["-smp", &cpus.to_string(), "-m", "8G"])
@@ -247,7 +257,7 @@ impl Console {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .context("cannot start qemu-system-x86_64")?;
+            .with_context(|| format!("cannot start {}", command.get_program().to_string_lossy()))?;
         let (sender, lines) = mpsc::channel();
         let stdout = child.stdout.take().context("no stdout pipe")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
