@@ -107,6 +107,11 @@ pub struct Endpoint {
     pub port_mappings: Vec<PortMapping>,
     #[serde(default)]
     pub bandwidth: Option<Bandwidth>,
+    /// The pod's default gateway (the first IPv4 gateway IPAM gave), which the node
+    /// answers at as one of its own addresses. Absent in requests of a plugin that
+    /// predates it, and in their records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<std::net::Ipv4Addr>,
     /// The Kubernetes pod this interface belongs to, when the runtime said (`CNI_ARGS`).
     /// Absent in requests of a plugin that predates it, and in their records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +180,9 @@ pub struct Status {
     /// as the datapath has them now.
     #[serde(default)]
     pub host_port_addrs: Vec<std::net::Ipv4Addr>,
+    /// The pods' gateways the node answers at (addresses of `lo` for its pods only).
+    #[serde(default)]
+    pub gateways: Vec<std::net::Ipv4Addr>,
     /// The IPv4 GSO/GRO size new pods' veths get (BIG TCP): the uplink's, when above the
     /// 64 KiB default (see `big_tcp`); `None`: the kernel's default.
     #[serde(default)]
@@ -266,6 +274,7 @@ mod tests {
             cluster_cidrs: Vec::new(),
             port_mappings: Vec::new(),
             bandwidth: None,
+            gateway: None,
             pod,
         }
     }

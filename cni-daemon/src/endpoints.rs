@@ -171,6 +171,19 @@ impl Endpoints {
                 .find(|other| other.network == network)
                 .map(|other| other.cluster_cidrs.clone())
                 .unwrap_or_default();
+            // The gateway of the range the address is in, as a record of the same
+            // network has it (IPAM gives a range one gateway).
+            let gateway = self.records.values().find_map(|other| {
+                let gateway = other.gateway?;
+                (other.network == network
+                    && other.ips.iter().any(|net| {
+                        net.contains(&IpAddr::V4(gateway))
+                            && mine
+                                .iter()
+                                .any(|(key, _)| net.contains(&IpAddr::V4(key.addr.into())))
+                    }))
+                .then_some(gateway)
+            });
             let endpoint = Endpoint {
                 id: id.clone(),
                 network,
@@ -189,6 +202,7 @@ impl Endpoints {
                 cluster_cidrs,
                 port_mappings: Vec::new(),
                 bandwidth: None,
+                gateway,
                 pod: None,
             };
             write_record(&self.record_path(&id), &endpoint)?;

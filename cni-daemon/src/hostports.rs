@@ -258,6 +258,7 @@ mod tests {
                 })
                 .collect(),
             bandwidth: None,
+            gateway: None,
             pod: None,
         }
     }

@@ -306,6 +306,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             datapath::overlay::remove_device()?;
             datapath::node_routes::sync(&std::collections::BTreeMap::new(), false)
                 .context("cannot remove the routes to other nodes' pods")?;
+            // The pods' gateways, before the uplink's programs that keep them the pods'.
+            datapath::gateways::remove_all().context("cannot remove the pods' gateways")?;
             datapath::remove_uplink_filters(&cli.bpf_dir)
                 .context("cannot remove the uplink programs' filters")?;
             bpffs::remove(&cli.bpf_dir)?;

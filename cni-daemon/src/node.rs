@@ -3,7 +3,8 @@
 //! pods' TC block (a veth is bound before its record exists while the plugin runs IPAM,
 //! see [`Node::prepare`]), its addresses are in the endpoints map and its port mappings
 //! in the hostPort maps; `CLUSTER_CIDRS` is the union of the records' cluster ranges
-//! and every node's pod ranges ([`Cluster`]).
+//! and every node's pod ranges ([`Cluster`]); the records' gateways are addresses of
+//! the node ([`Gateways`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -24,6 +25,7 @@ use crate::{
     cluster::{Cluster, Routing},
     datapath::{
         Datapath, DatapathError,
+        gateways::Gateways,
         node_routes::{self, Via},
         overlay::{self, OverlaySettings, RemoteNodes},
     },
@@ -52,6 +54,21 @@ pub enum NodeError {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// The gateways the records' pods route through: unicast addresses only (a record is
+/// the plugin's word, and the node must not take a broadcast or loopback address).
+fn gateways_of<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> BTreeSet<Ipv4Addr> {
+    endpoints
+        .into_iter()
+        .filter_map(|endpoint| endpoint.gateway)
+        .filter(|gateway| {
+            !(gateway.is_unspecified()
+                || gateway.is_loopback()
+                || gateway.is_multicast()
+                || gateway.is_broadcast())
+        })
+        .collect()
 }
 
 /// Where `uninstall` learns in which network namespace the pods' TC block lives.
@@ -87,6 +104,8 @@ pub struct Node {
     nat: Nat,
     host_ports: HostPorts,
     node_addrs: NodeAddrs,
+    /// The pods' gateways as addresses of the node: those of the records.
+    gateways: Gateways,
     /// This node's name and the cluster's nodes.
     cluster: Cluster,
     /// `--routing vxlan`: the overlay device.
@@ -176,6 +195,11 @@ impl Node {
             maps.targets,
             endpoints.list(),
         )?;
+        let mut gateways = Gateways::open(datapath.take_gateways_map()?);
+        if let Err(error) = gateways.sync(&gateways_of(endpoints.list())) {
+            // The next ADD or DEL tries again.
+            tracing::warn!(%error, "cannot give the pods' gateways to the node");
+        }
         let mut node_addrs = NodeAddrs::open(maps.node_addrs);
         if let Err(error) = node_addrs.sync() {
             // The address watcher tries again at the next change.
@@ -200,12 +224,17 @@ impl Node {
             nat,
             host_ports,
             node_addrs,
+            gateways,
             cluster,
             overlay,
             remote_nodes,
             detached: None,
             prepared: BTreeSet::new(),
         };
+        // Pods an earlier release added are reached from their gateway too.
+        for endpoint in node.endpoints.list() {
+            node.route_from_gateway(endpoint);
+        }
         // Without a node source there are no other nodes: routes an earlier daemon
         // made to theirs go (with one, they go once the source has answered).
         if node.cluster.source().is_none() {
@@ -236,6 +265,7 @@ impl Node {
                     .collect()
             }),
             host_port_addrs: self.node_addrs.current().iter().copied().collect(),
+            gateways: self.gateways.current().iter().copied().collect(),
             service_cidrs: self.datapath.service_cidrs().to_vec(),
             host_firewall_cidrs: self.datapath.host_firewall_cidrs().to_vec(),
             // Filled in by the server, outside the node's lock (a netlink query).
@@ -443,18 +473,45 @@ impl Node {
             unbind(self);
             return Err(error.into());
         }
-        if let Err(error) = self.sync_cluster_cidrs() {
+        if let Err(error) = self
+            .sync_cluster_cidrs()
+            .and_then(|()| self.sync_gateways())
+        {
             let _ = match &previous {
                 Some(previous) => self.endpoints.attach(previous.clone()).map(drop),
                 None => self.endpoints.detach(&id).map(drop),
             };
             let _ = self.sync_cluster_cidrs();
+            let _ = self.sync_gateways();
             undo_ports(self);
             unbind(self);
             return Err(error);
         }
         self.prepared.remove(&veth);
+        self.route_from_gateway(&endpoint);
         Ok(())
+    }
+
+    /// The node reaches the pod from its gateway, when that is an address of the node
+    /// (see `datapath::gateways`). Without it the node's traffic to the pod leaves from
+    /// another of its addresses, as before: a warning, not a failed ADD.
+    fn route_from_gateway(&self, endpoint: &Endpoint) {
+        let Some(gateway) = endpoint.gateway.filter(|gateway| {
+            self.gateways.current().contains(gateway) || self.node_addrs.current().contains(gateway)
+        }) else {
+            return;
+        };
+        let pods = endpoint.ips.iter().filter_map(|net| match net.addr() {
+            std::net::IpAddr::V4(addr) => Some(addr),
+            std::net::IpAddr::V6(_) => None,
+        });
+        for pod in pods {
+            if let Err(error) =
+                crate::datapath::gateways::route_from(pod, endpoint.host_ifindex, gateway)
+            {
+                tracing::warn!(%error, "the node reaches this pod from another address");
+            }
+        }
     }
 
     /// Forgets `id`; returns whether it was known.
@@ -466,6 +523,7 @@ impl Node {
         self.datapath.detach_pod(&endpoint.host_veth)?;
         self.datapath.forget_counters(endpoint.host_ifindex)?;
         self.sync_cluster_cidrs()?;
+        self.sync_gateways()?;
         if let Some(detached) = &self.detached {
             detached.notify_one();
         }
@@ -492,6 +550,15 @@ impl Node {
 
     pub fn list(&self) -> Vec<Endpoint> {
         self.endpoints.list().cloned().collect()
+    }
+
+    /// The records' gateways as addresses of the node, and so hostPort addresses at
+    /// once (the address watcher would refill `NODE_ADDRS` a moment later).
+    fn sync_gateways(&mut self) -> Result<(), NodeError> {
+        if self.gateways.sync(&gateways_of(self.endpoints.list()))? {
+            self.node_addrs.sync()?;
+        }
+        Ok(())
     }
 
     fn sync_cluster_cidrs(&mut self) -> Result<(), NodeError> {

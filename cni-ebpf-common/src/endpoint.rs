@@ -1,5 +1,9 @@
 //! Pod endpoints as the datapath sees them: keyed by pod IPv4 address.
 
+/// Entries of `GATEWAYS`: the pods' gateways the node answers at, one per pod range (a
+/// node has a few).
+pub const MAX_GATEWAYS: u32 = 256;
+
 /// Key of the endpoints map: the pod's IPv4 address in network byte order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

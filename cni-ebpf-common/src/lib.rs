@@ -20,7 +20,7 @@ pub mod services;
 pub mod stats;
 
 pub use budget::{FlowCounts, FlowTable, Refusal, RefusedFlows};
-pub use endpoint::{EndpointInfo, EndpointKey, endpoint_flags};
+pub use endpoint::{EndpointInfo, EndpointKey, MAX_GATEWAYS, endpoint_flags};
 pub use flow::{Segment, Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
     HAIRPIN_ADDR, HostPortFlow, NODE_ADDRS_MAX, PortKey, PortTarget, SockConfig, SockRevKey,
@@ -93,6 +93,9 @@ pub mod map_names {
     pub const HOSTPORT_FLOWS: &str = "HOSTPORT_FLOWS";
     /// Hash: node IPv4 address (`[u8; 4]`) -> `u8` (1).
     pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    /// Hash: a pods' gateway the daemon made an address of the node (`[u8; 4]`) -> `u8`
+    /// (1), at most [`crate::MAX_GATEWAYS`]: refused from outside the node.
+    pub const GATEWAYS: &str = "GATEWAYS";
     /// LPM trie: (prefix, IPv4) -> [`crate::RemoteNode`], other nodes' pod ranges and
     /// addresses (`--routing vxlan`).
     pub const REMOTE_NODES: &str = "REMOTE_NODES";

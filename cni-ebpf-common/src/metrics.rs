@@ -68,11 +68,14 @@ pub enum DropReason {
     /// (the overlay relays nothing); one into it for no other node's pod range; or
     /// anything but well-formed IPv4 on the overlay device.
     OverlayNotLocal = 15,
+    /// A packet or an ARP request from outside the node (an uplink, the overlay) for a
+    /// pods' gateway: the node answers at that address for its pods only.
+    GatewayFromOutside = 16,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -89,10 +92,11 @@ impl DropReason {
         DropReason::OverlaySpoofedSource,
         DropReason::OverlayForeignVni,
         DropReason::OverlayNotLocal,
+        DropReason::GatewayFromOutside,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
-    pub const SLOTS: u32 = 16;
+    pub const SLOTS: u32 = 32;
 
     /// Stable name for tables, JSON and metrics.
     pub const fn name(self) -> &'static str {
@@ -113,6 +117,7 @@ impl DropReason {
             DropReason::OverlaySpoofedSource => "overlay_spoofed_source",
             DropReason::OverlayForeignVni => "overlay_foreign_vni",
             DropReason::OverlayNotLocal => "overlay_not_local",
+            DropReason::GatewayFromOutside => "gateway_from_outside",
         }
     }
 }

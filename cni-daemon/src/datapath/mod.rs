@@ -9,6 +9,7 @@
 //! here uses the node's model above it (endpoints, NAT, hostPorts).
 
 mod clsact;
+pub mod gateways;
 mod links;
 pub mod nat_maps;
 mod netlink;
@@ -100,6 +101,8 @@ pub enum DatapathError {
     NodeRoutes(String),
     #[error("overlay: {0}")]
     Overlay(String),
+    #[error("pods' gateways: {0}")]
+    Gateways(String),
     /// The netlink connection itself (its thread, its socket).
     #[error("netlink: {0}")]
     Netlink(#[from] std::io::Error),
@@ -211,6 +214,15 @@ impl Datapath {
             .ebpf
             .take_map(map_names::ENDPOINTS)
             .ok_or(DatapathError::MissingMap(map_names::ENDPOINTS))?;
+        Ok(HashMap::try_from(map)?)
+    }
+
+    /// Hands the gateways map to its owner ([`gateways::Gateways`]).
+    pub fn take_gateways_map(&mut self) -> Result<HashMap<MapData, [u8; 4], u8>, DatapathError> {
+        let map = self
+            .ebpf
+            .take_map(map_names::GATEWAYS)
+            .ok_or(DatapathError::MissingMap(map_names::GATEWAYS))?;
         Ok(HashMap::try_from(map)?)
     }
 

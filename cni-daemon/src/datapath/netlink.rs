@@ -87,3 +87,16 @@ fn start() -> io::Result<UnboundedSender<Job>> {
 fn stopped() -> io::Error {
     io::Error::other("the netlink thread stopped")
 }
+
+/// Adds `route`, replacing one to the same destination (`ip route replace`).
+pub(super) fn replace_route(route: rtnetlink::packet_route::route::RouteMessage) -> io::Result<()> {
+    with_netlink(move |handle| async move {
+        handle
+            .route()
+            .add(route)
+            .replace()
+            .execute()
+            .await
+            .map_err(io::Error::other)
+    })
+}

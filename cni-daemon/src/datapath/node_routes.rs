@@ -22,7 +22,10 @@ use rtnetlink::{
     packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
 };
 
-use super::{DatapathError, netlink::with_netlink};
+use super::{
+    DatapathError,
+    netlink::{replace_route, with_netlink},
+};
 
 /// The routing protocol number of the daemon's routes (`ip route show proto 208`): one
 /// no routing daemon in iproute2's list uses.
@@ -147,16 +150,7 @@ fn add(net: Ipv4Net, via: Via) -> Result<(), String> {
             .scope(RouteScope::Link)
             .build(),
     };
-    with_netlink(move |handle| async move {
-        handle
-            .route()
-            .add(route)
-            .replace()
-            .execute()
-            .await
-            .map_err(std::io::Error::other)
-    })
-    .map_err(|error: std::io::Error| error.to_string())
+    replace_route(route).map_err(|error| error.to_string())
 }
 
 fn remove(message: RouteMessage) -> Result<(), String> {

@@ -12,8 +12,8 @@
 //! - flow tables an earlier release pinned as LRU hashes (which evicted the least
 //!   recently used flow, established or not, to make room) are read and unpinned, and
 //!   their flows carried into the plain hashes the load creates;
-//! - counters whose layout changed (`NAT_STATS` of 8 slots, `NAT_REFUSED` of one count
-//!   a pod) and a `DEST_PORTS` of another size are unpinned: they start from zero (the
+//! - counters whose layout changed (`NAT_STATS` of 8 slots, `DROPS` of 16, `NAT_REFUSED`
+//!   of one count a pod) and a `DEST_PORTS` of another size are unpinned: they start from zero (the
 //!   budgets count only flows created from then on, see `cni_ebpf_common::budget`);
 //! - `NAT_CURSORS` pinned per CPU (before the CPUs shared the port cursors) is unpinned:
 //!   the port searches start again from random ports.
@@ -29,8 +29,8 @@ use aya::{
     maps::{HashMap, Map, MapData, MapInfo, MapType},
 };
 use cni_ebpf_common::{
-    NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, RefusedFlows, ip_proto,
-    map_names, tcp_state, udp_state,
+    DropReason, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
+    RefusedFlows, ip_proto, map_names, tcp_state, udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
@@ -286,14 +286,18 @@ fn is_lru(info: &MapInfo) -> bool {
 type Fits = fn(&MapInfo, u32) -> bool;
 
 /// Unpins the counters this release lays out otherwise, for the load to create anew:
-/// `NAT_STATS` of fewer slots than [`NatCounter::SLOTS`], `NAT_REFUSED` of another
+/// `NAT_STATS` of fewer slots than [`NatCounter::SLOTS`], `DROPS` of another number of
+/// slots than [`DropReason::SLOTS`] (an earlier release's 16), `NAT_REFUSED` of another
 /// value than [`RefusedFlows`], `DEST_PORTS` of another size than `max_flows`; and
 /// `NAT_CURSORS` of another kind than a plain array (an earlier release's per-CPU
 /// cursors). What they counted starts again from zero, the cursors from random ports.
 fn replace_counters(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError> {
-    let fits: [(&str, Fits); 4] = [
+    let fits: [(&str, Fits); 5] = [
         (map_names::NAT_STATS, |info, _| {
             info.max_entries() == NatCounter::SLOTS
+        }),
+        (map_names::DROPS, |info, _| {
+            info.max_entries() == DropReason::SLOTS
         }),
         (map_names::NAT_REFUSED, |info, _| {
             usize::try_from(info.value_size()).is_ok_and(|size| size == size_of::<RefusedFlows>())

@@ -65,6 +65,12 @@ pub fn status_table(view: &StatusView) -> String {
         "hostPort addresses: {} (and 127.0.0.0/8 for the node's own processes)\n",
         joined(&status.host_port_addrs, " ")
     ));
+    if !status.gateways.is_empty() {
+        out.push_str(&format!(
+            "pods' gateways: {} (node addresses for its pods only)\n",
+            joined(&status.gateways, " ")
+        ));
+    }
     if !status.attachments.is_empty() {
         // Columns as wide as their longest entry: a cgroup path is long.
         let width = |column: &dyn Fn(&cni_api::Attachment) -> usize, title: &str| {
@@ -334,6 +340,7 @@ mod tests {
             service_cidrs: Vec::new(),
             host_firewall_cidrs: Vec::new(),
             host_port_addrs: Vec::new(),
+            gateways: Vec::new(),
             pod_gso_max_size: None,
             node_name: Some("node-a".into()),
             node_source: None,

@@ -37,6 +37,7 @@ mod tests {
             cluster_cidrs: cidrs.iter().map(|c| c.parse().expect("valid")).collect(),
             port_mappings: Vec::new(),
             bandwidth: None,
+            gateway: None,
             pod: None,
         }
     }

@@ -127,6 +127,10 @@ pub fn ingress(
     if let Some(pod) = maps::endpoint(ip.dst_addr) {
         return deliver::deliver(ctx, eth, ip, &pod);
     }
+    // A pods' gateway is the node's for its own pods only.
+    if maps::is_gateway(ip.dst_addr) {
+        return Ok(counters::drop_packet(DropReason::GatewayFromOutside));
+    }
     // For the node itself (the overlay's address): its stack takes it, as a frame for
     // this host (the inner MACs are the sender's business).
     if maps::is_node_addr(ip.dst_addr) {

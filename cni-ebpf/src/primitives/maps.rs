@@ -13,10 +13,10 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
-    FragmentTarget, HostPortFlow, MAX_NODES, MAX_REMOTE_RANGES, MAX_SERVICE_CIDRS, NODE_ADDRS_MAX,
-    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, OverlayConfig, PortKey, PortTarget,
-    RefusedFlows, RemoteNode, ServiceClient, SockConfig, SockRevKey, SourceKey, TARGET_WORDS,
-    TrafficCounters, Uplinks,
+    FragmentTarget, HostPortFlow, MAX_GATEWAYS, MAX_NODES, MAX_REMOTE_RANGES, MAX_SERVICE_CIDRS,
+    NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, OverlayConfig, PortKey,
+    PortTarget, RefusedFlows, RemoteNode, ServiceClient, SockConfig, SockRevKey, SourceKey,
+    TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -29,6 +29,10 @@ const MAX_SOURCES: u32 = 4096;
 /// Pod IPv4 -> host veth, pod MAC and host MAC, written by the daemon.
 #[map(name = "ENDPOINTS")]
 static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// The pods' gateways the daemon made addresses of the node, refused from outside it.
+#[map(name = "GATEWAYS")]
+static GATEWAYS: HashMap<[u8; 4], u8> = HashMap::pinned(MAX_GATEWAYS, 0);
 
 #[map(name = "ENDPOINT_COUNTERS")]
 pub static ENDPOINT_COUNTERS: PerCpuHashMap<u32, EndpointCounters> =
@@ -223,6 +227,13 @@ pub fn overlay_config() -> Option<OverlayConfig> {
         .get(0)
         .copied()
         .filter(|config| config.ifindex != 0)
+}
+
+/// Whether `addr` is a pods' gateway: an address of the node for its pods only.
+#[inline(always)]
+pub fn is_gateway(addr: [u8; 4]) -> bool {
+    // SAFETY: only the presence is read.
+    unsafe { GATEWAYS.get(&addr) }.is_some()
 }
 
 /// Whether `addr` is one of the node's own addresses.

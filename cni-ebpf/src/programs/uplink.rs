@@ -4,8 +4,9 @@
 //! has no ports to find its flow by, follows what its first fragment was given.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use cni_ebpf_common::NatConfig;
+use cni_ebpf_common::{DropReason, NatConfig};
 use network_types::{
+    arp::ArpHdr,
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
 };
@@ -13,7 +14,7 @@ use network_types::{
 use crate::{
     features::{fragments, rev_nat, snat},
     primitives::{
-        maps,
+        counters, maps,
         packet::{self, EthIpv4},
     },
 };
@@ -37,13 +38,17 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
 }
 
 fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
-    on_uplink(ctx, |config, node_addr, _, ip| {
-        if fragments::is_later(ip) {
-            snat::later_fragment(ctx, ip)
-        } else {
-            snat::egress(ctx, config, node_addr, ip)
-        }
-    })
+    on_uplink(
+        ctx,
+        |config, node_addr, _, ip| {
+            if fragments::is_later(ip) {
+                snat::later_fragment(ctx, ip)
+            } else {
+                snat::egress(ctx, config, node_addr, ip)
+            }
+        },
+        |_| Ok(TC_ACT_OK),
+    )
 }
 
 fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
@@ -58,11 +63,23 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
                 rev_nat::ingress(ctx, config, node_addr, eth, ip)
             }
         },
+        // ARP: a request for a pods' gateway goes unanswered (the node would answer it
+        // as for any of its addresses).
+        #[inline(always)]
+        |_| {
+            let arp: ArpHdr = ctx.load(EthHdr::LEN)?;
+            if arp.oper() == ARP_REQUEST && maps::is_gateway(arp.tpa()) {
+                return Ok(counters::drop_packet(DropReason::GatewayFromOutside));
+            }
+            Ok(TC_ACT_OK)
+        },
     )
 }
 
+const ARP_REQUEST: u16 = 1;
+
 /// Runs `translate` on an IPv4 packet crossing the uplink, with NAT's configuration and
-/// the uplink's address; anything else goes on as it is.
+/// the uplink's address, and `arp` on an ARP frame; anything else goes on as it is.
 ///
 /// `translate` runs inside this call rather than after it: a helper that returns
 /// (config, eth, ip) instead gets LLVM to read an unset register on its early-return
@@ -71,6 +88,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
 fn on_uplink(
     ctx: &TcContext,
     translate: impl FnOnce(&NatConfig, [u8; 4], &EthHdr, &Ipv4Hdr) -> Result<i32, i64>,
+    arp: impl FnOnce(&EthHdr) -> Result<i32, i64>,
 ) -> Result<i32, i64> {
     let Some(config) = maps::nat_config() else {
         return Ok(TC_ACT_OK);
@@ -83,6 +101,9 @@ fn on_uplink(
     // Ethernet and IPv4 headers in one read (a frame too short for both is no IPv4
     // packet we translate: the error lets it go on).
     let EthIpv4 { eth, ip } = ctx.load(0)?;
+    if eth.ether_type == EtherType::Arp as u16 {
+        return arp(&eth);
+    }
     // A tagged frame belongs to a VLAN, never to a pod's flow, and a malformed header
     // is never translated: both are left as they are (pods' malformed packets never get
     // here: `from_pod` drops them; the stack drops what arrives malformed).

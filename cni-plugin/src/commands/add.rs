@@ -199,6 +199,7 @@ fn apply(
         cluster_cidrs: cluster_cidrs(&inv.conf, &result),
         port_mappings: port_mappings(&inv.conf),
         bandwidth: bandwidth(&inv.conf),
+        gateway: gateway(&result),
         pod: inv.env.args.pod(),
     })?;
     applied.daemon = true;
@@ -262,10 +263,7 @@ fn create_link(
 /// the first IPv4 gateway (the spec leaves the default to the plugin), plus a default
 /// route via that gateway when IPAM gave none.
 fn pod_routes(result: &CniResult) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
-    let gateway = result.ips.iter().find_map(|ip| match ip.gateway {
-        Some(IpAddr::V4(gateway)) => Some(gateway),
-        _ => None,
-    });
+    let gateway = gateway(result);
     let mut routes: Vec<(Ipv4Net, Option<Ipv4Addr>)> = result
         .routes
         .iter()
@@ -280,6 +278,15 @@ fn pod_routes(result: &CniResult) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
         routes.push((Ipv4Net::default(), Some(gateway)));
     }
     routes
+}
+
+/// The first IPv4 gateway of the IPAM result: the pod's router, which the node answers
+/// at (the daemon makes it one of the node's addresses).
+fn gateway(result: &CniResult) -> Option<Ipv4Addr> {
+    result.ips.iter().find_map(|ip| match ip.gateway {
+        Some(IpAddr::V4(gateway)) => Some(gateway),
+        _ => None,
+    })
 }
 
 /// Inside the pod: `lo` and the interface up, addresses, routes; returns the interface.

@@ -7,7 +7,7 @@ mod icmp_error;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{
-    FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey, Refusal, Segment,
+    DropReason, FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey, Refusal, Segment,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
@@ -61,6 +61,10 @@ pub fn ingress(
                 return deliver::deliver(ctx, eth, ip, &pod);
             }
             return Ok(TC_ACT_OK);
+        }
+        // A pods' gateway is the node's for its own pods only.
+        if maps::is_gateway(ip.dst_addr) {
+            return Ok(counters::drop_packet(DropReason::GatewayFromOutside));
         }
         // Another address of the node (or not ours at all): only hostPorts apply.
         if proto == TCP || proto == UDP {
