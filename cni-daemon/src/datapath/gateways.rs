@@ -50,6 +50,10 @@ pub const LABEL: &str = "lo:ebpf-cni";
 pub struct Gateways {
     map: HashMap<MapData, [u8; 4], u8>,
     current: BTreeSet<Ipv4Addr>,
+    /// What the last successful [`Self::sync`] was asked: the same again (every ADD
+    /// and DEL of a pod in a range already in use) changes nothing and lists no
+    /// addresses, which on a node with kube-proxy's IPVS addresses are thousands.
+    asked: Option<BTreeSet<Ipv4Addr>>,
 }
 
 /// An IPv4 address of the node as netlink lists it.
@@ -64,6 +68,7 @@ impl Gateways {
         Self {
             map,
             current: BTreeSet::new(),
+            asked: None,
         }
     }
 
@@ -76,6 +81,10 @@ impl Gateways {
     /// address of the node that are not the daemon's; `GATEWAYS` holds the same.
     /// Returns whether an address came or went.
     pub fn sync(&mut self, desired: &BTreeSet<Ipv4Addr>) -> Result<bool, DatapathError> {
+        if self.asked.as_ref() == Some(desired) {
+            return Ok(false);
+        }
+        self.asked = None;
         let addresses = list()?;
         let others: BTreeSet<Ipv4Addr> = addresses
             .iter()
@@ -112,6 +121,7 @@ impl Gateways {
             }
         }
         self.current = wanted;
+        self.asked = Some(desired.clone());
         Ok(changed)
     }
 }
