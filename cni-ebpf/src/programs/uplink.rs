@@ -1,5 +1,7 @@
 //! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`),
-//! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`).
+//! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`),
+//! where ARP requests and packets for the pods' gateways are dropped (they are the
+//! node's addresses for its pods only, see `rev_nat`).
 //! Both start alike ([`on_uplink`]); a fragment after its datagram's first one, which
 //! has no ports to find its flow by, follows what its first fragment was given.
 
