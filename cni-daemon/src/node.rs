@@ -56,17 +56,23 @@ pub enum NodeError {
     },
 }
 
-/// The gateways the records' pods route through: unicast addresses only (a record is
-/// the plugin's word, and the node must not take a broadcast or loopback address).
-fn gateways_of<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> BTreeSet<Ipv4Addr> {
+/// The gateways the records' pods route through: unicast addresses that are no pod's
+/// (a record is the plugin's word, and the node must not take a broadcast or loopback
+/// address, nor a pod's own).
+fn gateways_of(endpoints: &Endpoints) -> BTreeSet<Ipv4Addr> {
+    let pods: BTreeSet<std::net::IpAddr> = endpoints
+        .list()
+        .flat_map(|endpoint| endpoint.ips.iter().map(ipnet::IpNet::addr))
+        .collect();
     endpoints
-        .into_iter()
+        .list()
         .filter_map(|endpoint| endpoint.gateway)
         .filter(|gateway| {
             !(gateway.is_unspecified()
                 || gateway.is_loopback()
                 || gateway.is_multicast()
-                || gateway.is_broadcast())
+                || gateway.is_broadcast()
+                || pods.contains(&std::net::IpAddr::V4(*gateway)))
         })
         .collect()
 }
@@ -196,7 +202,7 @@ impl Node {
             endpoints.list(),
         )?;
         let mut gateways = Gateways::open(datapath.take_gateways_map()?);
-        if let Err(error) = gateways.sync(&gateways_of(endpoints.list())) {
+        if let Err(error) = gateways.sync(&gateways_of(&endpoints)) {
             // The next ADD or DEL tries again.
             tracing::warn!(%error, "cannot give the pods' gateways to the node");
         }
@@ -555,7 +561,7 @@ impl Node {
     /// The records' gateways as addresses of the node, and so hostPort addresses at
     /// once (the address watcher would refill `NODE_ADDRS` a moment later).
     fn sync_gateways(&mut self) -> Result<(), NodeError> {
-        if self.gateways.sync(&gateways_of(self.endpoints.list()))? {
+        if self.gateways.sync(&gateways_of(&self.endpoints))? {
             self.node_addrs.sync()?;
         }
         Ok(())
