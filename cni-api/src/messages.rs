@@ -139,8 +139,11 @@ pub struct PortMapping {
     pub host_ip: Option<std::net::IpAddr>,
 }
 
-/// Rates in bits per second, bursts in bits, as Kubernetes passes them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A pod's rate limits, rates in bits per second, bursts in bits, as Kubernetes passes
+/// them; a direction without a rate is not limited. The plugin puts a `tbf` qdisc on
+/// the pod's interface (egress) and on its host veth (ingress). All `None`: the record
+/// was rebuilt from the node, which keeps the qdiscs but not their values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bandwidth {
     pub ingress_rate: Option<u64>,
     pub ingress_burst: Option<u64>,

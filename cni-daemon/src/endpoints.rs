@@ -21,7 +21,7 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use cni_ebpf_common::{EndpointInfo, EndpointKey, endpoint_flags};
 
-use cni_api::{Endpoint, EndpointId, naming};
+use cni_api::{Bandwidth, Endpoint, EndpointId, naming};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -120,8 +120,9 @@ impl Endpoints {
     /// has: the host veth that carries the id in its alias (`ebpf-cni/<network>/<container
     /// id>/<ifname>`) or the plugin's name for it ([`naming::host_veth`]; the network is
     /// then the other records' one) and the endpoints map's entries for that veth (addresses, MACs,
-    /// masquerading). What only the record held is lost: the netns path, the port
-    /// mappings (the pod's hostPorts come back with its next ADD) and the bandwidth;
+    /// masquerading, whether it is shaped). What only the record held is lost: the netns
+    /// path, the port mappings (the pod's hostPorts come back with its next ADD) and the
+    /// bandwidth limits' values (the qdiscs that enforce them stay);
     /// the cluster ranges are taken from another endpoint of the same network. An id
     /// with no such veth, or no entry in the map, is dropped.
     fn rebuild(&mut self, ids: Vec<EndpointId>) -> Result<(), EndpointError> {
@@ -201,7 +202,10 @@ impl Endpoints {
                 masquerade: info.flags & endpoint_flags::MASQUERADE != 0,
                 cluster_cidrs,
                 port_mappings: Vec::new(),
-                bandwidth: None,
+                // The limits themselves were only in the record; the qdiscs that enforce
+                // them are still on the veths, and the flag keeps the pod's frames going
+                // through its host veth's.
+                bandwidth: (info.flags & endpoint_flags::SHAPED != 0).then(Bandwidth::default),
                 gateway,
                 pod: None,
             };
@@ -390,6 +394,11 @@ fn endpoint_info(endpoint: &Endpoint) -> Result<EndpointInfo, EndpointError> {
     let mut flags = 0;
     if endpoint.masquerade {
         flags |= endpoint_flags::MASQUERADE;
+    }
+    // Any limit, not only an ingress one: a record rebuilt from the map knows that the
+    // pod was shaped, not in which direction.
+    if endpoint.bandwidth.is_some() {
+        flags |= endpoint_flags::SHAPED;
     }
     Ok(EndpointInfo {
         host_ifindex: endpoint.host_ifindex,

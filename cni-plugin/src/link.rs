@@ -7,16 +7,26 @@ use std::{
     os::fd::AsRawFd,
 };
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
+    packet_core::{
+        NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    },
     packet_route::{
+        RouteNetlinkMessage,
         address::AddressAttribute,
         link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope},
+        tc::{TcAttribute, TcHandle, TcMessage},
     },
 };
+
+use crate::tbf::{self, Tbf};
+
+/// The handle of the rate limits' root qdisc (`tc` shows it as `ec01:`).
+const TBF_HANDLE: u16 = 0xec01;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -285,6 +295,60 @@ impl Netlink {
             .map_err(LinkError::netlink(format!(
                 "adding the host route to {addr}"
             )))
+    }
+
+    /// Makes a `tbf` qdisc with `tbf`'s settings the root qdisc of link `index`
+    /// (replacing the one there: a veth's default is none).
+    pub async fn set_tbf(&self, index: u32, tbf: &Tbf) -> Result<(), LinkError> {
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::ROOT;
+        message.header.handle = TcHandle {
+            major: TBF_HANDLE,
+            minor: 0,
+        };
+        message
+            .attributes
+            .push(TcAttribute::Kind(crate::tbf::KIND.to_owned()));
+        message.attributes.push(TcAttribute::Options(tbf.options()));
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewQueueDiscipline(message));
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+        let what = || format!("setting a rate limit (tbf) on link {index}");
+        let mut responses = self
+            .handle
+            .clone()
+            .request(request)
+            .map_err(LinkError::netlink(what()))?;
+        while let Some(response) = responses.next().await {
+            if let NetlinkPayload::Error(error) = response.payload
+                && error.code.is_some()
+            {
+                return Err(LinkError::netlink(what())(rtnetlink::Error::NetlinkError(
+                    error,
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The root qdisc of link `index` when it is a `tbf`.
+    pub async fn root_tbf(&self, index: u32) -> Result<Option<tbf::Dumped>, LinkError> {
+        let messages: Vec<TcMessage> = self
+            .handle
+            .qdisc()
+            .get()
+            .index(index as i32)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(LinkError::netlink(format!(
+                "listing the qdiscs of link {index}"
+            )))?;
+        Ok(messages
+            .iter()
+            .filter(|message| {
+                message.header.index == index as i32 && message.header.parent == TcHandle::ROOT
+            })
+            .find_map(tbf::dumped))
     }
 
     /// The IPv4 routes of the main table.

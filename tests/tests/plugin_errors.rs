@@ -29,9 +29,11 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
     bad_subnet["ipam"]["subnet"] = json!("10.244.10.0/33");
     let mut host_port = good.clone();
     host_port["runtimeConfig"] = json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": "fd00::1"}]});
-    let mut bandwidth = good.clone();
-    bandwidth["runtimeConfig"] =
-        json!({"bandwidth": {"ingressRate": 1000000, "ingressBurst": 100000}});
+    let mut rate_without_burst = good.clone();
+    rate_without_burst["runtimeConfig"] = json!({"bandwidth": {"ingressRate": 1000000}});
+    let mut burst_below_mtu = good.clone();
+    burst_below_mtu["egressRate"] = json!(1000000);
+    burst_below_mtu["egressBurst"] = json!(8000);
     let mut unknown_ipam = good.clone();
     unknown_ipam["ipam"]["type"] = json!("no-such-ipam");
 
@@ -87,9 +89,14 @@ fn each_bad_input_gives_its_code_and_leaves_nothing() {
             2,
         ),
         (
-            "bandwidth (not implemented yet)",
-            add().stdin(&bytes(&bandwidth)),
-            2,
+            "bandwidth rate without a burst",
+            add().stdin(&bytes(&rate_without_burst)),
+            7,
+        ),
+        (
+            "bandwidth burst below one packet",
+            add().stdin(&bytes(&burst_below_mtu)),
+            7,
         ),
     ];
     for (what, call, code) in cases {

@@ -40,7 +40,7 @@ impl From<EndpointCounters> for CountersView {
 
 /// Joins the daemon's endpoints with the pinned counters; "to pod" adds what the node's
 /// stack sent (`stack_sent`, the host veths' kernel TX counters) to what the datapath
-/// delivered.
+/// delivered, or is those counters alone for a shaped pod.
 pub fn endpoint_views(
     endpoints: Vec<Endpoint>,
     counters: &BTreeMap<u32, EndpointCounters>,
@@ -57,9 +57,19 @@ pub fn endpoint_views(
             let sent = stack_sent
                 .iter()
                 .find(|sent| sent.ifindex == endpoint.host_ifindex);
-            if let Some(sent) = sent {
-                view.to_pod_packets += sent.packets;
-                view.to_pod_bytes += sent.bytes;
+            match sent {
+                // A shaped pod's frames all leave through its host veth (see
+                // `endpoint_flags::SHAPED`): its TX counters hold the datapath's
+                // deliveries too, those its qdisc let through.
+                Some(sent) if endpoint.bandwidth.is_some() => {
+                    view.to_pod_packets = sent.packets;
+                    view.to_pod_bytes = sent.bytes;
+                }
+                Some(sent) => {
+                    view.to_pod_packets += sent.packets;
+                    view.to_pod_bytes += sent.bytes;
+                }
+                None => {}
             }
             EndpointView {
                 counters: view,

@@ -227,15 +227,23 @@ pub fn ports_table(rows: &[PortRow]) -> String {
 /// A readable table of endpoints and their counters.
 pub fn endpoints_table(views: &[EndpointView]) -> String {
     let mut out = format!(
-        "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}\n",
-        "CONTAINER", "IFNAME", "IP", "MAC", "HOST VETH", "IFINDEX", "PKTS OUT", "PKTS IN"
+        "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}  {}\n",
+        "CONTAINER",
+        "IFNAME",
+        "IP",
+        "MAC",
+        "HOST VETH",
+        "IFINDEX",
+        "PKTS OUT",
+        "PKTS IN",
+        "LIMITS (rate/burst, bits)"
     );
     for view in views {
         let endpoint = &view.endpoint;
         let ips: Vec<String> = endpoint.ips.iter().map(ToString::to_string).collect();
         let container: String = endpoint.id.container_id.chars().take(20).collect();
         out.push_str(&format!(
-            "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}\n",
+            "{:<20} {:<8} {:<18} {:<17} {:<15} {:>7} {:>10} {:>10}  {}\n",
             container,
             endpoint.id.ifname,
             ips.join(","),
@@ -244,9 +252,40 @@ pub fn endpoints_table(views: &[EndpointView]) -> String {
             endpoint.host_ifindex,
             view.counters.from_pod_packets,
             view.counters.to_pod_packets,
+            limits(endpoint.bandwidth.as_ref()),
         ));
     }
     out
+}
+
+/// A pod's rate limits as `in 50M/5M out -` (tbf on both veth ends), `-` for none.
+fn limits(bandwidth: Option<&cni_api::Bandwidth>) -> String {
+    let Some(bandwidth) = bandwidth else {
+        return "-".to_owned();
+    };
+    let direction = |rate: Option<u64>, burst: Option<u64>| match rate {
+        Some(rate) => format!("{}/{}", si(rate), si(burst.unwrap_or(0))),
+        None => "-".to_owned(),
+    };
+    if bandwidth == &cni_api::Bandwidth::default() {
+        return "limited (values lost with the record)".to_owned();
+    }
+    format!(
+        "in {} out {}",
+        direction(bandwidth.ingress_rate, bandwidth.ingress_burst),
+        direction(bandwidth.egress_rate, bandwidth.egress_burst)
+    )
+}
+
+/// `value` with an SI prefix when it is a whole multiple of one (`50M`, `1500k`, `12345`).
+fn si(value: u64) -> String {
+    [(1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")]
+        .into_iter()
+        .find(|(unit, _)| value >= *unit && value.is_multiple_of(*unit))
+        .map_or_else(
+            || value.to_string(),
+            |(unit, prefix)| format!("{}{prefix}", value / unit),
+        )
 }
 
 /// `items` as text, separated by `separator`.

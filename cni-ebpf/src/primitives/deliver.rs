@@ -1,13 +1,15 @@
 //! Handing a frame over: straight into a pod of this node with `bpf_redirect_peer`, as
 //! it is ([`switch`]) or routed ([`deliver`], [`redirect`]), or to the node's stack as
-//! a frame for the host ([`to_stack`]).
+//! a frame for the host ([`to_stack`]). A pod with an ingress rate limit
+//! ([`endpoint_flags::SHAPED`]) gets its frames through its host veth's egress instead,
+//! where the limit's qdisc is.
 
 use aya_ebpf::{
     bindings::TC_ACT_OK,
-    helpers::generated::{bpf_redirect_peer, bpf_skb_change_type},
+    helpers::generated::{bpf_redirect, bpf_redirect_peer, bpf_skb_change_type},
     programs::TcContext,
 };
-use cni_ebpf_common::EndpointInfo;
+use cni_ebpf_common::{EndpointInfo, endpoint_flags};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::{
@@ -26,8 +28,7 @@ const PACKET_HOST: u32 = 0;
 #[inline(always)]
 pub fn switch(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
     counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
-    // SAFETY: a plain helper call with an ifindex and no flags.
-    unsafe { bpf_redirect_peer(destination.host_ifindex, 0) as i32 }
+    into_pod(destination)
 }
 
 /// Hands an IPv4 frame (headers `eth`, `ip` as read) to the local pod `destination`:
@@ -58,8 +59,22 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
     };
     ctx.store(0, &rewritten, 0)?;
     counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
-    // SAFETY: a plain helper call with an ifindex and no flags.
-    Ok(unsafe { bpf_redirect_peer(destination.host_ifindex, 0) } as i32)
+    Ok(into_pod(destination))
+}
+
+/// The redirect into the pod `destination`: to its interface directly (the host veth's
+/// peer), or, for a pod with an ingress limit, to its host veth's egress, whose `tbf`
+/// qdisc paces the frames before the veth hands them to the pod.
+#[inline(always)]
+fn into_pod(destination: &EndpointInfo) -> i32 {
+    // SAFETY: plain helper calls with an ifindex and no flags.
+    unsafe {
+        if destination.flags & endpoint_flags::SHAPED != 0 {
+            bpf_redirect(destination.host_ifindex, 0) as i32
+        } else {
+            bpf_redirect_peer(destination.host_ifindex, 0) as i32
+        }
+    }
 }
 
 /// Decrements the TTL of `ip` (read from the frame, TTL above 1) with its checksum: TTL,

@@ -20,7 +20,10 @@ use crate::{
     ipam::{self, Ipam},
     link::{LinkError, LinkInfo, Netlink, VethPair, format_mac},
     netns,
-    spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, NetConf, Route},
+    spec::{
+        CniError, CniResult, DEFAULT_MTU, ErrorCode, Interface, IpConfig, NetConf, Route, Shaping,
+    },
+    tbf::Tbf,
 };
 
 pub fn run(inv: &Invocation) -> Result<String, CniError> {
@@ -49,6 +52,9 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
     };
     let pod_mac = inv.conf.runtime_mac()?;
     refuse_unimplemented(&inv.conf)?;
+    // The conflist's, else the daemon's (the overlay's room taken off the uplink's).
+    let mtu = inv.conf.mtu.or(status.pod_mtu);
+    let shaping = inv.conf.shaping(mtu.unwrap_or(DEFAULT_MTU))?;
     let host_veth = cni_api::naming::host_veth(container_id, ifname);
     let alias = cni_api::naming::host_alias(&inv.conf.name, container_id, ifname);
 
@@ -58,12 +64,11 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
         alias: &alias,
         pod: ifname,
         pod_netns: &pod_netns,
-        // The conflist's, else the daemon's (the overlay's room taken off the uplink's).
-        mtu: inv.conf.mtu.or(status.pod_mtu),
+        mtu,
         pod_mac,
         gso_max_size,
     };
-    let outcome = apply(inv, &delegate, &veth, &mut applied);
+    let outcome = apply(inv, &delegate, &veth, shaping, &mut applied);
     match outcome {
         Ok(result) => Ok(result.to_json(version).to_string()),
         Err(error) => Err(applied.roll_back(inv, &delegate, &host_veth, error)),
@@ -130,6 +135,7 @@ fn apply(
     inv: &Invocation,
     delegate: &Delegate<'_>,
     veth: &VethPair<'_>,
+    shaping: Shaping,
     applied: &mut Applied,
 ) -> Result<CniResult, CniError> {
     let (ifname, host_veth, pod_netns) = (veth.pod, veth.host, veth.pod_netns);
@@ -161,7 +167,8 @@ fn apply(
     }
 
     let routes = pod_routes(&result);
-    let pod = configure_pod(pod_netns, ifname, &result.ips, &routes)?;
+    let egress = shaping.egress.map(Tbf::from);
+    let pod = configure_pod(pod_netns, ifname, &result.ips, &routes, egress)?;
     let pod_v4: Vec<Ipv4Addr> = result
         .ips
         .iter()
@@ -175,6 +182,10 @@ fn apply(
     let host = block_on(async {
         let netlink = Netlink::connect()?;
         let host = netlink.require(host_veth).await?;
+        // Before the daemon's hand-off, which sends the pod's frames through this qdisc.
+        if let Some(ingress) = shaping.ingress {
+            netlink.set_tbf(host.index, &Tbf::from(ingress)).await?;
+        }
         netlink.set_up(host.index).await?;
         for addr in pod_v4 {
             netlink.add_host_route(addr, host.index).await?;
@@ -198,7 +209,7 @@ fn apply(
         masquerade: inv.conf.ip_masq,
         cluster_cidrs: cluster_cidrs(&inv.conf, &result),
         port_mappings: port_mappings(&inv.conf),
-        bandwidth: bandwidth(&inv.conf),
+        bandwidth: bandwidth(&shaping),
         gateway: gateway(&result),
         pod: inv.env.args.pod(),
     })?;
@@ -289,12 +300,14 @@ fn gateway(result: &CniResult) -> Option<Ipv4Addr> {
     })
 }
 
-/// Inside the pod: `lo` and the interface up, addresses, routes; returns the interface.
+/// Inside the pod: `lo` and the interface up, its egress limit, addresses, routes;
+/// returns the interface.
 fn configure_pod(
     pod_netns: &File,
     ifname: &str,
     ips: &[IpConfig],
     routes: &[(Ipv4Net, Option<Ipv4Addr>)],
+    egress: Option<Tbf>,
 ) -> Result<LinkInfo, CniError> {
     let ifname = ifname.to_owned();
     let addresses: Vec<IpNet> = ips.iter().map(|ip| ip.address).collect();
@@ -306,6 +319,9 @@ fn configure_pod(
                 netlink.set_up(lo.index).await?;
             }
             let pod = netlink.require(&ifname).await?;
+            if let Some(egress) = egress {
+                netlink.set_tbf(pod.index, &egress).await?;
+            }
             for address in addresses {
                 netlink.add_address(pod.index, address).await?;
             }
@@ -345,17 +361,17 @@ fn port_mappings(conf: &NetConf) -> Vec<api::PortMapping> {
         .collect()
 }
 
-/// runtimeConfig.bandwidth in the daemon's terms.
-fn bandwidth(conf: &NetConf) -> Option<api::Bandwidth> {
-    conf.runtime_config
-        .bandwidth
-        .as_ref()
-        .map(|bandwidth| api::Bandwidth {
-            ingress_rate: bandwidth.ingress_rate,
-            ingress_burst: bandwidth.ingress_burst,
-            egress_rate: bandwidth.egress_rate,
-            egress_burst: bandwidth.egress_burst,
-        })
+/// The pod's limits in the daemon's terms; `None` when it has none.
+pub fn bandwidth(shaping: &Shaping) -> Option<api::Bandwidth> {
+    if shaping.is_none() {
+        return None;
+    }
+    Some(api::Bandwidth {
+        ingress_rate: shaping.ingress.map(|limit| limit.rate),
+        ingress_burst: shaping.ingress.map(|limit| limit.burst),
+        egress_rate: shaping.egress.map(|limit| limit.rate),
+        egress_burst: shaping.egress.map(|limit| limit.burst),
+    })
 }
 
 /// Destinations that keep the pod's address under ipMasq: `clusterCIDRs` from the
@@ -375,8 +391,7 @@ fn cluster_cidrs(conf: &NetConf, result: &CniResult) -> Vec<Ipv4Net> {
 }
 
 /// What the datapath does not implement yet is refused (code 2) rather than silently
-/// ignored: a pod asking for a bandwidth limit or an IPv6 hostPort must not come up
-/// without it. The runtime only sends them when the conflist declares the capability.
+/// ignored: a pod asking for an IPv6 hostPort must not come up without it. The runtime only sends them when the conflist declares the capability.
 fn refuse_unimplemented(conf: &NetConf) -> Result<(), CniError> {
     let runtime = &conf.runtime_config;
     if runtime
@@ -387,12 +402,6 @@ fn refuse_unimplemented(conf: &NetConf) -> Result<(), CniError> {
         return Err(CniError::new(
             ErrorCode::UnsupportedField,
             "runtimeConfig.portMappings: an IPv6 hostIP is not supported (the datapath is IPv4)",
-        ));
-    }
-    if runtime.bandwidth.is_some() {
-        return Err(CniError::new(
-            ErrorCode::UnsupportedField,
-            "runtimeConfig.bandwidth: bandwidth limits are not implemented yet by ebpf-cni",
         ));
     }
     Ok(())

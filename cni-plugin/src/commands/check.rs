@@ -1,13 +1,20 @@
 //! CHECK: the attachment still looks as prevResult says: the container interface, its
-//! MAC, addresses and routes, the host veth, the daemon's endpoint; then IPAM's CHECK.
+//! MAC, addresses and routes, the host veth, the daemon's endpoint, and the rate limits
+//! as the configuration asks them (qdiscs and the daemon's record); then IPAM's CHECK.
 
 use std::net::IpAddr;
 
 use crate::{
-    commands::{Invocation, add::pod_link, block_on, teardown::setup_error},
+    commands::{
+        Invocation,
+        add::{bandwidth, pod_link},
+        block_on,
+        teardown::setup_error,
+    },
     link::{Netlink, format_mac},
     netns,
-    spec::{CniError, CniResult, ErrorCode},
+    spec::{CniError, CniResult, DEFAULT_MTU, ErrorCode, Limit},
+    tbf::{Dumped, Tbf},
 };
 
 pub fn run(inv: &Invocation) -> Result<(), CniError> {
@@ -38,16 +45,24 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
             )));
         }
     }
-    check_pod_addresses_and_routes(&pod_netns, pod.index, &prev)?;
+    let shaping = inv.conf.shaping(pod.mtu.unwrap_or(DEFAULT_MTU))?;
+    let pod_tbf = check_pod_addresses_and_routes(&pod_netns, pod.index, &prev)?;
+    check_limit(&format!("{ifname}'s egress"), pod_tbf, shaping.egress)?;
 
     let host_veth = cni_api::naming::host_veth(container_id, ifname);
-    let host = block_on(async {
-        let netlink = Netlink::connect().map_err(setup_error)?;
-        netlink.get(&host_veth).await.map_err(setup_error)
-    })??;
+    let (host, host_tbf) = block_on(async {
+        let netlink = Netlink::connect()?;
+        let Some(host) = netlink.get(&host_veth).await? else {
+            return Ok((None, None));
+        };
+        let tbf = netlink.root_tbf(host.index).await?;
+        Ok::<_, crate::link::LinkError>((Some(host), tbf))
+    })?
+    .map_err(setup_error)?;
     if host.is_none() {
         return Err(failed(format!("the host veth {host_veth} is missing")));
     }
+    check_limit(&format!("{ifname}'s ingress"), host_tbf, shaping.ingress)?;
 
     let endpoint = inv
         .daemon()
@@ -62,22 +77,33 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         }
     }
 
+    if endpoint.bandwidth != bandwidth(&shaping) {
+        return Err(failed(format!(
+            "the node daemon has the limits {:?}, the configuration asks {:?}",
+            endpoint.bandwidth,
+            bandwidth(&shaping)
+        )));
+    }
+
     let ipam = inv.ipam()?;
     let config = inv.ipam_config(None)?;
     ipam.run(&inv.ipam_env("CHECK"), &config)
 }
 
+/// Checks the pod's addresses and routes; returns the `tbf` at the root of its
+/// interface, if any.
 fn check_pod_addresses_and_routes(
     pod_netns: &std::fs::File,
     index: u32,
     prev: &CniResult,
-) -> Result<(), CniError> {
-    let (addresses, routes) = netns::run_in(pod_netns, move || {
+) -> Result<Option<Dumped>, CniError> {
+    let (addresses, routes, tbf) = netns::run_in(pod_netns, move || {
         block_on(async move {
             let netlink = Netlink::connect()?;
             Ok::<_, crate::link::LinkError>((
                 netlink.addresses(index).await?,
                 netlink.routes_v4().await?,
+                netlink.root_tbf(index).await?,
             ))
         })
     })
@@ -110,7 +136,29 @@ fn check_pod_addresses_and_routes(
             )));
         }
     }
-    Ok(())
+    Ok(tbf)
+}
+
+/// The qdisc found for one direction (`what`) enforces `expected`, or there is none when
+/// nothing is expected.
+fn check_limit(what: &str, found: Option<Dumped>, expected: Option<Limit>) -> Result<(), CniError> {
+    match (found, expected.map(Tbf::from)) {
+        (None, None) => Ok(()),
+        (Some(found), Some(tbf)) if found.matches(&tbf) => Ok(()),
+        (None, Some(tbf)) => Err(failed(format!(
+            "{what} has no rate limit; the configuration asks {} bytes/s (tbf)",
+            tbf.rate
+        ))),
+        (Some(found), None) => Err(failed(format!(
+            "{what} is limited to {} bytes/s (tbf); the configuration asks no limit",
+            found.rate
+        ))),
+        (Some(found), Some(tbf)) => Err(failed(format!(
+            "{what} is limited to {} bytes/s with a {}-byte backlog; the configuration asks \
+             {} bytes/s and {} bytes",
+            found.rate, found.limit, tbf.rate, tbf.limit
+        ))),
+    }
 }
 
 fn failed(msg: impl Into<String>) -> CniError {

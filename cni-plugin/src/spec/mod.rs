@@ -33,8 +33,9 @@ mod tests;
 
 pub use args::{ArgsError, CniArgs};
 pub use config::{
-    Attachment, Bandwidth, ConfigError, IpamConf, LEGACY_ATTACHMENTS_KEY, NetConf, PortMapping,
-    Protocol, RuntimeConfig, VALID_ATTACHMENTS_KEY, parse_unicast_mac,
+    Attachment, Bandwidth, ConfigError, DEFAULT_MTU, IpamConf, LEGACY_ATTACHMENTS_KEY, Limit,
+    NetConf, PortMapping, Protocol, RuntimeConfig, Shaping, VALID_ATTACHMENTS_KEY,
+    parse_unicast_mac,
 };
 pub use env::{Command, EnvError, Environment};
 pub use error::{CniError, ErrorCode};

@@ -5,9 +5,10 @@
 //!
 //! This module owns the threads (`spawn_in`, `run_in`, `Background`); `tcp` and `udp`
 //! own the traffic itself (`bulk`: one-way transfers checked byte for byte); `probe` runs the one client that must be a process of its
-//! own (in a cgroup); `spoof` sends what an attacker in a pod would.
+//! own (in a cgroup); `iperf` runs iperf3; `spoof` sends what an attacker in a pod would.
 
 pub mod bulk;
+pub mod iperf;
 mod probe;
 mod raw;
 pub mod spoof;

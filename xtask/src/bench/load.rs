@@ -7,7 +7,6 @@ use std::{
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     os::fd::AsFd,
-    process::{Child, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -17,8 +16,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, bail};
-use ebpf_cni_tests::{netns::Netns, traffic::spawn_in};
+use anyhow::Context;
+use ebpf_cni_tests::{
+    netns::Netns,
+    traffic::{iperf, spawn_in},
+};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,55 +32,9 @@ pub fn throughput(
     server_ip: Ipv4Addr,
     seconds: u32,
 ) -> anyhow::Result<f64> {
-    let port = "5201";
-    let mut daemon = KillOnDrop(
-        server
-            .command("iperf3")
-            .args(["-s", "-1", "-p", port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start iperf3 -s")?,
-    );
-    // iperf3 needs a moment to listen; its client retries are not configurable.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let out = client
-            .command("iperf3")
-            .args([
-                "-c",
-                &server_ip.to_string(),
-                "-p",
-                port,
-                "-t",
-                &seconds.to_string(),
-                "-J",
-            ])
-            .output()
-            .context("cannot run iperf3 -c")?;
-        // iperf3 -J can exit 0 with an "error" (server not listening yet): retried.
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if let (true, Some(bps)) = (
-            out.status.success(),
-            report["end"]["sum_received"]["bits_per_second"].as_f64(),
-        ) {
-            let _ = daemon.0.wait();
-            return Ok(bps / 1e9);
-        }
-        if Instant::now() > deadline {
-            bail!("iperf3 to {server_ip} failed: {}", report["error"]);
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    let report =
+        iperf::stream(client, server, server_ip, seconds, &[]).map_err(anyhow::Error::msg)?;
+    Ok(report.received_bps / 1e9)
 }
 
 /// A server thread in `netns` answering each byte with one byte, on every connection

@@ -1,6 +1,7 @@
 //! The network configuration on stdin: typed fields this plugin reads, everything else
 //! kept, and the original JSON kept whole for delegation to the IPAM plugin.
 
+mod bandwidth;
 mod runtime;
 mod validate;
 
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+pub use bandwidth::{DEFAULT_MTU, Limit, Shaping};
 pub use runtime::{Bandwidth, PortMapping, Protocol, RuntimeConfig, parse_unicast_mac};
 
 use super::env::Command;
@@ -95,6 +97,9 @@ pub struct NetConf {
     /// Our own key `ipamTimeout`: seconds one run of the IPAM plugin may take (1 to 600;
     /// default: `ipam::DEFAULT_TIMEOUT`).
     pub ipam_timeout: Option<u64>,
+    /// The bandwidth plugin's keys at the top level (`ingressRate`...), `None` when
+    /// none is there; [`NetConf::shaping`] reads them with `runtimeConfig.bandwidth`.
+    pub bandwidth: Option<Bandwidth>,
     pub runtime_config: RuntimeConfig,
     pub prev_result: Option<Value>,
     /// The GC list: the union of both attachment keys, `None` when neither was sent.
@@ -110,7 +115,7 @@ pub struct NetConf {
 
 /// The top-level keys this plugin reads; a key equal to one of them under Go's case-
 /// insensitive rule (`spec::go_json`) is that key.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 17] = [
     "cniVersion",
     "name",
     "type",
@@ -120,14 +125,21 @@ const KEYS: [&str; 13] = [
     "clusterCIDRs",
     "daemonSocket",
     "ipamTimeout",
+    BANDWIDTH_KEYS[0],
+    BANDWIDTH_KEYS[1],
+    BANDWIDTH_KEYS[2],
+    BANDWIDTH_KEYS[3],
     "runtimeConfig",
     "prevResult",
     VALID_ATTACHMENTS_KEY,
     LEGACY_ATTACHMENTS_KEY,
 ];
 
+/// The bandwidth plugin's top-level keys.
+const BANDWIDTH_KEYS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
+
 /// Whether `command` acts on the top-level `key`. Only ADD reads the pod's settings
-/// (`mtu`, `ipMasq`, `clusterCIDRs`, `runtimeConfig`) strictly, and `ipamTimeout` (the
+/// (`mtu`, `ipMasq`, `clusterCIDRs`, the bandwidth keys, `runtimeConfig`) strictly, and `ipamTimeout` (the
 /// other verbs fall back to the default when it is unreadable), and only GC the
 /// attachment lists;
 /// everything else is needed by every verb (`daemonSocket` and `ipam` to find the daemon
@@ -137,6 +149,7 @@ fn acts_on(command: Command, key: &str) -> bool {
         "mtu" | "ipMasq" | "clusterCIDRs" | "runtimeConfig" | "ipamTimeout" => {
             command == Command::Add
         }
+        key if BANDWIDTH_KEYS.contains(&key) => command == Command::Add,
         VALID_ATTACHMENTS_KEY | LEGACY_ATTACHMENTS_KEY => command == Command::Gc,
         _ => true,
     }
@@ -185,6 +198,7 @@ impl NetConf {
             cluster_cidrs: fields.optional("clusterCIDRs")?.unwrap_or_default(),
             daemon_socket: fields.optional("daemonSocket")?,
             ipam_timeout: fields.optional("ipamTimeout")?,
+            bandwidth: fields.bandwidth()?,
             runtime_config: fields.optional("runtimeConfig")?.unwrap_or_default(),
             prev_result: fields.map.remove("prevResult"),
             valid_attachments: union(valid, legacy),
@@ -278,6 +292,20 @@ impl<S: Fn(&str) -> bool> Fields<S> {
                 Ok(None)
             }
         }
+    }
+}
+
+impl<S: Fn(&str) -> bool> Fields<S> {
+    /// The bandwidth plugin's keys, `None` when none is there.
+    fn bandwidth(&mut self) -> Result<Option<Bandwidth>, ConfigError> {
+        let [ingress_rate, ingress_burst, egress_rate, egress_burst] = BANDWIDTH_KEYS;
+        let bandwidth = Bandwidth {
+            ingress_rate: self.optional(ingress_rate)?,
+            ingress_burst: self.optional(ingress_burst)?,
+            egress_rate: self.optional(egress_rate)?,
+            egress_burst: self.optional(egress_burst)?,
+        };
+        Ok((bandwidth != Bandwidth::default()).then_some(bandwidth))
     }
 }
 

@@ -27,6 +27,7 @@ impl NetConf {
     /// - for ADD, the only verb that acts on them: `mtu` is in 68..=65535, `ipamTimeout`
     ///   in 1..=600;
     ///   `runtimeConfig.mac` is a unicast MAC; port mappings have non-zero ports;
+    ///   bandwidth limits are whole (see [`NetConf::shaping`]);
     ///   `runtimeConfig.ips` are addresses or CIDRs (code 7). DEL, CHECK and GC do not
     ///   refuse what they do not use (see [`NetConf::parse_for`]);
     /// - CHECK has a `prevResult` and GC a valid-attachments list (code 7). A GC without
@@ -121,6 +122,7 @@ impl NetConf {
         }
         let rc = &self.runtime_config;
         self.checked_runtime_mac()?;
+        self.checked_own_shaping()?;
         for (i, mapping) in rc.port_mappings.iter().enumerate() {
             if mapping.host_port == 0 || mapping.container_port == 0 {
                 return Err(ConfigError::invalid(

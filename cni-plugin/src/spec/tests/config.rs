@@ -5,7 +5,8 @@ use serde_json::{Value, json};
 
 use super::{code_of, error_of};
 use crate::spec::{
-    Attachment, Bandwidth, CniVersion, Command, NetConf, PortMapping, Protocol, parse_unicast_mac,
+    Attachment, Bandwidth, CniVersion, Command, Limit, NetConf, PortMapping, Protocol,
+    parse_unicast_mac,
 };
 
 const ADD_FULL: &str = include_str!("../fixtures/add_full.json");
@@ -107,10 +108,10 @@ fn full_add_config_reads_runtime_config() {
     assert_eq!(
         rc.bandwidth,
         Some(Bandwidth {
-            ingress_rate: Some(2048),
-            ingress_burst: Some(1600),
-            egress_rate: Some(4096),
-            egress_burst: Some(1600)
+            ingress_rate: Some(2_048_000),
+            ingress_burst: Some(800_000),
+            egress_rate: Some(4_096_000),
+            egress_burst: Some(800_000)
         })
     );
     assert_eq!(rc.ips, ["10.1.0.42/16"]);
@@ -521,4 +522,71 @@ fn cluster_cidrs_are_read_and_bad_ones_are_code_7() {
     bad["clusterCIDRs"] = json!(["10.244.0.0/33"]);
     let error = NetConf::parse(bad.to_string().as_bytes()).expect_err("an invalid prefix");
     assert_eq!(error.code.code(), 7, "{error:?}");
+}
+
+#[test]
+fn bandwidth_keys_of_the_config_win_over_the_runtimes_and_zero_means_no_limit() {
+    let runtime = json!({"bandwidth": {"ingressRate": 50_000_000, "ingressBurst": 5_000_000}});
+    let conf = minimal_with(
+        "1.1.0",
+        json!({"EgressRate": 8_000_000, "egressBurst": 80_000, "runtimeConfig": runtime}),
+    );
+    let shaping = conf.shaping(1500).expect("valid limits");
+    assert_eq!(shaping.ingress, None, "the runtime's keys are not read");
+    assert_eq!(
+        shaping.egress,
+        Some(Limit {
+            rate: 8_000_000,
+            burst: 80_000
+        })
+    );
+    let conf = minimal_with("1.1.0", json!({"runtimeConfig": runtime}));
+    assert_eq!(
+        conf.shaping(1500).expect("valid").ingress,
+        Some(Limit {
+            rate: 50_000_000,
+            burst: 5_000_000
+        })
+    );
+    let zero = json!({"bandwidth": {"ingressRate": 0, "ingressBurst": 0}});
+    let conf = minimal_with("1.1.0", json!({"runtimeConfig": zero}));
+    assert!(conf.shaping(1500).expect("valid").is_none());
+}
+
+#[test]
+fn bandwidth_without_its_pair_or_out_of_range_is_code_7_naming_the_key() {
+    let cases = [
+        (json!({"ingressRate": 1_000_000}), "ingressBurst"),
+        (json!({"egressBurst": 1_000_000}), "egressRate"),
+        (
+            json!({"ingressRate": 7, "ingressBurst": 100_000}),
+            "ingressRate",
+        ),
+        (
+            json!({"egressRate": 1_000_000, "egressBurst": 8 * (1u64 << 32)}),
+            "egressBurst",
+        ),
+        // One packet of the 1500-byte MTU is 12000 bits.
+        (
+            json!({"egressRate": 1_000_000, "egressBurst": 11_999}),
+            "egressBurst",
+        ),
+    ];
+    for (keys, named) in cases {
+        let conf = minimal_with("1.1.0", keys.clone());
+        let error = error_of(conf.validate_for(Command::Add));
+        assert_eq!(error.code.code(), 7, "{keys}");
+        let text = format!("{} {}", error.msg, error.details);
+        assert!(text.contains(named), "{keys}: {text}");
+        let in_runtime = minimal_with("1.1.0", json!({"runtimeConfig": {"bandwidth": keys}}));
+        let error = error_of(in_runtime.validate_for(Command::Add));
+        let text = format!("{} {}", error.msg, error.details);
+        assert!(
+            text.contains(&format!("runtimeConfig.bandwidth.{named}")),
+            "{text}"
+        );
+    }
+    // DEL does not refuse what it does not act on.
+    let conf = minimal_with("1.1.0", json!({"ingressRate": 1_000_000}));
+    conf.validate_for(Command::Del).expect("DEL passes");
 }

@@ -87,7 +87,7 @@ fn mixed_case_keys_at_every_level_are_read_as_go_reads_them() {
         "IPAM": {"Type": "host-local", "Subnet": "10.244.1.0/24"},
         "RuntimeConfig": {
             "PortMappings": [{"hostport": 8080, "CONTAINERPORT": 80, "protocol": "udp", "hostIp": "192.0.2.1"}],
-            "Bandwidth": {"IngressRate": 1000, "egressburst": 10},
+            "Bandwidth": {"IngressRate": 1000, "ingressBURST": 12000},
             "IPs": ["10.244.1.9/24"],
             "MAC": "c2:00:00:00:00:01",
         },
@@ -112,8 +112,8 @@ fn mixed_case_keys_at_every_level_are_read_as_go_reads_them() {
         );
         let bandwidth = rc.bandwidth.expect("bandwidth");
         assert_eq!(
-            (bandwidth.ingress_rate, bandwidth.egress_burst),
-            (Some(1000), Some(10))
+            (bandwidth.ingress_rate, bandwidth.ingress_burst),
+            (Some(1000), Some(12000))
         );
         assert_eq!(rc.ips, ["10.244.1.9/24"]);
         assert_eq!(rc.mac.as_deref(), Some("c2:00:00:00:00:01"));

@@ -1,0 +1,240 @@
+//! Bandwidth limits (`runtimeConfig.bandwidth` and the plugin's own keys): a TCP stream
+//! in each direction holds to the rate, the burst passes at once after an idle time,
+//! CHECK finds a limit that is gone, DEL takes the qdiscs with the veths, and the daemon
+//! shows the limits. The shaped pod's peer is another pod of the node, so what it
+//! receives comes through the datapath's redirect (see `endpoint_flags::SHAPED`).
+
+use std::time::{Duration, Instant};
+
+use ebpf_cni_tests::{
+    cni::Call,
+    netns::Netns,
+    node::{Node, Pod, socket},
+    require_root,
+    traffic::{bulk, iperf},
+};
+use serde_json::{Value, json};
+
+fn limits(rate: u64, burst: u64) -> Value {
+    json!({"bandwidth": {
+        "ingressRate": rate, "ingressBurst": burst,
+        "egressRate": rate, "egressBurst": burst,
+    }})
+}
+
+/// The pod's host veth's name, as the daemon lists it.
+fn host_veth(node: &Node, pod: &Pod) -> String {
+    node.endpoint(pod)["host_veth"]
+        .as_str()
+        .expect("a host veth")
+        .to_owned()
+}
+
+/// The root qdisc of `device` in `netns` as `tc -j` shows it.
+fn root_qdisc(netns: &Netns, device: &str) -> Value {
+    let out = netns.run("tc", &["-j", "qdisc", "show", "dev", device, "root"]);
+    let shown: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|error| panic!("tc -j: {error}: {}", String::from_utf8_lossy(&out.stderr)));
+    shown[0].clone()
+}
+
+/// Streams 10 s from `client` to `server`'s `server_ip` (reversed with `-R`) and checks
+/// the goodput is within 10% of `rate`.
+fn assert_held(what: &str, client: &Netns, server: &Pod, options: &[&str], rate: u64) {
+    let report = iperf::stream(client, &server.netns, server.ip, 10, options)
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    let ratio = report.received_bps / rate as f64;
+    println!(
+        "{what}: {:.1} Mbit/s received for a {} Mbit/s limit ({:.3}), {} retransmits",
+        report.received_bps / 1e6,
+        rate / 1_000_000,
+        ratio,
+        report.retransmits
+    );
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "{what}: {:.1} Mbit/s for a {} Mbit/s limit ({report:?})",
+        report.received_bps / 1e6,
+        rate / 1_000_000
+    );
+}
+
+#[test]
+fn a_tcp_stream_in_each_direction_holds_to_50_and_500_mbit_limits() {
+    require_root();
+    let node = Node::start("10.244.60.0/24");
+    let peer = node.add_pod("bw-peer");
+    // Ceiling first: what this machine carries between two pods without a limit.
+    let free = node.add_pod("bw-free");
+    let ceiling = iperf::stream(&peer.netns, &free.netns, free.ip, 3, &[])
+        .expect("an unlimited stream")
+        .received_bps;
+    println!("ceiling between two pods: {:.0} Mbit/s", ceiling / 1e6);
+    for (rate, tag) in [(50_000_000u64, "bw-50"), (500_000_000, "bw-500")] {
+        assert!(
+            ceiling > 1.5 * rate as f64,
+            "this machine carries {:.0} Mbit/s between two pods: a {} Mbit/s limit cannot \
+             be told from the ceiling",
+            ceiling / 1e6,
+            rate / 1_000_000
+        );
+        // A burst of 100 ms at the rate, 1% of what a 10 s stream carries.
+        let shaped = node.add_pod_with(tag, &limits(rate, rate / 10));
+        assert_held(&format!("{tag} ingress"), &peer.netns, &shaped, &[], rate);
+        assert_held(
+            &format!("{tag} egress"),
+            &peer.netns,
+            &shaped,
+            &["-R"],
+            rate,
+        );
+    }
+}
+
+/// Sends `size` bytes from `from` to `to` (a pod) and returns how long it took.
+fn timed_send(from: &Netns, to: &Pod, port: u16, size: usize) -> Duration {
+    let sink = bulk::sink(&to.netns, port, size);
+    let started = Instant::now();
+    bulk::send(from, socket(&to.ip.to_string(), port), size).expect("the transfer");
+    let (_, intact) = sink.join().expect("the sink");
+    assert!(intact, "the transfer arrived damaged");
+    started.elapsed()
+}
+
+#[test]
+fn the_burst_passes_at_once_after_an_idle_time_and_the_rate_holds_after_it() {
+    require_root();
+    let node = Node::start("10.244.61.0/24");
+    let peer = node.add_pod("burst-peer");
+    // 10 Mbit/s with a 5 MB bucket: 4 MB fit in the full bucket; the next 4 MB find
+    // about 1 MB left and wait for the rest at the rate (about 2.4 s).
+    let (rate, burst) = (10_000_000u64, 40_000_000u64);
+    let shaped = node.add_pod_with("burst", &limits(rate, burst));
+    let size = 4_000_000;
+    let at_rate = Duration::from_secs_f64(size as f64 * 8.0 / rate as f64);
+
+    // Into the pod (its ingress limit), then out of it (its egress limit), each after
+    // the bucket had time to fill again.
+    for (what, port) in [("ingress", 7001u16), ("egress", 7002)] {
+        std::thread::sleep(Duration::from_secs_f64(burst as f64 / rate as f64));
+        let (from, to) = match what {
+            "ingress" => (&peer.netns, &shaped),
+            _ => (&shaped.netns, &peer),
+        };
+        let first = timed_send(from, to, port, size);
+        let second = timed_send(from, to, port + 10, size);
+        println!("{what}: 4 MB in {first:?} with a full bucket, then 4 MB in {second:?}");
+        assert!(
+            first < at_rate / 2,
+            "{what}: the burst did not pass at once: {first:?} (at the rate: {at_rate:?})"
+        );
+        assert!(
+            second > at_rate / 2,
+            "{what}: the rate did not hold once the bucket was empty: {second:?}"
+        );
+    }
+}
+
+#[test]
+fn check_finds_a_missing_limit_del_takes_the_qdiscs_and_the_daemon_shows_the_limits() {
+    require_root();
+    let node = Node::start("10.244.62.0/24");
+    let runtime = json!({"bandwidth": {
+        "ingressRate": 20_000_000, "ingressBurst": 2_000_000,
+        "egressRate": 30_000_000, "egressBurst": 3_000_000,
+    }});
+    let (netns, outcome) = node.try_add("bw-check", &runtime);
+    let result = outcome.ok();
+    let pod = Pod {
+        container_id: "bw-check".to_owned(),
+        ip: ebpf_cni_tests::cni::first_ip(&result),
+        netns,
+    };
+    let veth = host_veth(&node, &pod);
+
+    // Both ends carry a tbf: the host veth for what the pod receives (20 Mbit/s is
+    // 2.5 MB/s), the pod's interface for what it sends.
+    let ingress = root_qdisc(&node.netns, &veth);
+    assert_eq!(ingress["kind"], "tbf", "{ingress}");
+    assert_eq!(ingress["options"]["rate"], 2_500_000, "{ingress}");
+    let egress = root_qdisc(&pod.netns, "eth0");
+    assert_eq!(egress["kind"], "tbf", "{egress}");
+    assert_eq!(egress["options"]["rate"], 3_750_000, "{egress}");
+
+    let endpoint = node.endpoint(&pod);
+    assert_eq!(
+        endpoint["bandwidth"],
+        json!({"ingress_rate": 20_000_000, "ingress_burst": 2_000_000,
+               "egress_rate": 30_000_000, "egress_burst": 3_000_000}),
+        "{endpoint}"
+    );
+    let table = node.instance.cli(&["endpoints"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("in 20M/2M out 30M/3M"), "{table}");
+
+    let mut config = node.network.config("1.1.0");
+    config["runtimeConfig"] = runtime.clone();
+    config["prevResult"] = result;
+    let check = || Call::new("CHECK", "bw-check", "eth0", Some(&pod.netns), &config);
+    check().run(&node.netns).ok();
+
+    // Asked for other limits, CHECK tells the difference.
+    let mut other = config.clone();
+    other["runtimeConfig"]["bandwidth"]["egressRate"] = json!(40_000_000);
+    let error = Call::new("CHECK", "bw-check", "eth0", Some(&pod.netns), &other)
+        .run(&node.netns)
+        .error(106);
+    assert!(
+        error["msg"].as_str().is_some_and(|m| m.contains("egress")),
+        "{error}"
+    );
+
+    // A limit taken away behind the plugin's back fails CHECK, on either end.
+    ebpf_cni_tests::netns::run_ok(
+        pod.netns
+            .command("tc")
+            .args(["qdisc", "del", "dev", "eth0", "root"]),
+    );
+    let error = check().run(&node.netns).error(106);
+    assert!(
+        error["msg"].as_str().is_some_and(|m| m.contains("egress")),
+        "{error}"
+    );
+
+    Call::new("DEL", "bw-check", "eth0", Some(&pod.netns), &config)
+        .run(&node.netns)
+        .ok();
+    assert!(node.host_veths().is_empty(), "DEL left the host veth");
+    let endpoints = node.instance.cli_json(&["endpoints"]);
+    assert_eq!(endpoints, json!([]), "DEL left the record");
+}
+
+#[test]
+fn the_plugins_own_keys_win_over_the_runtimes_as_in_the_bandwidth_plugin() {
+    require_root();
+    let node = Node::start("10.244.63.0/24");
+    let mut config = node.network.config("1.1.0");
+    config["ingressRate"] = json!(8_000_000);
+    config["ingressBurst"] = json!(800_000);
+    config["runtimeConfig"] = limits(50_000_000, 5_000_000);
+    let netns = Netns::new("pod");
+    Call::new("ADD", "bw-own", "eth0", Some(&netns), &config)
+        .run(&node.netns)
+        .ok();
+    let endpoints = node.instance.cli_json(&["endpoints"]);
+    assert_eq!(
+        endpoints[0]["bandwidth"],
+        json!({"ingress_rate": 8_000_000, "ingress_burst": 800_000,
+               "egress_rate": null, "egress_burst": null}),
+        "{endpoints}"
+    );
+    let veth = endpoints[0]["host_veth"]
+        .as_str()
+        .expect("a veth")
+        .to_owned();
+    assert_eq!(root_qdisc(&node.netns, &veth)["options"]["rate"], 1_000_000);
+    assert_ne!(root_qdisc(&netns, "eth0")["kind"], "tbf");
+    Call::new("DEL", "bw-own", "eth0", Some(&netns), &config)
+        .run(&node.netns)
+        .ok();
+}
