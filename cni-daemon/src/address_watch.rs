@@ -1,19 +1,21 @@
-//! The watcher of the node's IPv4 addresses and default route: an async task of the
-//! front that listens to rtnetlink's announcements and has the node follow them
-//! (`Node::sync_node_addrs`, `Node::follow_uplink`) on a blocking thread, then
-//! publishes the node's view for the readiness and the metrics (its uplinks).
+//! The watcher of the node's IPv4 addresses, default route and root qdiscs: an async
+//! task of the front that listens to rtnetlink's announcements and has the node follow
+//! them (`Node::sync_node_addrs`, `Node::follow_uplink`, `Node::follow_root_qdisc`) on
+//! a blocking thread, then publishes the node's view for the readiness and the metrics
+//! (its uplinks).
 
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use rtnetlink::{
-    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE},
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_TC},
     packet_core::NetlinkPayload,
-    packet_route::RouteNetlinkMessage,
+    packet_route::{RouteNetlinkMessage, tc::TcHandle},
     sys::{AsyncSocket, SocketAddr},
 };
 
 use crate::{
+    datapath::tc_block,
     metrics::{NodeView, Telemetry},
     node::Node,
 };
@@ -31,7 +33,7 @@ pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
             return;
         }
     };
-    let groups = SocketAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE);
+    let groups = SocketAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_TC);
     if let Err(error) = connection.socket_mut().socket_mut().bind(&groups) {
         tracing::warn!(%error, "cannot watch the node's addresses");
         return;
@@ -51,6 +53,22 @@ pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
             let synced = match change {
                 Change::Address => node.sync_node_addrs().map(Some),
                 Change::DefaultRoute => node.follow_uplink().map(|()| None),
+                Change::RootQdisc { ifindex, queued } => {
+                    let changed = node.follow_root_qdisc(ifindex, queued);
+                    if let Ok(true) = changed {
+                        tracing::info!(
+                            ifindex,
+                            queued,
+                            "a pod's host veth root qdisc changed: its frames go {}",
+                            if queued {
+                                "through it"
+                            } else {
+                                "straight into the pod"
+                            }
+                        );
+                    }
+                    changed.map(|_| None)
+                }
             };
             telemetry.publish(NodeView::of(&node));
             synced
@@ -74,6 +92,10 @@ enum Change {
     /// A default IPv4 route (0.0.0.0/0) came or went: source NAT may have to follow it.
     /// Other routes (a pod's /32 at every ADD) change nothing here.
     DefaultRoute,
+    /// Link `ifindex`'s root qdisc came (`queued`, when it is not `noqueue`) or went: a
+    /// pod on that host veth must get its frames through it (a rate limit's `tbf`,
+    /// perhaps the reference bandwidth plugin's after ebpf-cni in a chain).
+    RootQdisc { ifindex: u32, queued: bool },
 }
 
 impl Change {
@@ -85,6 +107,22 @@ impl Change {
             NetlinkPayload::InnerMessage(
                 RouteNetlinkMessage::NewRoute(route) | RouteNetlinkMessage::DelRoute(route),
             ) if route.header.destination_prefix_length == 0 => Some(Self::DefaultRoute),
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(qdisc))
+                if qdisc.header.parent == TcHandle::ROOT =>
+            {
+                Some(Self::RootQdisc {
+                    ifindex: u32::try_from(qdisc.header.index).ok()?,
+                    queued: tc_block::is_queue(qdisc),
+                })
+            }
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelQueueDiscipline(qdisc))
+                if qdisc.header.parent == TcHandle::ROOT =>
+            {
+                Some(Self::RootQdisc {
+                    ifindex: u32::try_from(qdisc.header.index).ok()?,
+                    queued: false,
+                })
+            }
             _ => None,
         }
     }

@@ -10,7 +10,7 @@
 //! daemon.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     io::{self, Write},
     net::{IpAddr, Ipv4Addr},
@@ -21,7 +21,7 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use cni_ebpf_common::{EndpointInfo, EndpointKey, endpoint_flags};
 
-use cni_api::{Bandwidth, Endpoint, EndpointId, naming};
+use cni_api::{Endpoint, EndpointId, naming};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -50,6 +50,9 @@ pub struct Endpoints {
     dir: PathBuf,
     records: BTreeMap<EndpointId, Endpoint>,
     map: HashMap<MapData, EndpointKey, EndpointInfo>,
+    /// Host veths (by index) with a root qdisc: their pods' frames go through it
+    /// (`endpoint_flags::SHAPED`).
+    queued: BTreeSet<u32>,
 }
 
 impl Endpoints {
@@ -65,6 +68,7 @@ impl Endpoints {
             dir: dir.to_owned(),
             records: BTreeMap::new(),
             map,
+            queued: BTreeSet::new(),
         };
         let mut gone = Vec::new();
         let mut bad = Vec::new();
@@ -112,6 +116,14 @@ impl Endpoints {
         if !bad.is_empty() {
             endpoints.rebuild(bad)?;
         }
+        endpoints.queued = match crate::datapath::tc_block::queued_links(None) {
+            Ok(queued) => queued,
+            Err(error) => {
+                // Through the host veth is right for every pod, only slower.
+                tracing::warn!(%error, "cannot list the qdiscs: every pod's frames go through its host veth");
+                endpoints.records.values().map(|e| e.host_ifindex).collect()
+            }
+        };
         endpoints.rewrite_map()?;
         Ok((endpoints, gone))
     }
@@ -120,9 +132,9 @@ impl Endpoints {
     /// has: the host veth that carries the id in its alias (`ebpf-cni/<network>/<container
     /// id>/<ifname>`) or the plugin's name for it ([`naming::host_veth`]; the network is
     /// then the other records' one) and the endpoints map's entries for that veth (addresses, MACs,
-    /// masquerading, whether it is shaped). What only the record held is lost: the netns
-    /// path, the port mappings (the pod's hostPorts come back with its next ADD) and the
-    /// bandwidth limits' values (the qdiscs that enforce them stay);
+    /// masquerading). What only the record held is lost: the netns path, the port
+    /// mappings (the pod's hostPorts come back with its next ADD) and the bandwidth
+    /// limits' values (the qdiscs that enforce them stay, and are still honoured);
     /// the cluster ranges are taken from another endpoint of the same network. An id
     /// with no such veth, or no entry in the map, is dropped.
     fn rebuild(&mut self, ids: Vec<EndpointId>) -> Result<(), EndpointError> {
@@ -202,10 +214,7 @@ impl Endpoints {
                 masquerade: info.flags & endpoint_flags::MASQUERADE != 0,
                 cluster_cidrs,
                 port_mappings: Vec::new(),
-                // The limits themselves were only in the record; the qdiscs that enforce
-                // them are still on the veths, and the flag keeps the pod's frames going
-                // through its host veth's.
-                bandwidth: (info.flags & endpoint_flags::SHAPED != 0).then(Bandwidth::default),
+                bandwidth: None,
                 gateway,
                 pod: None,
             };
@@ -225,7 +234,7 @@ impl Endpoints {
     /// Refuses `endpoint` when one of its addresses belongs to another endpoint, or its
     /// MACs do not parse; changes nothing.
     pub fn check(&self, endpoint: &Endpoint) -> Result<(), EndpointError> {
-        endpoint_info(endpoint)?;
+        endpoint_info(endpoint, false)?;
         for addr in endpoint.ips.iter().map(ipnet::IpNet::addr) {
             if let Some(owner) = self.owner_of(addr).filter(|owner| owner.id != endpoint.id) {
                 return Err(EndpointError::AddressTaken {
@@ -243,7 +252,14 @@ impl Endpoints {
     /// failure (a full map, a failed write) the map and the records are as they were.
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), EndpointError> {
         self.check(&endpoint)?;
-        let info = endpoint_info(&endpoint)?;
+        let queued = match crate::datapath::tc_block::queued_links(Some(endpoint.host_ifindex)) {
+            Ok(queued) => !queued.is_empty(),
+            Err(error) => {
+                tracing::warn!(%error, veth = %endpoint.host_veth, "cannot list the veth's qdiscs: its frames go through it");
+                true
+            }
+        };
+        let info = endpoint_info(&endpoint, queued)?;
         let previous = self.records.get(&endpoint.id).cloned();
         let new_keys: Vec<EndpointKey> = ipv4_keys(&endpoint).collect();
         let old_keys: Vec<EndpointKey> = previous.iter().flat_map(ipv4_keys).collect();
@@ -271,8 +287,41 @@ impl Endpoints {
             ips = ?endpoint.ips,
             "endpoint attached"
         );
+        if queued {
+            self.queued.insert(endpoint.host_ifindex);
+        } else {
+            self.queued.remove(&endpoint.host_ifindex);
+        }
         self.records.insert(endpoint.id.clone(), endpoint);
         Ok(())
+    }
+
+    /// Follows a change of link `ifindex`'s root qdisc (`queued`: a qdisc other than
+    /// the veth's default `noqueue`): the map entries of the endpoint on that host veth
+    /// get the flag or lose it. Returns whether anything changed; a link that is no
+    /// endpoint's changes nothing.
+    pub fn set_queued(&mut self, ifindex: u32, queued: bool) -> Result<bool, EndpointError> {
+        let owners: Vec<Endpoint> = self
+            .records
+            .values()
+            .filter(|endpoint| endpoint.host_ifindex == ifindex)
+            .cloned()
+            .collect();
+        if owners.is_empty() || self.queued.contains(&ifindex) == queued {
+            return Ok(false);
+        }
+        for endpoint in &owners {
+            let info = endpoint_info(endpoint, queued)?;
+            for key in ipv4_keys(endpoint) {
+                self.map.insert(key, info, 0)?;
+            }
+        }
+        if queued {
+            self.queued.insert(ifindex);
+        } else {
+            self.queued.remove(&ifindex);
+        }
+        Ok(true)
     }
 
     /// Undoes a part-done [`Self::attach`]: the keys `inserted` go, and `previous`'s
@@ -282,7 +331,7 @@ impl Endpoints {
             let _ = crate::maps::removed(self.map.remove(key));
         }
         if let Some(previous) = previous
-            && let Ok(info) = endpoint_info(previous)
+            && let Ok(info) = endpoint_info(previous, self.queued.contains(&previous.host_ifindex))
         {
             for key in ipv4_keys(previous) {
                 let _ = self.map.insert(key, info, 0);
@@ -350,7 +399,7 @@ impl Endpoints {
         let records: Vec<Endpoint> = self.records.values().cloned().collect();
         let mut wanted = Vec::new();
         for endpoint in &records {
-            let info = endpoint_info(endpoint)?;
+            let info = endpoint_info(endpoint, self.queued.contains(&endpoint.host_ifindex))?;
             for key in ipv4_keys(endpoint) {
                 self.map.insert(key, info, 0)?;
                 wanted.push(key.addr);
@@ -389,15 +438,13 @@ fn format_mac(mac: [u8; 6]) -> String {
         .join(":")
 }
 
-/// The map value of `endpoint`.
-fn endpoint_info(endpoint: &Endpoint) -> Result<EndpointInfo, EndpointError> {
+/// The map value of `endpoint`; `queued`: its host veth has a root qdisc.
+fn endpoint_info(endpoint: &Endpoint, queued: bool) -> Result<EndpointInfo, EndpointError> {
     let mut flags = 0;
     if endpoint.masquerade {
         flags |= endpoint_flags::MASQUERADE;
     }
-    // Any limit, not only an ingress one: a record rebuilt from the map knows that the
-    // pod was shaped, not in which direction.
-    if endpoint.bandwidth.is_some() {
+    if queued {
         flags |= endpoint_flags::SHAPED;
     }
     Ok(EndpointInfo {

@@ -374,6 +374,13 @@ impl Node {
         Ok(self.nat.follow_uplink(&mut self.datapath)?)
     }
 
+    /// After a change of link `ifindex`'s root qdisc (`queued`: one other than the
+    /// veth's default): the pod on that host veth gets its frames through it or straight
+    /// again (`Endpoints::set_queued`). Returns whether anything changed.
+    pub fn follow_root_qdisc(&mut self, ifindex: u32, queued: bool) -> Result<bool, NodeError> {
+        Ok(self.endpoints.set_queued(ifindex, queued)?)
+    }
+
     /// Has `detached` notified after every endpoint detached (DEL, GC): the NAT sweeper
     /// then removes the pod's flows without waiting for its next round.
     pub fn on_detach(&mut self, detached: Arc<Notify>) {

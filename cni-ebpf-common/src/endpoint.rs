@@ -32,9 +32,10 @@ pub struct EndpointInfo {
 pub mod endpoint_flags {
     /// Traffic from this pod to outside the cluster ranges is source-NATed.
     pub const MASQUERADE: u16 = 1 << 0;
-    /// The pod has an ingress rate limit: the `tbf` qdisc on its host veth. Frames for it
-    /// are redirected to that veth's egress, through the qdisc, instead of straight into
-    /// the pod with `bpf_redirect_peer`, which skips every qdisc.
+    /// The pod's host veth has a root qdisc: a rate limit's `tbf` (the plugin's, or the
+    /// reference `bandwidth` plugin's after it in a chain) or an operator's. Frames for
+    /// the pod are redirected to that veth's egress, through the qdisc, instead of
+    /// straight into the pod with `bpf_redirect_peer`, which skips every qdisc.
     pub const SHAPED: u16 = 1 << 1;
 }
 

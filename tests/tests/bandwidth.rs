@@ -238,3 +238,42 @@ fn the_plugins_own_keys_win_over_the_runtimes_as_in_the_bandwidth_plugin() {
         .run(&node.netns)
         .ok();
 }
+
+#[test]
+fn a_qdisc_put_on_a_host_veth_after_add_is_honoured_and_so_is_its_removal() {
+    require_root();
+    let node = Node::start("10.244.64.0/24");
+    let peer = node.add_pod("late-peer");
+    let pod = node.add_pod("late");
+    let veth = host_veth(&node, &pod);
+    // What the reference bandwidth plugin does after ebpf-cni in a chain, or an
+    // operator by hand: a tbf on the host veth, which the datapath must not skip.
+    let rate = 20_000_000u64;
+    ebpf_cni_tests::netns::run_ok(node.netns.command("tc").args([
+        "qdisc", "add", "dev", &veth, "root", "tbf", "rate", "20mbit", "burst", "250000b",
+        "latency", "25ms",
+    ]));
+    let limited = iperf::stream(&peer.netns, &pod.netns, pod.ip, 3, &[])
+        .expect("a stream")
+        .received_bps;
+    println!("with the tbf: {:.1} Mbit/s", limited / 1e6);
+    assert!(
+        (0.85..=1.15).contains(&(limited / rate as f64)),
+        "a 20 Mbit/s tbf put on {veth} after ADD let {:.1} Mbit/s through",
+        limited / 1e6
+    );
+    ebpf_cni_tests::netns::run_ok(
+        node.netns
+            .command("tc")
+            .args(["qdisc", "del", "dev", &veth, "root"]),
+    );
+    let free = iperf::stream(&peer.netns, &pod.netns, pod.ip, 3, &[])
+        .expect("a stream")
+        .received_bps;
+    println!("without it: {:.1} Mbit/s", free / 1e6);
+    assert!(
+        free > 3.0 * rate as f64,
+        "with the tbf gone the pod still gets {:.1} Mbit/s",
+        free / 1e6
+    );
+}

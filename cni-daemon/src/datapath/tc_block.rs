@@ -12,6 +12,8 @@
 //! Block indexes are per network namespace, so every node (and every simulated node of
 //! the tests) uses the same index.
 
+use std::collections::BTreeSet;
+
 use futures::{StreamExt, TryStreamExt};
 use rtnetlink::{
     Handle, LinkVeth,
@@ -248,6 +250,39 @@ async fn bound_block(handle: &Handle, index: u32) -> Result<Option<u32>, TcBlock
                 .unwrap_or(0)
         })
         .next())
+}
+
+/// The links with a root qdisc other than `noqueue` (a veth's default): all of them,
+/// or only link `index` when given.
+pub fn queued_links(index: Option<u32>) -> Result<BTreeSet<u32>, TcBlockError> {
+    with_netlink(move |handle| async move {
+        let mut request = handle.qdisc().get();
+        if let Some(index) = index {
+            request = request.index(index as i32);
+        }
+        let qdiscs: Vec<TcMessage> = request
+            .execute()
+            .try_collect()
+            .await
+            .map_err(netlink("listing the qdiscs"))?;
+        Ok(qdiscs
+            .iter()
+            .filter(|qdisc| index.is_none_or(|index| qdisc.header.index == index as i32))
+            .filter_map(|qdisc| {
+                let index = u32::try_from(qdisc.header.index).ok()?;
+                is_queue(qdisc).then_some(index)
+            })
+            .collect())
+    })
+}
+
+/// Whether `qdisc` (as dumped or announced) is a root qdisc other than `noqueue`.
+pub fn is_queue(qdisc: &TcMessage) -> bool {
+    qdisc.header.parent == TcHandle::ROOT
+        && qdisc
+            .attributes
+            .iter()
+            .any(|attribute| matches!(attribute, TcAttribute::Kind(kind) if kind != "noqueue"))
 }
 
 fn clsact(index: u32) -> TcMessage {

@@ -1,8 +1,8 @@
 //! Handing a frame over: straight into a pod of this node with `bpf_redirect_peer`, as
 //! it is ([`switch`]) or routed ([`deliver`], [`redirect`]), or to the node's stack as
-//! a frame for the host ([`to_stack`]). A pod with an ingress rate limit
-//! ([`endpoint_flags::SHAPED`]) gets its frames through its host veth's egress instead,
-//! where the limit's qdisc is.
+//! a frame for the host ([`to_stack`]). A pod whose host veth has a qdisc (an ingress
+//! rate limit: [`endpoint_flags::SHAPED`]) gets its frames through that veth's egress
+//! instead.
 
 use aya_ebpf::{
     bindings::TC_ACT_OK,
@@ -63,8 +63,8 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
 }
 
 /// The redirect into the pod `destination`: to its interface directly (the host veth's
-/// peer), or, for a pod with an ingress limit, to its host veth's egress, whose `tbf`
-/// qdisc paces the frames before the veth hands them to the pod.
+/// peer), or, when its host veth has a qdisc (an ingress limit's `tbf`), to that veth's
+/// egress, whose qdisc paces the frames before the veth hands them to the pod.
 #[inline(always)]
 fn into_pod(destination: &EndpointInfo) -> i32 {
     // SAFETY: plain helper calls with an ifindex and no flags.

@@ -5,6 +5,7 @@
 //! and repeated, and reported as median (min-max). Figures whose capability is not
 //! built are reported as missing, never invented.
 
+mod bandwidth;
 mod cross_node;
 mod hostport;
 mod load;
@@ -71,12 +72,13 @@ impl Plan {
 const PARALLEL_PODS: usize = 30;
 
 /// The sections, in run order; `--only <name>` runs one (with `--quick`, for work on it).
-pub const SECTIONS: [&str; 6] = [
+pub const SECTIONS: [&str; 7] = [
     "add-del",
     "pod-to-pod",
     "pod-to-external",
     "hostport",
     "cross-node",
+    "bandwidth",
     "memory",
 ];
 
@@ -130,6 +132,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
     section("pod-to-external", &|| pod_to_external(plan))?;
     section("hostport", &|| hostport::hostport(plan))?;
     section("cross-node", &|| cross_node::cross_node(plan))?;
+    section("bandwidth", &|| bandwidth::bandwidth(plan))?;
     section("memory", &memory)?;
     let sections = sections
         .iter()
@@ -156,6 +159,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
             "Reference: Debian's containernetworking-plugins (bridge with isGateway, isDefaultGateway, ipMasq, hairpinMode; host-local; portmap), run as a runtime runs a conflist.".into(),
             "Both simulated nodes' uplinks have IPv4 BIG TCP (GSO/GRO 192 KiB, as a NIC with it switched on): new ebpf-cni pods follow the uplink's size, the reference's bridge ports stay at 64 KiB. The figure \"without BIG TCP\" is two of our pods created before the uplink got it.".into(),
             "TCP_RR and TCP_CRR use the project's own bounded client and server (xtask/src/bench/load.rs); throughput uses iperf3.".into(),
+            "Bandwidth figures: a pod limited both ways (burst: 100 ms at the rate) streams 10 s with iperf3 to or from an unlimited pod while ping runs alongside in the stream's direction. The reference there is bridge + host-local + Debian's bandwidth plugin (tbf on the host veth, ifb + tbf for the pod's egress); the raw veth pair has a tbf of the same rate, burst and 25 ms latency on each end: the qdisc alone, the ceiling.".into(),
             "2 shared cores: absolute numbers are noisy, ratios within one run are what to read.".into(),
             format!(
                 "The run took {:.0} s ({sections}).",

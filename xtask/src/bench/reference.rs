@@ -1,6 +1,7 @@
 //! The reference chain users would otherwise run, from Debian's containernetworking-
-//! plugins: `bridge` (isGateway, ipMasq, hairpinMode) with `host-local`, then `portmap`,
-//! executed the way a runtime executes a conflist (each plugin gets the previous result).
+//! plugins: `bridge` (isGateway, ipMasq, hairpinMode) with `host-local`, then `portmap`
+//! (or `bandwidth`, for the limits' figures), executed the way a runtime executes a
+//! conflist (each plugin gets the previous result).
 
 use std::{
     net::Ipv4Addr,
@@ -101,10 +102,43 @@ impl RefNode {
         )
         .run_plugin(&self.netns, &plugin("portmap"));
         ensure!(portmap.success, "portmap ADD failed: {}", portmap.stdout);
-        result["ips"][0]["address"]
-            .as_str()
-            .and_then(|address| address.split('/').next()?.parse().ok())
-            .context("bridge returned no IPv4 address")
+        first_address(&result)
+    }
+
+    /// ADD through `bridge` and then Debian's `bandwidth` plugin with
+    /// `runtimeConfig.bandwidth` = `limits` (no portmap); returns the pod's address.
+    pub fn add_shaped(
+        &self,
+        container_id: &str,
+        pod: &Netns,
+        limits: &Value,
+    ) -> anyhow::Result<Ipv4Addr> {
+        let bridge = Call::new(
+            "ADD",
+            container_id,
+            "eth0",
+            Some(pod),
+            &self.bridge_config(),
+        )
+        .run_plugin(&self.netns, &plugin("bridge"));
+        ensure!(bridge.success, "bridge ADD failed: {}", bridge.stdout);
+        let result = bridge.json();
+        let config = json!({
+            "cniVersion": "1.0.0",
+            "name": self.name,
+            "type": "bandwidth",
+            "capabilities": { "bandwidth": true },
+            "runtimeConfig": { "bandwidth": limits },
+            "prevResult": result,
+        });
+        let bandwidth = Call::new("ADD", container_id, "eth0", Some(pod), &config)
+            .run_plugin(&self.netns, &plugin("bandwidth"));
+        ensure!(
+            bandwidth.success,
+            "bandwidth ADD failed: {}",
+            bandwidth.stdout
+        );
+        first_address(&result)
     }
 
     /// DEL through the chain, in reverse order as runtimes do.
@@ -154,6 +188,14 @@ impl Drop for RefNode {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
+}
+
+/// The first address of a bridge result.
+fn first_address(result: &Value) -> anyhow::Result<Ipv4Addr> {
+    result["ips"][0]["address"]
+        .as_str()
+        .and_then(|address| address.split('/').next()?.parse().ok())
+        .context("bridge returned no IPv4 address")
 }
 
 fn plugin(name: &str) -> PathBuf {
