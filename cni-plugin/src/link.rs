@@ -351,7 +351,7 @@ impl Netlink {
             .find_map(tbf::dumped))
     }
 
-    /// The IPv4 routes of the main table.
+    /// The IPv4 routes of every table but the local one.
     pub async fn routes_v4(&self) -> Result<Vec<RouteInfo>, LinkError> {
         let messages: Vec<RouteMessage> = self
             .handle
@@ -412,8 +412,9 @@ fn route_info(message: &RouteMessage) -> Option<RouteInfo> {
         message.header.destination_prefix_length,
     )
     .ok()?;
-    // Only the main table: local and broadcast routes live in the local table.
-    (message.header.table == libc::RT_TABLE_MAIN).then_some(RouteInfo { dst, gateway, oif })
+    // Every table but the local one (local and broadcast routes): a chained `sbr` moves
+    // the pod's routes from the main table to one of their own.
+    (message.header.table != libc::RT_TABLE_LOCAL).then_some(RouteInfo { dst, gateway, oif })
 }
 
 /// `aa:bb:cc:dd:ee:ff`.

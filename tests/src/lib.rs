@@ -20,6 +20,7 @@ pub mod big_tcp;
 pub mod bins;
 pub mod bpf_object;
 pub mod cgroup;
+pub mod chain;
 pub mod cluster;
 pub mod cni;
 pub mod daemon;

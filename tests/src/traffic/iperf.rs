@@ -1,5 +1,5 @@
-//! iperf3, the real client operators measure with: one TCP stream of a given length
-//! from a client namespace to a server namespace, as its JSON report tells it.
+//! iperf3, the real client operators measure with: one TCP stream of a given duration
+//! or size from a client namespace to a server namespace, as its JSON report tells it.
 
 use std::{
     net::Ipv4Addr,
@@ -19,6 +19,8 @@ pub struct Report {
     pub sent_bps: f64,
     /// TCP retransmissions the client counted.
     pub retransmits: u64,
+    /// How long the receiver took, from the test's start to the last byte.
+    pub seconds: f64,
 }
 
 /// Streams TCP from `client` to `server_ip` (inside `server`) for `seconds`, with
@@ -29,6 +31,39 @@ pub fn stream(
     server: &Netns,
     server_ip: Ipv4Addr,
     seconds: u32,
+    options: &[&str],
+) -> Result<Report, String> {
+    run(
+        client,
+        server,
+        server_ip,
+        &["-t", &seconds.to_string()],
+        options,
+    )
+}
+
+/// Like [`stream`], for exactly `bytes` bytes (`-n`) instead of a duration.
+pub fn transfer(
+    client: &Netns,
+    server: &Netns,
+    server_ip: Ipv4Addr,
+    bytes: u64,
+    options: &[&str],
+) -> Result<Report, String> {
+    run(
+        client,
+        server,
+        server_ip,
+        &["-n", &bytes.to_string()],
+        options,
+    )
+}
+
+fn run(
+    client: &Netns,
+    server: &Netns,
+    server_ip: Ipv4Addr,
+    length: &[&str],
     options: &[&str],
 ) -> Result<Report, String> {
     let port = "5201";
@@ -47,23 +82,26 @@ pub fn stream(
         let out = client
             .command("iperf3")
             .args(["-c", &server_ip.to_string(), "-p", port])
-            .args(["-t", &seconds.to_string(), "-J"])
+            .args(length)
+            .arg("-J")
             .args(options)
             .output()
             .map_err(|error| format!("cannot run iperf3 -c: {error}"))?;
         // iperf3 -J can exit 0 with an "error" (server not listening yet): retried.
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let end = &report["end"];
-        if let (true, Some(received_bps), Some(sent_bps)) = (
+        if let (true, Some(received_bps), Some(sent_bps), Some(seconds)) = (
             out.status.success(),
             end["sum_received"]["bits_per_second"].as_f64(),
             end["sum_sent"]["bits_per_second"].as_f64(),
+            end["sum_received"]["seconds"].as_f64(),
         ) {
             let _ = daemon.0.wait();
             return Ok(Report {
                 received_bps,
                 sent_bps,
                 retransmits: end["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+                seconds,
             });
         }
         if Instant::now() > deadline {
