@@ -106,14 +106,8 @@ impl Conflist {
         result: &Value,
         node: &Netns,
     ) -> Result<(), Failed> {
-        for index in 0..self.plugins.len() {
-            let config = self.config(index, Some(result), runtime);
-            let outcome = self.run(index, "CHECK", attachment, &config, node);
-            if !outcome.success {
-                return Err(self.failed(index, outcome));
-            }
-        }
-        Ok(())
+        let order: Vec<usize> = (0..self.plugins.len()).collect();
+        self.each("CHECK", &order, attachment, runtime, Some(result), node)
     }
 
     /// DEL through every plugin in reverse order, each given `result` from 0.4.0.
@@ -124,10 +118,25 @@ impl Conflist {
         result: &Value,
         node: &Netns,
     ) -> Result<(), Failed> {
+        let order: Vec<usize> = (0..self.plugins.len()).rev().collect();
         let with_result = !self.cni_version.starts_with("0.3.");
-        for index in (0..self.plugins.len()).rev() {
-            let config = self.config(index, with_result.then_some(result), runtime);
-            let outcome = self.run(index, "DEL", attachment, &config, node);
+        let prev = with_result.then_some(result);
+        self.each("DEL", &order, attachment, runtime, prev, node)
+    }
+
+    /// `command` through the plugins at `order`, each given the same `prev`.
+    fn each(
+        &self,
+        command: &str,
+        order: &[usize],
+        attachment: (&str, &str, &Netns),
+        runtime: &Value,
+        prev: Option<&Value>,
+        node: &Netns,
+    ) -> Result<(), Failed> {
+        for &index in order {
+            let config = self.config(index, prev, runtime);
+            let outcome = self.run(index, command, attachment, &config, node);
             if !outcome.success {
                 return Err(self.failed(index, outcome));
             }

@@ -11,7 +11,7 @@ use ebpf_cni_tests::{
     netns::Netns,
     node::{Node, Pod},
     require_root,
-    traffic::iperf,
+    traffic::iperf::{self, Length},
 };
 use serde_json::{Value, json};
 
@@ -41,8 +41,14 @@ fn root_qdisc(netns: &Netns, device: &str) -> Value {
 /// Streams 10 s from `client` to `server`'s `server_ip` (reversed with `-R`) and checks
 /// the goodput is within 10% of `rate`.
 fn assert_held(what: &str, client: &Netns, server: &Pod, options: &[&str], rate: u64) {
-    let report = iperf::stream(client, &server.netns, server.ip, 10, options)
-        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    let report = iperf::stream(
+        client,
+        &server.netns,
+        server.ip,
+        Length::Seconds(10),
+        options,
+    )
+    .unwrap_or_else(|error| panic!("{what}: {error}"));
     let ratio = report.received_bps / rate as f64;
     println!(
         "{what}: {:.1} Mbit/s received for a {} Mbit/s limit ({:.3}), {} retransmits",
@@ -76,7 +82,7 @@ fn assert_rate_held(subnet: &str, rate: u64) {
     let node = Node::start(subnet);
     let peer = node.add_pod("bw-peer");
     let free = node.add_pod("bw-free");
-    let ceiling = iperf::stream(&peer.netns, &free.netns, free.ip, 3, &[])
+    let ceiling = iperf::stream(&peer.netns, &free.netns, free.ip, Length::Seconds(3), &[])
         .expect("an unlimited stream")
         .received_bps;
     println!("ceiling between two pods: {:.0} Mbit/s", ceiling / 1e6);
@@ -134,9 +140,15 @@ fn the_burst_passes_at_once_after_an_idle_time_and_the_rate_holds_after_it() {
     for (what, options) in [("ingress", &[][..]), ("egress", &["-R"][..])] {
         let transfer = |bytes: u64| {
             std::thread::sleep(refill);
-            iperf::transfer(&peer.netns, &shaped.netns, shaped.ip, bytes, options)
-                .unwrap_or_else(|error| panic!("{what}: {error}"))
-                .seconds
+            iperf::stream(
+                &peer.netns,
+                &shaped.netns,
+                shaped.ip,
+                Length::Bytes(bytes),
+                options,
+            )
+            .unwrap_or_else(|error| panic!("{what}: {error}"))
+            .seconds
         };
         let (within, past) = (transfer(small), transfer(large));
         println!("{what}: 4 MB in {within:.2} s, 9 MB in {past:.2} s (5 MB bucket)");
@@ -273,7 +285,7 @@ fn a_qdisc_put_on_a_host_veth_after_add_is_honoured_and_so_is_its_removal() {
         "qdisc", "add", "dev", &veth, "root", "tbf", "rate", "20mbit", "burst", "250000b",
         "latency", "25ms",
     ]));
-    let limited = iperf::stream(&peer.netns, &pod.netns, pod.ip, 3, &[])
+    let limited = iperf::stream(&peer.netns, &pod.netns, pod.ip, Length::Seconds(3), &[])
         .expect("a stream")
         .received_bps;
     println!("with the tbf: {:.1} Mbit/s", limited / 1e6);
@@ -287,7 +299,7 @@ fn a_qdisc_put_on_a_host_veth_after_add_is_honoured_and_so_is_its_removal() {
             .command("tc")
             .args(["qdisc", "del", "dev", &veth, "root"]),
     );
-    let free = iperf::stream(&peer.netns, &pod.netns, pod.ip, 3, &[])
+    let free = iperf::stream(&peer.netns, &pod.netns, pod.ip, Length::Seconds(3), &[])
         .expect("a stream")
         .received_bps;
     println!("without it: {:.1} Mbit/s", free / 1e6);

@@ -7,7 +7,12 @@
 //! stop at 1.0.0).
 
 use ebpf_cni_tests::{
-    chain::Conflist, cni::first_ip, netns::Netns, node::Node, require_root, traffic::iperf,
+    chain::Conflist,
+    cni::first_ip,
+    netns::Netns,
+    node::Node,
+    require_root,
+    traffic::iperf::{self, Length},
 };
 use serde_json::{Value, json};
 
@@ -125,7 +130,7 @@ fn the_reference_bandwidth_plugin_after_ours_limits_what_the_pod_receives() {
     let ip = first_ip(&result);
     // What the datapath hands the pod goes through the reference plugin's tbf, which it
     // put on the host veth after our ADD (the daemon follows the veth's root qdisc).
-    let received = iperf::stream(&peer.netns, &pod, ip, 3, &[])
+    let received = iperf::stream(&peer.netns, &pod, ip, Length::Seconds(3), &[])
         .expect("a stream")
         .received_bps;
     println!(

@@ -23,49 +23,27 @@ pub struct Report {
     pub seconds: f64,
 }
 
-/// Streams TCP from `client` to `server_ip` (inside `server`) for `seconds`, with
-/// extra client `options` (`-R` reverses the direction: the server sends). Fails when
-/// iperf3 does not produce a report within its run plus five seconds.
+/// How long a stream lasts: a duration (`-t`) or a size (`-n`).
+#[derive(Debug, Clone, Copy)]
+pub enum Length {
+    Seconds(u32),
+    Bytes(u64),
+}
+
+/// Streams TCP from `client` to `server_ip` (inside `server`) for `length`, with extra
+/// client `options` (`-R` reverses the direction: the server sends). Fails when
+/// iperf3 gives no report within five seconds of retries.
 pub fn stream(
     client: &Netns,
     server: &Netns,
     server_ip: Ipv4Addr,
-    seconds: u32,
+    length: Length,
     options: &[&str],
 ) -> Result<Report, String> {
-    run(
-        client,
-        server,
-        server_ip,
-        &["-t", &seconds.to_string()],
-        options,
-    )
-}
-
-/// Like [`stream`], for exactly `bytes` bytes (`-n`) instead of a duration.
-pub fn transfer(
-    client: &Netns,
-    server: &Netns,
-    server_ip: Ipv4Addr,
-    bytes: u64,
-    options: &[&str],
-) -> Result<Report, String> {
-    run(
-        client,
-        server,
-        server_ip,
-        &["-n", &bytes.to_string()],
-        options,
-    )
-}
-
-fn run(
-    client: &Netns,
-    server: &Netns,
-    server_ip: Ipv4Addr,
-    length: &[&str],
-    options: &[&str],
-) -> Result<Report, String> {
+    let length = match length {
+        Length::Seconds(seconds) => ["-t".to_owned(), seconds.to_string()],
+        Length::Bytes(bytes) => ["-n".to_owned(), bytes.to_string()],
+    };
     let port = "5201";
     let mut daemon = KillOnDrop(
         server
@@ -82,7 +60,7 @@ fn run(
         let out = client
             .command("iperf3")
             .args(["-c", &server_ip.to_string(), "-p", port])
-            .args(length)
+            .args(&length)
             .arg("-J")
             .args(options)
             .output()

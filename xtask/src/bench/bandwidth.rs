@@ -10,7 +10,11 @@
 use std::{net::Ipv4Addr, thread, time::Duration};
 
 use anyhow::{Context, ensure};
-use ebpf_cni_tests::{netns::Netns, node::Pod, traffic::iperf};
+use ebpf_cni_tests::{
+    netns::Netns,
+    node::Pod,
+    traffic::iperf::{self, Length},
+};
 use serde_json::{Value, json};
 
 use super::{
@@ -199,8 +203,14 @@ fn measure(pair: &Pair<'_>, direction: Direction) -> anyhow::Result<(f64, f64)> 
         thread::sleep(Duration::from_secs(1));
         ping.output()
     });
-    let report = iperf::stream(client, server, server_ip, STREAM_SECONDS, options)
-        .map_err(anyhow::Error::msg)?;
+    let report = iperf::stream(
+        client,
+        server,
+        server_ip,
+        Length::Seconds(STREAM_SECONDS),
+        options,
+    )
+    .map_err(anyhow::Error::msg)?;
     let pinged = pinged
         .join()
         .map_err(|_| anyhow::anyhow!("the ping thread panicked"))?

@@ -19,7 +19,10 @@ use std::{
 use anyhow::Context;
 use ebpf_cni_tests::{
     netns::Netns,
-    traffic::{iperf, spawn_in},
+    traffic::{
+        iperf::{self, Length},
+        spawn_in,
+    },
 };
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
@@ -32,8 +35,8 @@ pub fn throughput(
     server_ip: Ipv4Addr,
     seconds: u32,
 ) -> anyhow::Result<f64> {
-    let report =
-        iperf::stream(client, server, server_ip, seconds, &[]).map_err(anyhow::Error::msg)?;
+    let report = iperf::stream(client, server, server_ip, Length::Seconds(seconds), &[])
+        .map_err(anyhow::Error::msg)?;
     Ok(report.received_bps / 1e9)
 }
 

@@ -83,16 +83,7 @@ impl RefNode {
         pod: &Netns,
         mappings: &Value,
     ) -> anyhow::Result<Ipv4Addr> {
-        let bridge = Call::new(
-            "ADD",
-            container_id,
-            "eth0",
-            Some(pod),
-            &self.bridge_config(),
-        )
-        .run_plugin(&self.netns, &plugin("bridge"));
-        ensure!(bridge.success, "bridge ADD failed: {}", bridge.stdout);
-        let result = bridge.json();
+        let result = self.bridge_add(container_id, pod)?;
         let portmap = Call::new(
             "ADD",
             container_id,
@@ -105,14 +96,8 @@ impl RefNode {
         first_address(&result)
     }
 
-    /// ADD through `bridge` and then Debian's `bandwidth` plugin with
-    /// `runtimeConfig.bandwidth` = `limits` (no portmap); returns the pod's address.
-    pub fn add_shaped(
-        &self,
-        container_id: &str,
-        pod: &Netns,
-        limits: &Value,
-    ) -> anyhow::Result<Ipv4Addr> {
+    /// ADD through `bridge`; its result.
+    fn bridge_add(&self, container_id: &str, pod: &Netns) -> anyhow::Result<Value> {
         let bridge = Call::new(
             "ADD",
             container_id,
@@ -122,7 +107,18 @@ impl RefNode {
         )
         .run_plugin(&self.netns, &plugin("bridge"));
         ensure!(bridge.success, "bridge ADD failed: {}", bridge.stdout);
-        let result = bridge.json();
+        Ok(bridge.json())
+    }
+
+    /// ADD through `bridge` and then Debian's `bandwidth` plugin with
+    /// `runtimeConfig.bandwidth` = `limits` (no portmap); returns the pod's address.
+    pub fn add_shaped(
+        &self,
+        container_id: &str,
+        pod: &Netns,
+        limits: &Value,
+    ) -> anyhow::Result<Ipv4Addr> {
+        let result = self.bridge_add(container_id, pod)?;
         let config = json!({
             "cniVersion": "1.0.0",
             "name": self.name,
