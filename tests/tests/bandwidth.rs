@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ebpf_cni_tests::{
     cni::Call,
+    http,
     netns::Netns,
     node::{Node, Pod},
     require_root,
@@ -200,6 +201,16 @@ fn check_finds_a_missing_limit_del_takes_the_qdiscs_and_the_daemon_shows_the_lim
                "egress_rate": 30_000_000, "egress_burst": 3_000_000}),
         "{endpoint}"
     );
+    // Prometheus has them beside the pod's byte counters.
+    let metrics = http::scrape(&node.netns);
+    let ip = pod.ip.to_string();
+    for (direction, rate) in [("to_pod", 20_000_000.0), ("from_pod", 30_000_000.0)] {
+        let limit = metrics.expect(
+            "ebpf_cni_endpoint_rate_limit_bits_per_second",
+            &[("ip", &ip), ("direction", direction)],
+        );
+        assert_eq!(limit, rate, "{direction}");
+    }
     let table = node.instance.cli(&["endpoints"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("in 20M/2M out 30M/3M"), "{table}");

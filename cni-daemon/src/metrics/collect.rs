@@ -125,6 +125,20 @@ fn registry(telemetry: &Telemetry) -> Registry {
     if !telemetry.datapath_loaded() {
         return registry;
     }
+    let limits = Family::<TrafficLabels, Gauge>::default();
+    for endpoint in &view.endpoints {
+        for (direction, rate) in &endpoint.limits {
+            limits
+                .get_or_create(&TrafficLabels::of(endpoint, direction))
+                .set(i64::try_from(*rate).unwrap_or(i64::MAX));
+        }
+    }
+    registry.register(
+        "endpoint_rate_limit_bits_per_second",
+        "A pod interface's bandwidth limit: what it may receive (to_pod) and send \
+         (from_pod); compare with rate(endpoint_bytes) * 8",
+        limits,
+    );
     register_read(
         &mut registry,
         "endpoint counters",

@@ -34,6 +34,9 @@ pub struct EndpointView {
     /// The interface's name inside the pod (`CNI_IFNAME`).
     pub interface: String,
     pub port_mappings: usize,
+    /// Its rate limits in bits per second: what it may receive (`to_pod`) and send
+    /// (`from_pod`), where it has one.
+    pub limits: Vec<(&'static str, u64)>,
 }
 
 impl EndpointView {
@@ -53,6 +56,17 @@ impl EndpointView {
                 .unwrap_or_default(),
             interface: endpoint.id.ifname.clone(),
             port_mappings: endpoint.port_mappings.len(),
+            limits: endpoint
+                .bandwidth
+                .iter()
+                .flat_map(|limits| {
+                    [
+                        ("to_pod", limits.ingress_rate),
+                        ("from_pod", limits.egress_rate),
+                    ]
+                })
+                .filter_map(|(direction, rate)| Some((direction, rate?)))
+                .collect(),
         }
     }
 }
