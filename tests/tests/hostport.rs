@@ -60,12 +60,18 @@ fn an_external_host_reaches_a_pod_through_a_host_port_over_tcp_and_udp() {
     // quoting what the client sent, so that the client's socket takes it.
     let udp_peers = udp.peers();
     drop(udp);
-    let refused = udp_round_trip(&node.external, 0, socket(NODE_ADDR, 30053), b"anyone?")
-        .expect_err("nothing listens");
-    assert_eq!(
-        refused.kind(),
-        std::io::ErrorKind::ConnectionRefused,
-        "the pod's ICMP error reached the client: {refused}"
+    // The pod's kernel may hold an ICMP error back (its rate limits are global, shared
+    // with the other tests' namespaces): one of three tries must come back refused.
+    let tries: Vec<std::io::Error> = (0..3)
+        .map(|_| {
+            udp_round_trip(&node.external, 0, socket(NODE_ADDR, 30053), b"anyone?")
+                .expect_err("nothing listens")
+        })
+        .take_while(|error| error.kind() != std::io::ErrorKind::ConnectionRefused)
+        .collect();
+    assert!(
+        tries.len() < 3,
+        "the pod's ICMP error never reached the client: {tries:?}"
     );
     // Like portmap's default, the pod sees the client's own address.
     assert!(
