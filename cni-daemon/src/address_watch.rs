@@ -20,12 +20,22 @@ use crate::{
     node::Node,
 };
 
+/// The IPv4 address and route announcements.
+pub const ADDRESS_GROUPS: u32 = RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE;
+/// The TC announcements (qdiscs, for the pods' root qdiscs).
+pub const QDISC_GROUPS: u32 = RTMGRP_TC;
+
 /// Refills `NODE_ADDRS`, and has source NAT follow the uplink's address and device (see
 /// `Nat::follow_uplink`), on every IPv4 address change, and has NAT follow the default
 /// route on every change of it, until the task is dropped. A watcher that cannot start
 /// is logged: hostPorts then cover the addresses known at start, and NAT keeps the
 /// uplink and address it started with.
-pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
+///
+/// `groups` is what this watcher's own socket joins: [`ADDRESS_GROUPS`] or
+/// [`QDISC_GROUPS`], each on a socket of its own, so that a burst of TC announcements
+/// (every pod's qdiscs and filters) can never overflow the socket that carries the
+/// address changes source NAT follows.
+pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>, groups: u32) {
     let (mut connection, _handle, mut messages) = match rtnetlink::new_connection() {
         Ok(parts) => parts,
         Err(error) => {
@@ -33,7 +43,7 @@ pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
             return;
         }
     };
-    let groups = SocketAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_TC);
+    let groups = SocketAddr::new(0, groups);
     if let Err(error) = connection.socket_mut().socket_mut().bind(&groups) {
         tracing::warn!(%error, "cannot watch the node's addresses");
         return;

@@ -145,6 +145,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let address_watch = tokio::spawn(address_watch::run(
         Arc::clone(&node),
         Arc::clone(&telemetry),
+        address_watch::ADDRESS_GROUPS,
+    ));
+    let qdisc_watch = tokio::spawn(address_watch::run(
+        Arc::clone(&node),
+        Arc::clone(&telemetry),
+        address_watch::QDISC_GROUPS,
     ));
     let listener = server::bind(&config.socket)
         .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
@@ -192,6 +198,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         sweeper.abort();
     }
     address_watch.abort();
+    qdisc_watch.abort();
     metrics_server.abort();
     if let Some(installer) = installer {
         installer.abort();
