@@ -63,6 +63,10 @@ pub enum Response {
         /// tagged enum cannot carry maps with integer keys through JSON.
         #[serde(default)]
         stack_sent: Vec<LinkCounters>,
+        /// The host veths (by index) with a root qdisc, through which the datapath hands
+        /// their pods' frames: their TX counters already hold the datapath's deliveries.
+        #[serde(default)]
+        queued: Vec<u32>,
     },
     Collected {
         removed: Vec<Endpoint>,
@@ -141,8 +145,7 @@ pub struct PortMapping {
 
 /// A pod's rate limits, rates in bits per second, bursts in bits, as Kubernetes passes
 /// them; a direction without a rate is not limited. The plugin puts a `tbf` qdisc on
-/// the pod's interface (egress) and on its host veth (ingress). All `None`: the record
-/// was rebuilt from the node, which keeps the qdiscs but not their values.
+/// the pod's interface (egress) and on its host veth (ingress).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bandwidth {
     pub ingress_rate: Option<u64>,

@@ -39,13 +39,13 @@ pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>, groups: u32)
     let (mut connection, _handle, mut messages) = match rtnetlink::new_connection() {
         Ok(parts) => parts,
         Err(error) => {
-            tracing::warn!(%error, "cannot watch the node's addresses");
+            tracing::warn!(%error, groups, "cannot watch rtnetlink's announcements");
             return;
         }
     };
-    let groups = SocketAddr::new(0, groups);
-    if let Err(error) = connection.socket_mut().socket_mut().bind(&groups) {
-        tracing::warn!(%error, "cannot watch the node's addresses");
+    let address = SocketAddr::new(0, groups);
+    if let Err(error) = connection.socket_mut().socket_mut().bind(&address) {
+        tracing::warn!(%error, groups, "cannot watch rtnetlink's announcements");
         return;
     }
     let connection = tokio::spawn(connection);

@@ -360,6 +360,11 @@ impl Endpoints {
             .collect()
     }
 
+    /// The host veths whose pods get their frames through a root qdisc.
+    pub fn queued(&self) -> Vec<u32> {
+        self.queued.iter().copied().collect()
+    }
+
     pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {
         self.records.get(id)
     }

@@ -229,16 +229,17 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Endpoints => {
-            let (endpoints, stack_sent) =
+            let (endpoints, stack_sent, queued) =
                 match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
                     Response::Endpoints {
                         endpoints,
                         stack_sent,
-                    } => (endpoints, stack_sent),
+                        queued,
+                    } => (endpoints, stack_sent, queued),
                     other => bail!("unexpected answer from the daemon: {other:?}"),
                 };
             let counters = read::endpoint_counters(&cli.bpf_dir)?;
-            let views = join::endpoint_views(endpoints, &counters, &stack_sent);
+            let views = join::endpoint_views(endpoints, &counters, &stack_sent, &queued);
             match cli.output {
                 Output::Json => print_json(&views),
                 Output::Table => print(&render::endpoints_table(&views)),

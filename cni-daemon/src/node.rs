@@ -565,6 +565,11 @@ impl Node {
         self.endpoints.list().cloned().collect()
     }
 
+    /// The host veths whose pods get their frames through a root qdisc.
+    pub fn queued(&self) -> Vec<u32> {
+        self.endpoints.queued()
+    }
+
     /// The records' gateways as addresses of the node, and so hostPort addresses at
     /// once (the address watcher would refill `NODE_ADDRS` a moment later).
     fn sync_gateways(&mut self) -> Result<(), NodeError> {

@@ -204,6 +204,7 @@ fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Respon
             endpoints: node.list(),
             // Filled in by `handle`, outside the lock.
             stack_sent: Vec::new(),
+            queued: node.queued(),
         }),
         Request::Gc { network, keep } => node
             .collect(&network, &keep)

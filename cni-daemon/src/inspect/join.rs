@@ -40,11 +40,13 @@ impl From<EndpointCounters> for CountersView {
 
 /// Joins the daemon's endpoints with the pinned counters; "to pod" adds what the node's
 /// stack sent (`stack_sent`, the host veths' kernel TX counters) to what the datapath
-/// delivered, or is those counters alone for a shaped pod.
+/// delivered, or is those counters alone for a pod whose host veth is `queued` (its
+/// frames all leave through that veth's qdisc, see `endpoint_flags::SHAPED`).
 pub fn endpoint_views(
     endpoints: Vec<Endpoint>,
     counters: &BTreeMap<u32, EndpointCounters>,
     stack_sent: &[LinkCounters],
+    queued: &[u32],
 ) -> Vec<EndpointView> {
     endpoints
         .into_iter()
@@ -58,10 +60,9 @@ pub fn endpoint_views(
                 .iter()
                 .find(|sent| sent.ifindex == endpoint.host_ifindex);
             match sent {
-                // A shaped pod's frames all leave through its host veth (see
-                // `endpoint_flags::SHAPED`): its TX counters hold the datapath's
-                // deliveries too, those its qdisc let through.
-                Some(sent) if endpoint.bandwidth.is_some() => {
+                // The TX counters hold the datapath's deliveries too, those the qdisc
+                // let through.
+                Some(sent) if queued.contains(&endpoint.host_ifindex) => {
                     view.to_pod_packets = sent.packets;
                     view.to_pod_bytes = sent.bytes;
                 }

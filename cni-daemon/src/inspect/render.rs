@@ -267,9 +267,6 @@ fn limits(bandwidth: Option<&cni_api::Bandwidth>) -> String {
         Some(rate) => format!("{}/{}", si(rate), si(burst.unwrap_or(0))),
         None => "-".to_owned(),
     };
-    if bandwidth == &cni_api::Bandwidth::default() {
-        return "limited (values lost with the record)".to_owned();
-    }
     format!(
         "in {} out {}",
         direction(bandwidth.ingress_rate, bandwidth.ingress_burst),

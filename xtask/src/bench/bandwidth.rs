@@ -178,14 +178,9 @@ impl Setups {
 fn measure(pair: &Pair<'_>, direction: Direction) -> anyhow::Result<(f64, f64)> {
     // iperf3's client runs in the peer (`-R`: the limited pod's server sends); the
     // stream's sender pings the receiver, so the echo requests queue behind the stream.
-    let (client, server, server_ip, options): (&Netns, &Netns, Ipv4Addr, &[&str]) = match direction
-    {
-        Direction::Into => (pair.peer, pair.limited, pair.limited_ip, &[]),
-        Direction::OutOf => (pair.peer, pair.limited, pair.limited_ip, &["-R"]),
-    };
-    let (pinger, target) = match direction {
-        Direction::Into => (pair.peer, pair.limited_ip),
-        Direction::OutOf => (pair.limited, pair.peer_ip),
+    let (options, pinger, target): (&[&str], _, _) = match direction {
+        Direction::Into => (&[], pair.peer, pair.limited_ip),
+        Direction::OutOf => (&["-R"], pair.limited, pair.peer_ip),
     };
     let mut ping = pinger.command("ping");
     // Starts a second into the stream, ends a second before it: 40 echoes 200 ms apart.
@@ -204,9 +199,9 @@ fn measure(pair: &Pair<'_>, direction: Direction) -> anyhow::Result<(f64, f64)> 
         ping.output()
     });
     let report = iperf::stream(
-        client,
-        server,
-        server_ip,
+        pair.peer,
+        pair.limited,
+        pair.limited_ip,
         Length::Seconds(STREAM_SECONDS),
         options,
     )
