@@ -26,7 +26,7 @@ use ebpf_cni_tests::{
     node::{NODE_ADDR, external_host},
     require_root,
     runtimes::in_subnet,
-    unique_name,
+    scaled, unique_name,
 };
 use serde_json::{Value, json};
 
@@ -134,7 +134,8 @@ fn watch(
         socket.to_owned(),
     );
     thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // The daemon's start, stretched like every wait of a slow (emulated) run.
+        let deadline = Instant::now() + scaled(Duration::from_secs(30));
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             if let Ok(text) = fs::read(&conflist) {
                 let socket_answered =

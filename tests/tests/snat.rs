@@ -304,7 +304,7 @@ fn a_pods_icmp_error_about_a_translated_flow_reaches_the_remote_as_the_nodes() {
     let late = run_in(&node.external, move || {
         // The echo server's socket is closed, but a process another test forks in the
         // meantime holds a copy until it execs: the port may stay taken a moment.
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let deadline = std::time::Instant::now() + ebpf_cni_tests::scaled(Duration::from_secs(2));
         let socket = loop {
             match UdpSocket::bind(("0.0.0.0", UDP_PORT)) {
                 Err(error)

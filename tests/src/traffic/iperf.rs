@@ -32,7 +32,7 @@ pub enum Length {
 
 /// Streams TCP from `client` to `server_ip` (inside `server`) for `length`, with extra
 /// client `options` (`-R` reverses the direction: the server sends). Fails when
-/// iperf3 gives no report within five seconds of retries.
+/// iperf3 gives no report within five (scaled) seconds of retries.
 pub fn stream(
     client: &Netns,
     server: &Netns,
@@ -55,7 +55,7 @@ pub fn stream(
             .map_err(|error| format!("cannot start iperf3 -s: {error}"))?,
     );
     // iperf3 needs a moment to listen; its client retries are not configurable.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + crate::scaled(Duration::from_secs(5));
     loop {
         let out = client
             .command("iperf3")

@@ -29,6 +29,9 @@ pub struct Spec {
 pub enum Suite {
     /// The integration suite.
     Integration,
+    /// The integration suite's binaries whose outcome the kernel decides
+    /// ([`KERNEL_BINARIES`]): what CI runs on 6.1 (see `vm::ci_kernels`).
+    Kernel,
     /// Only the kernel-floor test: the kernel is older than the README's floor, so the
     /// daemon must refuse it (`tests/tests/kernel_floor.rs`).
     Refusal,
@@ -52,6 +55,44 @@ pub const KERNELS: &[Spec] = &[
         suite: "bullseye",
         suite_kind: Suite::Refusal,
     },
+];
+
+/// The test binaries whose outcome depends on the kernel: the programs through the
+/// verifier and `BPF_PROG_TEST_RUN`, the uplink's attach modes (clsact filters below
+/// 6.6), pins across restarts, and every datapath path (redirects into pods, source
+/// NAT, hostPorts, the overlay's tunnel keys, FIB lookups, BIG TCP, `tbf`, the gateway,
+/// isolation, services). What is left out is user space over netlink and files (plugin
+/// input and output, runtimes' JSON, node sources, install, records, metrics, the
+/// image): the same code on every kernel, run by the host's suite. `cargo xtask
+/// vm-test` runs every binary.
+pub const KERNEL_BINARIES: &[&str] = &[
+    "bandwidth",
+    "big_tcp",
+    "cross_node_native",
+    "cross_node_vxlan",
+    "daemon_pod_veths",
+    "forwarding",
+    "gateway",
+    "hostport",
+    "nat_program",
+    "nat_program_budgets",
+    "nat_program_fragments",
+    "nat_program_malformed",
+    "nat_program_ports",
+    "nat_program_protocols",
+    "nat_program_replies",
+    "nat_program_sweep",
+    "nat_program_tcp_window",
+    "pod_isolation",
+    "pod_program_arp",
+    "pod_program_ipv4",
+    "pod_program_malformed",
+    "restart",
+    "services",
+    "snat",
+    "tcp_blind_rst",
+    "uplink_attach",
+    "uplink_lifecycle",
 ];
 
 /// An unpacked kernel.
