@@ -121,8 +121,8 @@ struct Sighting {
     conflist_whole: bool,
 }
 
-/// Polls the config folder until the conflist appears (or `stop`), then checks at
-/// once what must already hold.
+/// Polls the config folder until the conflist appears (or `stop`, after one last
+/// look), then checks at once what must already hold.
 fn watch(
     dirs: &HostDirs,
     socket: &Path,
@@ -135,8 +135,11 @@ fn watch(
     );
     thread::spawn(move || {
         // The daemon's start, stretched like every wait of a slow (emulated) run.
+        // `stop` comes once the daemon is ready, which it is only after the install:
+        // the look taken after `stop` is seen is the last, and must find the file.
         let deadline = Instant::now() + scaled(Duration::from_secs(30));
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        loop {
+            let last = stop.load(Ordering::Relaxed) || Instant::now() >= deadline;
             if let Ok(text) = fs::read(&conflist) {
                 let socket_answered =
                     cni_api::call(&socket, &cni_api::Request::Status, Duration::from_secs(2))
@@ -151,9 +154,11 @@ fn watch(
                     conflist_whole,
                 });
             }
+            if last {
+                return None;
+            }
             thread::sleep(Duration::from_millis(2));
         }
-        None
     })
 }
 
