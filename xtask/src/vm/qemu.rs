@@ -68,13 +68,20 @@ impl Accel {
     }
 }
 
-/// `auto` resolved: KVM if it opens and boots `kernel` with `probe` (an initramfs whose
-/// stage one answers `vmprobe` at once) within 30 s. Some machines have a `/dev/kvm`
-/// that opens but runs no guest (nested virtualisation without VMX: the boot stalls in
-/// real mode), so only a boot tells.
+/// `auto` resolved: KVM if the CPU announces virtualisation (`vmx` or `svm`), `/dev/kvm`
+/// opens, and `kernel` boots with `probe` (an initramfs whose stage one answers
+/// `vmprobe` at once) within 30 s. Some machines have a `/dev/kvm` that opens but runs
+/// no guest (nested virtualisation without VMX: the boot stalls in real mode), so only
+/// a boot tells; a CPU without the flags is TCG without the 30 s spent finding out.
 pub fn resolve(emulator: &Emulator, requested: Accel, kernel: &Kernel, probe: &Path) -> Accel {
     if requested != Accel::Auto {
         return requested;
+    }
+    if let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo")
+        && !announces_virtualisation(&cpuinfo)
+    {
+        eprintln!("vm-test: the CPU has no vmx or svm flag: TCG");
+        return Accel::Tcg;
     }
     if let Err(error) = OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         eprintln!("vm-test: /dev/kvm does not open ({error}): TCG");
@@ -94,6 +101,18 @@ pub fn resolve(emulator: &Emulator, requested: Accel, kernel: &Kernel, probe: &P
             Accel::Tcg
         }
     }
+}
+
+/// Whether a `/proc/cpuinfo` text lists `vmx` (Intel) or `svm` (AMD) among a CPU's flags.
+fn announces_virtualisation(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .filter_map(|line| line.strip_prefix("flags")?.trim_start().strip_prefix(':'))
+        .any(|flags| {
+            flags
+                .split_whitespace()
+                .any(|flag| flag == "vmx" || flag == "svm")
+        })
 }
 
 /// What one guest run gave.
@@ -350,5 +369,21 @@ fn print_line(text: &str) {
     #[expect(clippy::print_stdout, reason = "the guest's console, passed through")]
     {
         println!("{text}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::announces_virtualisation;
+
+    #[test]
+    fn the_cpu_flags_tell_whether_kvm_can_run() {
+        let intel = "processor\t: 0\nflags\t\t: fpu vme sse2 vmx ept\nbugs\t\t: spectre_v1\n";
+        let amd = "flags\t\t: fpu svm npt\n";
+        let nested_without = "flags\t\t: fpu hypervisor sse2 vmxnet\nvmx flags\t: ept\n";
+        assert!(announces_virtualisation(intel));
+        assert!(announces_virtualisation(amd));
+        assert!(!announces_virtualisation(nested_without));
+        assert!(!announces_virtualisation(""));
     }
 }
