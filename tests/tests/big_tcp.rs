@@ -44,14 +44,17 @@ fn transfer(
     let (packets, bytes) = from_pod(node, pod);
     bulk::send(&pod.netns, to, BULK)
         .unwrap_or_else(|error| panic!("bulk from {} to {to}: {error}", pod.ip));
-    let (peer, intact) = receiving.join().expect("the sink thread");
+    let received = receiving.join().expect("the sink thread");
     assert!(
-        intact,
+        received.intact,
         "all {BULK} bytes from {} reached {to}, in order",
         pod.ip
     );
     let (packets_after, bytes_after) = from_pod(node, pod);
-    (peer, (bytes_after - bytes) / (packets_after - packets))
+    (
+        received.peer,
+        (bytes_after - bytes) / (packets_after - packets),
+    )
 }
 
 /// Up to three transfers, until one averages above 64 KiB a packet; each must arrive

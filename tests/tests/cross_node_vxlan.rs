@@ -62,9 +62,9 @@ fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
 
     let receiving = bulk::sink(&b.netns, PORT + 3, 4 << 20);
     bulk::send(&a.netns, (b.ip, PORT + 3).into(), 4 << 20).expect("4 MiB through the overlay");
-    let (peer, intact) = receiving.join().expect("the sink");
-    assert!(intact, "4 MiB arrive intact, in order");
-    assert_eq!(peer.ip(), IpAddr::V4(a.ip));
+    let received = receiving.join().expect("the sink");
+    assert!(received.intact, "4 MiB arrive intact, in order");
+    assert_eq!(received.peer.ip(), IpAddr::V4(a.ip));
 
     let nodes = cluster.node(1).instance.cli_json(&["nodes"]);
     let to_node_2 = &nodes["nodes"][1];

@@ -6,7 +6,7 @@ use std::{
     io::{ErrorKind, Read, Write},
     net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     thread::JoinHandle,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use super::{run_in, spawn_in};
@@ -19,9 +19,21 @@ fn pattern(n: usize) -> u8 {
     (n % 251) as u8
 }
 
+/// What a [`sink`] received.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    /// The sender, as the sink saw it.
+    pub peer: SocketAddr,
+    /// Exactly the expected size of the pattern arrived, in order.
+    pub intact: bool,
+    /// From the first byte read to the end of the stream: how long the data took to
+    /// flow, whatever the connection's set-up and the sender's start cost.
+    pub flowing: Duration,
+}
+
 /// Accepts one connection on `port` inside `netns` and reads it to the end; returns
-/// the peer and whether exactly `size` bytes of the pattern arrived, in order.
-pub fn sink(netns: &Netns, port: u16, size: usize) -> JoinHandle<(SocketAddr, bool)> {
+/// what arrived (see [`Received`]) against the `size` bytes of the pattern expected.
+pub fn sink(netns: &Netns, port: u16, size: usize) -> JoinHandle<Received> {
     let listener = run_in(netns, move || {
         TcpListener::bind(("0.0.0.0", port)).expect("bind the sink")
     });
@@ -32,10 +44,12 @@ pub fn sink(netns: &Netns, port: u16, size: usize) -> JoinHandle<(SocketAddr, bo
             .expect("timeout");
         let mut buffer = vec![0u8; 1 << 16];
         let (mut received, mut intact) = (0usize, true);
+        let mut first = None;
         loop {
             match stream.read(&mut buffer) {
                 Ok(0) => break,
                 Ok(n) => {
+                    first.get_or_insert_with(Instant::now);
                     intact &= buffer[..n]
                         .iter()
                         .enumerate()
@@ -43,10 +57,17 @@ pub fn sink(netns: &Netns, port: u16, size: usize) -> JoinHandle<(SocketAddr, bo
                     received += n;
                 }
                 Err(error) if error.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return (peer, false),
+                Err(_) => {
+                    intact = false;
+                    break;
+                }
             }
         }
-        (peer, intact && received == size)
+        Received {
+            peer,
+            intact: intact && received == size,
+            flowing: first.map_or(Duration::ZERO, |first| first.elapsed()),
+        }
     })
 }
 
