@@ -102,13 +102,32 @@ async fn run(api: Api<K8sNode>, tx: watch::Sender<NodeSet>) {
                     status.message
                 );
             }
-            Some(Err(err)) => tracing::warn!("watching the nodes: {err}; trying again"),
+            Some(Err(err)) => {
+                tracing::warn!("watching the nodes: {}; trying again", with_causes(&err));
+            }
             None => {
                 tracing::error!("the node watch ended; the nodes stay as they are");
                 return;
             }
         }
     }
+}
+
+/// `err` and the causes its message leaves out: kube's errors name a failed connection
+/// ("client error (Connect)") and keep why in their sources (a refused certificate, a
+/// refused connection, an unknown host).
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !message.contains(&cause_text) {
+            message.push_str(": ");
+            message.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    message
 }
 
 /// What the watch has shown so far, beside the published set.
@@ -199,6 +218,24 @@ mod tests {
 
     fn names(set: &NodeSet) -> Vec<&str> {
         set.names().collect()
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum Layer {
+        #[error("client error (Connect)")]
+        Connect(#[source] std::io::Error),
+        #[error("list failed: {0}")]
+        Shown(#[source] Box<Layer>),
+    }
+
+    #[test]
+    fn a_logged_error_names_each_cause_once() {
+        let refused = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let err = Layer::Shown(Box::new(Layer::Connect(refused)));
+        assert_eq!(
+            with_causes(&err),
+            "list failed: client error (Connect): invalid peer certificate: UnknownIssuer"
+        );
     }
 
     #[test]
