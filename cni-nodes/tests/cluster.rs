@@ -1,18 +1,22 @@
 //! The Kubernetes source against a fake API server that speaks the real wire format (see
 //! `fake_api` for what it leaves out): list, watch, changes, a `410 Gone`, a cut
-//! connection and a watch the server ends.
+//! connection and a watch the server ends; and over TLS, where the client trusts its
+//! kubeconfig's CA and no other, and sends its bearer token.
 
 mod fake_api;
 mod support;
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use cni_nodes::{ClusterAccess, ClusterError, connect, watch_cluster};
-use fake_api::{FakeApi, node};
+use fake_api::{FakeApi, node, tls::Ca};
 use support::{capture_logs, log_lines, set, wait_for, wait_for_log};
 
 /// How long a step may take: a retry after an error backs off about a second.
 const STEP: Duration = Duration::from_secs(10);
+/// Where the TLS tests' server listens, named by its certificate.
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 async fn client_for(api: &FakeApi, dir: &tempfile::TempDir) -> kube::Client {
     let kubeconfig = dir.path().join("kubeconfig");
@@ -227,36 +231,70 @@ async fn a_missing_kubeconfig_is_an_error() {
     }
 }
 
-#[tokio::test]
-async fn an_https_kubeconfig_gives_a_tls_client() {
-    // Building the client builds its rustls configuration, which panics when the build
-    // holds no crypto provider, or two of them.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-ca.crt");
+/// A bearer token as a service account's looks, in shape only.
+const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJmYWtlIn0.c2lnbmF0dXJl";
+
+/// A client from a kubeconfig for `api` over TLS, trusting `ca` and sending [`TOKEN`].
+async fn tls_client_for(api: &FakeApi, ca: &Ca, dir: &tempfile::TempDir) -> kube::Client {
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca.pem()).expect("write the CA");
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: tls
-  cluster:
-    server: https://127.0.0.1:9
-    certificate-authority: {ca}
-users:
-- name: token
-  user:
-    token: not-a-real-token
-contexts:
-- name: tls
-  context: {{cluster: tls, user: token}}
-current-context: tls
-"
-        ),
-    )
-    .expect("write the kubeconfig");
+    std::fs::write(&kubeconfig, api.tls_kubeconfig(&ca_file, TOKEN)).expect("write the kubeconfig");
     connect(&ClusterAccess::Kubeconfig(kubeconfig))
         .await
-        .expect("a TLS client from the kubeconfig");
+        .expect("a TLS client from the kubeconfig")
+}
+
+fn tls_listener() -> std::net::TcpListener {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1")
+}
+
+// Building the client builds its rustls configuration, which panics when the crate's
+// build holds no crypto provider, or two of them.
+#[tokio::test]
+async fn over_tls_the_client_trusts_its_ca_and_sends_its_token() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = Ca::new();
+    let mut api = FakeApi::start_tls_on(tls_listener(), ca.server_config(LOCALHOST));
+    let mut rx = watch_cluster(tls_client_for(&api, &ca, &dir).await);
+    let list = api.expect_list().await;
+    assert_eq!(
+        list.authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str()),
+        "{list:?}"
+    );
+    list.reply_list("3", &[node("a", "3", "192.0.2.1", &["10.244.1.0/24"])]);
+    let _watch = api.expect_watch("3").await;
+    wait_for(
+        &mut rx,
+        &set(&[("a", "192.0.2.1", &["10.244.1.0/24"])]),
+        STEP,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn over_tls_a_server_another_ca_signed_is_refused() {
+    capture_logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Both CAs are named `kubernetes`: only the signature tells them apart.
+    let mut api = FakeApi::start_tls_on(tls_listener(), Ca::new().server_config(LOCALHOST));
+    let mut rx = watch_cluster(tls_client_for(&api, &Ca::new(), &dir).await);
+    rx.borrow_and_update();
+    // Refused, then refused again after the back-off: the client keeps trying.
+    for _ in 0..2 {
+        let refusal = api.next_refusal().await;
+        assert!(refusal.contains("received fatal alert"), "{refusal}");
+    }
+    wait_for_log(
+        &["WARN", "watching the nodes", "invalid peer certificate"],
+        STEP,
+    )
+    .await;
+    assert!(api.pending_call().is_none(), "no request got through");
+    assert!(
+        !rx.has_changed().expect("the source runs"),
+        "nothing listed: {:?}",
+        rx.borrow()
+    );
 }

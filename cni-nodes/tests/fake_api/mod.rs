@@ -1,5 +1,6 @@
-//! A fake Kubernetes API server for the node watch, in plain HTTP/1.1 (on 127.0.0.1, or
-//! where the caller bound its listener). Shared by cni-nodes' tests and the daemon's
+//! A fake Kubernetes API server for the node watch, in HTTP/1.1, plain or over TLS with a
+//! certificate from a CA the test makes (`tls`), on 127.0.0.1 or where the caller bound
+//! its listener. Shared by cni-nodes' tests and the daemon's
 //! (`tests/tests/cluster_kube_source.rs` includes this file by path).
 //!
 //! It speaks the wire format kube's client reads from a real server: `GET /api/v1/nodes`
@@ -8,10 +9,12 @@
 //! newline-delimited watch events (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR` with
 //! a `Status`), which the test can end cleanly or cut off mid-stream. Every request is
 //! handed to the test, which decides the answer, so the test both scripts the server and
-//! asserts what the client asked for.
+//! asserts what the client asked for, and sent: the `Authorization` header. Over TLS, a
+//! failed handshake (a client refusing the certificate) is handed to the test too.
 //!
-//! Not covered: authentication and authorization (no token or certificate is looked at),
-//! TLS, HTTP/2, the protobuf encoding, pagination (`limit` is ignored and no `continue`
+//! Not covered: authentication and authorization (the `Authorization` header is recorded,
+//! never checked; no client certificates; no 401 or 403 unless the test answers one),
+//! HTTP/2, the protobuf encoding, pagination (`limit` is ignored and no `continue`
 //! token is given), resourceVersion semantics (`resourceVersion`, `resourceVersionMatch`
 //! and `timeoutSeconds` mean what the test makes of them), watch-list streaming
 //! (`sendInitialEvents`), selectors, discovery, compression, and throttling (429, API
@@ -21,20 +24,27 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
+use hyper::header::AUTHORIZATION;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+
+pub mod tls;
 
 type Body = BoxBody<Bytes, io::Error>;
 
@@ -43,7 +53,11 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct FakeApi {
     addr: SocketAddr,
+    /// `http` or `https`.
+    scheme: &'static str,
     calls: mpsc::UnboundedReceiver<Call>,
+    /// Why TLS handshakes failed, in order.
+    refusals: mpsc::UnboundedReceiver<String>,
     server: JoinHandle<()>,
 }
 
@@ -58,34 +72,59 @@ impl FakeApi {
         Self::start_on(std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1"))
     }
 
-    /// Serves on `listener`, bound by the caller (in another network namespace, say).
+    /// Serves plain HTTP on `listener`, bound by the caller (in another network
+    /// namespace, say).
     pub fn start_on(listener: std::net::TcpListener) -> Self {
+        Self::serve(listener, None)
+    }
+
+    /// Serves HTTPS on `listener` with `tls` (a [`tls::Ca`]'s server configuration).
+    pub fn start_tls_on(listener: std::net::TcpListener, tls: Arc<ServerConfig>) -> Self {
+        Self::serve(listener, Some(TlsAcceptor::from(tls)))
+    }
+
+    fn serve(listener: std::net::TcpListener, tls: Option<TlsAcceptor>) -> Self {
         listener
             .set_nonblocking(true)
             .expect("a nonblocking listener");
         let listener = TcpListener::from_std(listener).expect("a tokio listener");
         let addr = listener.local_addr().expect("listener address");
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let (calls_tx, calls) = mpsc::unbounded_channel();
+        let (refusals_tx, refusals) = mpsc::unbounded_channel();
         let server = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let calls_tx = calls_tx.clone();
+                let refusals_tx = refusals_tx.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |request| handle(request, calls_tx.clone()));
-                    // A connection the test cuts off ends here with an error, on purpose.
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        None => serve_connection(stream, calls_tx).await,
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => serve_connection(stream, calls_tx).await,
+                            Err(error) => {
+                                let _ = refusals_tx.send(error.to_string());
+                            }
+                        },
+                    }
                 });
             }
         });
         Self {
             addr,
+            scheme,
             calls,
+            refusals,
             server,
         }
+    }
+
+    /// Where clients reach this server: `http://IP:PORT` or `https://IP:PORT`.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// A kubeconfig whose current context is this server, without credentials.
@@ -96,7 +135,7 @@ kind: Config
 clusters:
 - name: fake
   cluster:
-    server: http://{}
+    server: {}
 users:
 - name: nobody
   user: {{}}
@@ -107,7 +146,34 @@ contexts:
     user: nobody
 current-context: fake
 ",
-            self.addr
+            self.url()
+        )
+    }
+
+    /// A kubeconfig whose current context is this server over TLS, trusting the CA in
+    /// `ca_file`, with `token` as the bearer token.
+    pub fn tls_kubeconfig(&self, ca_file: &std::path::Path, token: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster:
+    server: {}
+    certificate-authority: {}
+users:
+- name: reader
+  user:
+    token: {token}
+contexts:
+- name: fake
+  context:
+    cluster: fake
+    user: reader
+current-context: fake
+",
+            self.url(),
+            ca_file.display()
         )
     }
 
@@ -117,6 +183,21 @@ current-context: fake
             Ok(Some(call)) => call,
             Ok(None) => panic!("the fake API server stopped"),
             Err(_) => panic!("no request to the fake API server within {CALL_TIMEOUT:?}"),
+        }
+    }
+
+    /// The request the client sent and nobody took yet, if any: to show that none came.
+    pub fn pending_call(&mut self) -> Option<Call> {
+        self.calls.try_recv().ok()
+    }
+
+    /// Why the next TLS handshake failed (a client that refuses the server's
+    /// certificate says so with an alert).
+    pub async fn next_refusal(&mut self) -> String {
+        match tokio::time::timeout(CALL_TIMEOUT, self.refusals.recv()).await {
+            Ok(Some(refusal)) => refusal,
+            Ok(None) => panic!("the fake API server stopped"),
+            Err(_) => panic!("no TLS handshake failed within {CALL_TIMEOUT:?}"),
         }
     }
 
@@ -148,6 +229,8 @@ pub struct Call {
     pub method: String,
     pub path: String,
     pub query: BTreeMap<String, String>,
+    /// The `Authorization` header, as sent.
+    pub authorization: Option<String>,
     reply: oneshot::Sender<Response<Body>>,
 }
 
@@ -275,6 +358,18 @@ impl WatchStream {
     }
 }
 
+/// Serves HTTP/1.1 on one connection, plain or TLS, until it ends.
+async fn serve_connection<S>(stream: S, calls: mpsc::UnboundedSender<Call>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| handle(request, calls.clone()));
+    // A connection the test cuts off ends here with an error, on purpose.
+    let _ = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
 async fn handle(
     request: Request<Incoming>,
     calls: mpsc::UnboundedSender<Call>,
@@ -295,6 +390,10 @@ async fn handle(
         method: request.method().to_string(),
         path: request.uri().path().to_owned(),
         query,
+        authorization: request
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned()),
         reply,
     };
     if calls.send(call).is_ok()
