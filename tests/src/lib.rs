@@ -14,7 +14,8 @@
 //! simulated node, with the real plugin.
 //! `oci` writes OCI image archives (the runtime tests' image, `cargo xtask image`);
 //! `deploy` reads the Kubernetes manifests under `deploy/`; `kubelet` turns the
-//! DaemonSet's container into the `podman run` that starts it on a simulated node.
+//! DaemonSet's container into the `podman run` that starts it on a simulated node;
+//! `service_account` gives a daemon a pod's in-cluster configuration.
 
 pub mod big_tcp;
 pub mod bins;
@@ -34,6 +35,7 @@ pub mod netns;
 pub mod node;
 pub mod oci;
 pub mod runtimes;
+pub mod service_account;
 pub mod snat;
 pub mod traffic;
 
