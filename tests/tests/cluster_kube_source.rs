@@ -36,7 +36,7 @@ use ebpf_cni_tests::{
     service_account::ServiceAccount,
     traffic::run_in,
 };
-use fake_api::{FakeApi, node, tls::Ca};
+use fake_api::{FakeApi, WatchStream, node, tls::Ca};
 
 const OWN_RANGE: &str = "10.244.171.0/24";
 /// How long the daemon may take to apply what the API said.
@@ -79,29 +79,9 @@ fn the_daemon_follows_nodes_from_the_kubernetes_api_through_a_410_and_a_cut() {
     let routes = || daemon_routes(&node_1.netns);
     let route = |range: &str, via: &str| vec![format!("{range} via {via} dev uplink0")];
 
-    let watch = runtime.block_on(async {
-        let list = api.expect_list().await;
-        list.reply_list(
-            "10",
-            &[
-                node("node-1", "9", NODE_ADDR, &[OWN_RANGE]),
-                node("node-2", "10", EXTERNAL_ADDR, &["10.244.172.0/24"]),
-            ],
-        );
-        api.expect_watch("10").await
-    });
-    assert!(
-        eventually(APPLIED, || routes()
-            == route("10.244.172.0/24", EXTERNAL_ADDR)),
-        "node 2's range routed via its address: {:?}",
-        routes()
-    );
-    let status = node_1.instance.cli_json(&["status"]);
-    assert_eq!(
-        status["pod_cidrs"],
-        serde_json::json!([OWN_RANGE]),
-        "this node's range from its Node object: {status}"
-    );
+    let (authorization, watch) = runtime.block_on(first_list(&mut api));
+    assert_eq!(authorization, None, "a kubeconfig without credentials");
+    assert_first_list_applied(&node_1);
 
     watch.event(
         "MODIFIED",
@@ -162,6 +142,40 @@ fn the_daemon_follows_nodes_from_the_kubernetes_api_through_a_410_and_a_cut() {
     );
 }
 
+/// Answers the daemon's first list with this node (its range [`OWN_RANGE`]) and node 2
+/// on the external host; returns the list's `Authorization` header and the watch that
+/// follows.
+async fn first_list(api: &mut FakeApi) -> (Option<String>, WatchStream) {
+    let list = api.expect_list().await;
+    let authorization = list.authorization.clone();
+    list.reply_list(
+        "10",
+        &[
+            node("node-1", "9", NODE_ADDR, &[OWN_RANGE]),
+            node("node-2", "10", EXTERNAL_ADDR, &["10.244.172.0/24"]),
+        ],
+    );
+    (authorization, api.expect_watch("10").await)
+}
+
+/// What [`first_list`] gives the daemon: node 2's range routed via its address, and this
+/// node's range (`ebpf-cnid status`).
+fn assert_first_list_applied(node_1: &Node) {
+    let routes = || daemon_routes(&node_1.netns);
+    assert!(
+        eventually(APPLIED, || routes()
+            == vec![format!("10.244.172.0/24 via {EXTERNAL_ADDR} dev uplink0")]),
+        "node 2's range routed via its address: {:?}",
+        routes()
+    );
+    let status = node_1.instance.cli_json(&["status"]);
+    assert_eq!(
+        status["pod_cidrs"],
+        serde_json::json!([OWN_RANGE]),
+        "this node's range from its Node object: {status}"
+    );
+}
+
 /// A node whose daemon reads its nodes through the in-cluster configuration of
 /// `account`, from a fake API server on the external host that presents a certificate
 /// `server_ca` signed.
@@ -200,35 +214,13 @@ fn in_cluster_the_daemon_lists_the_nodes_over_tls_with_its_service_account_token
     let account = ServiceAccount::new(TOKEN, &ca.pem());
     let (node_1, mut api) = in_cluster_node(&runtime, &account, &ca);
 
-    let _watch = runtime.block_on(async {
-        let list = api.expect_list().await;
-        assert_eq!(
-            list.authorization.as_deref(),
-            Some(format!("Bearer {TOKEN}").as_str()),
-            "the list carries the service account's token: {list:?}"
-        );
-        list.reply_list(
-            "10",
-            &[
-                node("node-1", "9", NODE_ADDR, &[OWN_RANGE]),
-                node("node-2", "10", EXTERNAL_ADDR, &["10.244.172.0/24"]),
-            ],
-        );
-        api.expect_watch("10").await
-    });
-    let routes = || daemon_routes(&node_1.netns);
-    assert!(
-        eventually(APPLIED, || routes()
-            == vec![format!("10.244.172.0/24 via {EXTERNAL_ADDR} dev uplink0")]),
-        "node 2's range routed via its address: {:?}",
-        routes()
-    );
-    let status = node_1.instance.cli_json(&["status"]);
+    let (authorization, _watch) = runtime.block_on(first_list(&mut api));
     assert_eq!(
-        status["pod_cidrs"],
-        serde_json::json!([OWN_RANGE]),
-        "this node's range from its Node object: {status}"
+        authorization,
+        Some(format!("Bearer {TOKEN}")),
+        "the list carries the service account's token"
     );
+    assert_first_list_applied(&node_1);
     let nodes = node_1.instance.cli_json(&["nodes"]);
     assert_eq!(nodes["node_source"], "in-cluster", "{nodes}");
     assert_eq!(

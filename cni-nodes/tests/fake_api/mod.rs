@@ -129,51 +129,37 @@ impl FakeApi {
 
     /// A kubeconfig whose current context is this server, without credentials.
     pub fn kubeconfig(&self) -> String {
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster:
-    server: {}
-users:
-- name: nobody
-  user: {{}}
-contexts:
-- name: fake
-  context:
-    cluster: fake
-    user: nobody
-current-context: fake
-",
-            self.url()
-        )
+        self.kubeconfig_with("", "{}")
     }
 
     /// A kubeconfig whose current context is this server over TLS, trusting the CA in
     /// `ca_file`, with `token` as the bearer token.
     pub fn tls_kubeconfig(&self, ca_file: &std::path::Path, token: &str) -> String {
+        let ca = format!("\n    certificate-authority: {}", ca_file.display());
+        self.kubeconfig_with(&ca, &format!("\n    token: {token}"))
+    }
+
+    /// A kubeconfig for this server: `cluster` continues its cluster's fields (after
+    /// `server`), `user` is its user's value.
+    fn kubeconfig_with(&self, cluster: &str, user: &str) -> String {
         format!(
             "apiVersion: v1
 kind: Config
 clusters:
 - name: fake
   cluster:
-    server: {}
-    certificate-authority: {}
+    server: {}{cluster}
 users:
-- name: reader
-  user:
-    token: {token}
+- name: fake
+  user: {user}
 contexts:
 - name: fake
   context:
     cluster: fake
-    user: reader
+    user: fake
 current-context: fake
 ",
-            self.url(),
-            ca_file.display()
+            self.url()
         )
     }
 
