@@ -185,6 +185,9 @@ impl Daemon {
             .args(instance.flags())
             .arg("run")
             .env("EBPF_CNID_LOG", "info")
+            // A runner in a pod has it; the daemon would then take the in-cluster
+            // configuration for a node source. Only a wrapper sets it (`service_account`).
+            .env_remove("KUBERNETES_SERVICE_HOST")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
