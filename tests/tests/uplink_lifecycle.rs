@@ -20,7 +20,10 @@ use serde_json::Value;
 #[test]
 fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none() {
     require_root();
-    let mut node = Node::start("10.244.57.0/24");
+    // The first flow must outlive every step up to its last round trip, a restart
+    // included: under TCG that is longer than the default 30 s.
+    let flags = ["--nat-udp-timeout", "600"];
+    let mut node = Node::start_with("10.244.57.0/24", &[], &flags);
     let pod = node.add_pod("follow");
     let udp = UdpEcho::start(&node.external, UDP_PORT);
     let node_addr = |node: &Node| nat_table(node)["node_addr"].clone();
@@ -82,7 +85,7 @@ fn translation_follows_the_uplink_address_and_nothing_leaves_while_it_has_none()
 
     // A daemon (re)started while the uplink has no address runs, and still drops.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
-    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &flags);
     assert!(node_addr(&node).is_null(), "{}", nat_table(&node));
     let dropped = drops(&node);
     assert!(udp_round_trip(&pod.netns, 5003, external(UDP_PORT), b"none").is_err());
