@@ -71,11 +71,14 @@ pub enum DropReason {
     /// A packet or an ARP request from outside the node (an uplink, the overlay) for a
     /// pods' gateway: the node answers at that address for its pods only.
     GatewayFromOutside = 16,
+    /// A pod's packet the pod program had grown to encapsulate it for another node
+    /// (`--routing vxlan`) whose outer headers the kernel then refused to take.
+    OverlayEncapFailed = 17,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -93,6 +96,7 @@ impl DropReason {
         DropReason::OverlayForeignVni,
         DropReason::OverlayNotLocal,
         DropReason::GatewayFromOutside,
+        DropReason::OverlayEncapFailed,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -118,6 +122,7 @@ impl DropReason {
             DropReason::OverlayForeignVni => "overlay_foreign_vni",
             DropReason::OverlayNotLocal => "overlay_not_local",
             DropReason::GatewayFromOutside => "gateway_from_outside",
+            DropReason::OverlayEncapFailed => "overlay_encap_failed",
         }
     }
 }

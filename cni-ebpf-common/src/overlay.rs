@@ -22,8 +22,8 @@ pub struct RemoteNode {
     pub pad: u32,
 }
 
-/// `OVERLAY_CONFIG[0]`: the tunnel device and its VNI; `ifindex` 0 is no overlay (native
-/// routing: pods' traffic for other nodes follows the node's routes).
+/// `OVERLAY_CONFIG[0]`: the tunnel device, its VNI and UDP port; `ifindex` 0 is no
+/// overlay (native routing: pods' traffic for other nodes follows the node's routes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OverlayConfig {
@@ -31,10 +31,15 @@ pub struct OverlayConfig {
     pub ifindex: u32,
     /// The VXLAN network identifier every node of the cluster uses.
     pub vni: u32,
+    /// The UDP port every node's device listens on (host byte order): the outer
+    /// destination port of what the pod program encapsulates itself.
+    pub port: u16,
+    /// Reserved (0).
+    pub pad: [u8; 6],
 }
 
 const _: () = assert!(core::mem::size_of::<RemoteNode>() == 8);
-const _: () = assert!(core::mem::size_of::<OverlayConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<OverlayConfig>() == 16);
 
 #[cfg(feature = "user")]
 mod pod_impls {

@@ -4,17 +4,25 @@
 //! the uplink's MTU less the overlay's 50 bytes, and a 4 MiB transfer arrives intact;
 //! the node's own traffic reaches other nodes' pods from the overlay's address; a pod
 //! reaches another node and a hostPort there (translated, out of the uplink); traffic
-//! to the outside is still translated. What comes out of the tunnel is checked: a host
-//! that is no node, speaking VXLAN for a node's pod range, is dropped and counted.
+//! to the outside is still translated. Once the remote node (or the router towards it)
+//! is a known neighbour, the pod program encapsulates itself and the overlay device
+//! sends nothing; a whole datagram at the pods' MTU takes the device. What comes out
+//! of the tunnel is checked: a host that is no node, speaking VXLAN for a node's pod
+//! range, is dropped and counted. An `OVERLAY_CONFIG` an earlier release pinned
+//! without the port is made anew at start.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use cni_ebpf_common::{OverlayConfig, map_names};
 use ebpf_cni_tests::{
-    cluster::{TestCluster, daemon_routes, last_peer, node_addr, pods_talk_as_themselves},
+    cluster::{
+        TestCluster, daemon_routes, last_peer, node_addr, node_name, pods_talk_as_themselves,
+    },
+    daemon::Daemon,
     netns::Netns,
     node::port_mappings,
     require_root,
-    traffic::{EchoServer, bulk, round_trip},
+    traffic::{EchoServer, UdpEcho, bulk, round_trip, udp_round_trip},
 };
 
 const RANGES: [&str; 3] = ["10.244.121.0/24", "10.244.122.0/24", "10.244.123.0/24"];
@@ -22,6 +30,19 @@ const PORT: u16 = 9500;
 
 fn to(ip: Ipv4Addr) -> SocketAddr {
     (ip, PORT).into()
+}
+
+/// The overlay device's name.
+const DEVICE: &str = "ebpf-vxlan";
+
+/// Packets `device` in `netns` sent.
+fn tx_packets(netns: &Netns, device: &str) -> u64 {
+    let shown: serde_json::Value =
+        serde_json::from_str(&netns.ip(&["-s", "-j", "link", "show", device]))
+            .expect("ip -j prints JSON");
+    shown[0]["stats64"]["tx"]["packets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no TX count in {shown}"))
 }
 
 /// The MTU of `device` in `netns`.
@@ -43,7 +64,7 @@ fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
     let b = cluster.node(2).add_pod("vxlan-b");
     let c = cluster.node(3).add_pod("vxlan-c");
 
-    assert_eq!(mtu(&cluster.node(1).netns, "ebpf-vxlan"), 1450);
+    assert_eq!(mtu(&cluster.node(1).netns, DEVICE), 1450);
     assert_eq!(
         mtu(&a.netns, "eth0"),
         1450,
@@ -60,11 +81,33 @@ fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
 
     pods_talk_as_themselves(&cluster, [&a, &b, &c], PORT);
 
+    // The pod program encapsulates itself (GSO bursts included) once node 2's address
+    // is a known neighbour: the overlay device sends none of it.
+    let (device_before, uplink_before) = (
+        tx_packets(&cluster.node(1).netns, DEVICE),
+        tx_packets(&cluster.node(1).netns, "uplink0"),
+    );
     let receiving = bulk::sink(&b.netns, PORT + 3, 4 << 20);
     bulk::send(&a.netns, (b.ip, PORT + 3).into(), 4 << 20).expect("4 MiB through the overlay");
     let received = receiving.join().expect("the sink");
     assert!(received.intact, "4 MiB arrive intact, in order");
     assert_eq!(received.peer.ip(), IpAddr::V4(a.ip));
+    assert_eq!(
+        tx_packets(&cluster.node(1).netns, DEVICE),
+        device_before,
+        "the pod program encapsulated the transfer itself"
+    );
+    assert!(
+        tx_packets(&cluster.node(1).netns, "uplink0") > uplink_before + 60,
+        "the transfer left by the uplink"
+    );
+    // A whole datagram at the pods' MTU, which the kernel cannot grow in the pod's veth
+    // (its growth check is against that veth's MTU): the device carries it.
+    let _udp_b = UdpEcho::start(&b.netns, PORT + 5);
+    let datagram = vec![7u8; 1450 - 28];
+    let echoed = udp_round_trip(&a.netns, 0, (b.ip, PORT + 5).into(), &datagram)
+        .expect("a datagram at the pods' MTU crosses");
+    assert_eq!(echoed, datagram);
 
     let nodes = cluster.node(1).instance.cli_json(&["nodes"]);
     let to_node_2 = &nodes["nodes"][1];
@@ -178,4 +221,62 @@ fn a_node_behind_a_router_is_reached_through_the_overlay() {
         &["-c", "2", "-i", "0.2", "-W", "2", &a.ip.to_string()],
     );
     assert!(ping.status.success(), "pod b pings pod a: {ping:?}");
+    // The router is a known neighbour now: the pod program sends to it itself.
+    let device_before = tx_packets(&cluster.node(1).netns, DEVICE);
+    round_trip(&a.netns, to(b.ip), b"again").expect("pod a reaches pod b again");
+    assert_eq!(
+        tx_packets(&cluster.node(1).netns, DEVICE),
+        device_before,
+        "encapsulated by the pod program, sent to the router"
+    );
+}
+
+#[test]
+fn an_overlay_configuration_pinned_by_an_earlier_release_is_made_anew() {
+    require_root();
+    let mut cluster = TestCluster::start(&["10.244.126.0/24", "10.244.127.0/24"], &[]);
+    let a = cluster.node(1).add_pod("earlier-a");
+    let b = cluster.node(2).add_pod("earlier-b");
+    let _server = EchoServer::start(&b.netns, PORT);
+    round_trip(&a.netns, to(b.ip), b"before").expect("pod a reaches pod b");
+
+    // An earlier release's OVERLAY_CONFIG: 8 bytes, before the UDP port.
+    let node = &mut cluster.nodes[0];
+    let pin = node.instance.bpf_dir.join(map_names::OVERLAY_CONFIG);
+    let value_size = |pin: &std::path::Path| {
+        aya::maps::MapInfo::from_pin(pin)
+            .expect("a pinned OVERLAY_CONFIG")
+            .value_size() as usize
+    };
+    assert_eq!(value_size(&pin), size_of::<OverlayConfig>());
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.pin_earlier_map(&pin, "array", 4, 8, 1);
+    let name = node_name(1);
+    let [file_flag, path] = cluster.file.flags();
+    node.daemon = Daemon::start_with(
+        &node.netns,
+        &node.instance,
+        &[],
+        &["--node-name", &name, file_flag, path],
+    );
+    assert_eq!(
+        value_size(&pin),
+        size_of::<OverlayConfig>(),
+        "made anew at this release's size"
+    );
+    assert!(
+        node.instance
+            .log()
+            .contains("OVERLAY_CONFIG pinned by an earlier release"),
+        "said in the log"
+    );
+    // The port the pod program encapsulates to comes from the new map: node 2's
+    // device would not take the packets without it.
+    let device_before = tx_packets(&cluster.node(1).netns, DEVICE);
+    round_trip(&a.netns, to(b.ip), b"after").expect("pod a reaches pod b after the start");
+    assert_eq!(
+        tx_packets(&cluster.node(1).netns, DEVICE),
+        device_before,
+        "encapsulated by the pod program"
+    );
 }

@@ -89,6 +89,8 @@ impl Datapath {
             OverlayConfig {
                 ifindex,
                 vni: settings.vni,
+                port: settings.port,
+                pad: [0; 6],
             },
             0,
         )?;

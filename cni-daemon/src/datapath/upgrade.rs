@@ -5,7 +5,8 @@
 //!   their flows lost; of that size but an earlier release's 24-byte [`NatEntry`]
 //!   (before the sequence numbers), read and unpinned, and their flows written into the
 //!   tables the load creates ([`Carried`]);
-//! - a `NAT_CONFIG` an earlier release pinned with a shorter value is unpinned;
+//! - a `NAT_CONFIG` or `OVERLAY_CONFIG` an earlier release pinned with a shorter value
+//!   is unpinned;
 //! - a `NODE_ADDRS` of another size (an earlier release's 256) is unpinned;
 //! - `NAT_INBOUND` and `HOSTPORT_FLOWS` of another size, or of an earlier release's 8
 //!   or 24 bytes a flow, are read and unpinned, and their flows carried likewise;
@@ -30,7 +31,7 @@ use aya::{
 };
 use cni_ebpf_common::{
     DropReason, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
-    RefusedFlows, ip_proto, map_names, tcp_state, udp_state,
+    OverlayConfig, RefusedFlows, ip_proto, map_names, tcp_state, udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
@@ -97,7 +98,12 @@ impl EarlierNatEntry {
 pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried, DatapathError> {
     resize_nat_tables(bpf_dir, nat_max_flows)?;
     let (out, replies) = take_earlier_nat_tables(bpf_dir)?;
-    replace_resized_config(bpf_dir)?;
+    replace_resized_config(bpf_dir, map_names::NAT_CONFIG, size_of::<NatConfig>())?;
+    replace_resized_config(
+        bpf_dir,
+        map_names::OVERLAY_CONFIG,
+        size_of::<OverlayConfig>(),
+    )?;
     replace_resized_node_addrs(bpf_dir)?;
     replace_counters(bpf_dir, nat_max_flows)?;
     let mut flows = [
@@ -190,24 +196,25 @@ fn resize_nat_tables(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError
     Ok(())
 }
 
-/// Makes room for a `NAT_CONFIG` of this datapath's value size: a pin an earlier release
-/// left with another (its `NatConfig` was shorter: `udp_stream_secs` came later) is
-/// unpinned, so that the load creates the map anew, as aya would otherwise reuse it and
-/// the programs would not load against it. Nothing is lost: the daemon writes the map
-/// whole at every start. The programs still attached keep the old map until the new
-/// ones replace them, a moment later in the same start.
-fn replace_resized_config(bpf_dir: &Path) -> Result<(), DatapathError> {
-    let pin = bpf_dir.join(map_names::NAT_CONFIG);
+/// Makes room for the configuration array `name` (`NAT_CONFIG`, `OVERLAY_CONFIG`) at
+/// this datapath's value `size`: a pin an earlier release left with another
+/// (`NatConfig` was shorter before `udp_stream_secs`, `OverlayConfig` before `port`)
+/// is unpinned, so that the load creates the map anew, as aya would otherwise reuse it
+/// and the programs would not load against it. Nothing is lost: the daemon writes
+/// these maps whole at every start. The programs still attached keep the old map until
+/// the new ones replace them, a moment later in the same start.
+fn replace_resized_config(bpf_dir: &Path, name: &str, size: usize) -> Result<(), DatapathError> {
+    let pin = bpf_dir.join(name);
     if !pin.exists() {
         return Ok(());
     }
-    let size = MapInfo::from_pin(&pin)?.value_size();
-    if usize::try_from(size).is_ok_and(|size| size == size_of::<NatConfig>()) {
+    let pinned = MapInfo::from_pin(&pin)?.value_size();
+    if usize::try_from(pinned).is_ok_and(|pinned| pinned == size) {
         return Ok(());
     }
     tracing::info!(
-        size,
-        "NAT_CONFIG pinned by an earlier release is created anew at this release's size"
+        size = pinned,
+        "{name} pinned by an earlier release is created anew at this release's size"
     );
     fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))
 }

@@ -11,19 +11,10 @@
 //! FIB lookup's MTU check"). A packet whose segments do not fit goes to the stack,
 //! which answers with ICMP "fragmentation needed" as a router must.
 
-use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_check_mtu_flags::BPF_MTU_CHK_SEGS,
-        bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup as FibParams,
-    },
-    helpers::generated::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect},
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::primitives::{deliver, maps, zeroed::Words};
-
-const AF_INET: u8 = 2;
+use crate::primitives::{deliver, fib, maps};
 
 /// Sends `ip` (a pod's packet for no local pod) straight out of an uplink when the FIB
 /// says that is its way and the neighbour is known; otherwise the stack takes it.
@@ -37,42 +28,30 @@ pub fn to_uplink(
     if maps::nat_config().is_none() || ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
-    // A plain C struct of integers; all-zero is its "unset" state.
-    let mut room = Words::<FibParams>::uninit();
-    let params = room.zeroed();
-    params.family = AF_INET;
-    params.l4_protocol = ip.proto as u8;
-    params.ifindex = ingress_ifindex;
-    // tot_len stays 0: the kernel checks the packet against the MTU (see the module).
-    params.__bindgen_anon_2.tos = ip.tos;
-    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
-    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
-    // SAFETY: the helper reads and writes `params`, of the size given.
-    let found = unsafe {
-        bpf_fib_lookup(
-            ctx.skb.skb.cast(),
-            params,
-            core::mem::size_of::<FibParams>() as i32,
-            0,
-        )
-    };
     // Anything but a resolved route out of an uplink (local addresses, no neighbour
     // yet, forwarding off, other devices) is the stack's business.
-    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || maps::uplink_addr(params.ifindex).is_none() {
+    let Some(next) = fib::forward(
+        ctx,
+        ingress_ifindex,
+        ip.proto as u8,
+        ip.tos,
+        ip.src_addr,
+        ip.dst_addr,
+    ) else {
         return Ok(TC_ACT_OK);
-    }
-    if !segments_fit(ctx, params.ifindex) {
+    };
+    if maps::uplink_addr(next.ifindex).is_none() || !segments_fit(ctx, next.ifindex) {
         return Ok(TC_ACT_OK);
     }
     deliver::decrement_ttl(ctx, ip)?;
     let rewritten = EthHdr {
-        dst_addr: params.dmac,
-        src_addr: params.smac,
+        dst_addr: next.dmac,
+        src_addr: next.smac,
         ether_type: eth.ether_type,
     };
     ctx.store(0, &rewritten, 0)?;
     // SAFETY: a plain helper call with an ifindex and no flags (egress of the uplink).
-    Ok(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+    Ok(unsafe { bpf_redirect(next.ifindex, 0) } as i32)
 }
 
 /// Whether each segment of a GSO packet fits the MTU of `ifindex` (a packet that is not
@@ -80,20 +59,6 @@ pub fn to_uplink(
 #[inline(always)]
 fn segments_fit(ctx: &TcContext, ifindex: u32) -> bool {
     // SAFETY: `skb` is the program's context; gso_size is a readable field of it.
-    if unsafe { (*ctx.skb.skb).gso_size } == 0 {
-        return true;
-    }
-    // 0 in, with BPF_MTU_CHK_SEGS: check the skb itself, segment by segment.
-    let mut mtu_len: u32 = 0;
-    // SAFETY: a plain helper call with the context and a u32 it writes.
-    let checked = unsafe {
-        bpf_check_mtu(
-            ctx.skb.skb.cast(),
-            ifindex,
-            &mut mtu_len,
-            0,
-            u64::from(BPF_MTU_CHK_SEGS),
-        )
-    };
-    checked == i64::from(BPF_MTU_CHK_RET_SUCCESS)
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    gso_size == 0 || fib::fits(ctx, ifindex)
 }

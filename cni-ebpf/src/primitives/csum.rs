@@ -80,6 +80,20 @@ pub fn ipv4_check<const N: usize>(check: [u8; 2], old: [[u8; 2]; N], new: [[u8; 
     (!(sum as u16)).to_be_bytes()
 }
 
+/// The checksum of a new IPv4 header (`header` with its checksum field zero, as on the
+/// wire): the one's complement of the one's complement sum of its ten 16-bit words.
+#[inline(always)]
+pub fn ipv4_header(header: &[u8; 20]) -> [u8; 2] {
+    let mut sum = 0u32;
+    for word in 0..10 {
+        sum += u32::from(u16::from_be_bytes([header[2 * word], header[2 * word + 1]]));
+    }
+    // Ten terms below 2^16: two folds bring it under 2^16.
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    (!(sum as u16)).to_be_bytes()
+}
+
 /// An IPv4 address as its two 16-bit checksum words.
 #[inline(always)]
 fn words(addr: [u8; 4]) -> [[u8; 2]; 2] {

@@ -1,12 +1,14 @@
 //! What every feature builds on, knowing none of them: reading and checking headers
 //! ([`packet`]), rewriting them with their checksums ([`csum`]), the clock ([`clock`]),
-//! every map of the object ([`maps`]), handing a frame over ([`deliver`]), counting
-//! ([`counters`]), and zeroing without memset ([`zeroed`]).
+//! every map of the object ([`maps`]), the node's FIB and MTUs ([`fib`]), handing a
+//! frame over ([`deliver`]), counting ([`counters`]), and zeroing without memset
+//! ([`zeroed`]).
 
 pub mod clock;
 pub mod counters;
 pub mod csum;
 pub mod deliver;
+pub mod fib;
 pub mod maps;
 pub mod packet;
 pub mod zeroed;

@@ -92,7 +92,7 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
             // A Service (kube-proxy's DNAT is in the stack).
             None if services::to_service(ctx, &ip)? => Ok(deliver::to_stack(ctx)),
             // Another node's pod, through the overlay (`--routing vxlan`).
-            None => match overlay::to_remote(ctx, &ip)? {
+            None => match overlay::to_remote(ctx, eth, &ip, ifindex)? {
                 Some(verdict) => Ok(verdict),
                 None => route::to_uplink(ctx, eth, &ip, ifindex),
             },

@@ -1,8 +1,10 @@
 //! The overlay between nodes (`--routing vxlan`): a pod's packet for another node's pod
-//! range goes into the daemon's collect-metadata VXLAN device ([`to_remote`]); on that
-//! device's egress the tunnel key is set from the node the destination belongs to
-//! ([`egress`], which also carries the node's own traffic routed there); on its ingress,
-//! a decapsulated packet is checked and handed straight into the pod ([`ingress`]).
+//! range is encapsulated by the pod program and sent out of the uplink towards that
+//! node ([`encap`]), or, when that way is not open, goes into the daemon's
+//! collect-metadata VXLAN device ([`to_remote`]); on that device's egress the tunnel
+//! key is set from the node the destination belongs to ([`egress`], which also carries
+//! the node's own traffic routed there); on its ingress, a decapsulated packet is
+//! checked and handed straight into the pod ([`ingress`]).
 //!
 //! What comes out of the tunnel is untrusted: its VNI must be the cluster's, and its
 //! inner source must lie in the pod ranges of the node its outer source is (a node
@@ -10,6 +12,8 @@
 //! it must be for a pod of this node or for the node itself (the overlay's own address,
 //! which the node's own traffic to other nodes' pods leaves from). Anything else is
 //! dropped and counted under its own reason.
+
+pub mod encap;
 
 use aya_ebpf::{
     bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_OK},
@@ -41,12 +45,19 @@ const _: () = assert!(TUNNEL_KEY_SIZE == 24);
 /// TTL of the outer header.
 const OUTER_TTL: u8 = 64;
 
-/// A pod's packet (`ip`, for no pod of this node) for another node's pod range: counted
-/// for that node, and with the overlay routed into its device (TTL decremented: the
-/// node is a router hop), whose egress program sets the tunnel key. `None`: not for the
-/// overlay (no other node's range, or native routing: the node's routes take it).
+/// A pod's frame (`eth`, `ip`, for no pod of this node, from the host veth
+/// `ingress_ifindex`) for another node's pod range: counted for that node, and with the
+/// overlay routed (TTL decremented: the node is a router hop) to that node,
+/// encapsulated here ([`encap`]) or by the device, whose egress program sets the tunnel
+/// key. `None`: not for the overlay (no other node's range, or native routing: the
+/// node's routes take it).
 #[inline(always)]
-pub fn to_remote(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<i32>, i64> {
+pub fn to_remote(
+    ctx: &TcContext,
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+    ingress_ifindex: u32,
+) -> Result<Option<i32>, i64> {
     let Some(remote) = maps::remote_node(ip.dst_addr) else {
         return Ok(None);
     };
@@ -59,6 +70,10 @@ pub fn to_remote(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<i32>, i64> {
         return Ok(Some(TC_ACT_OK));
     }
     deliver::decrement_ttl(ctx, ip)?;
+    if let Some(verdict) = encap::encapsulate(ctx, eth, ip, &config, remote.addr, ingress_ifindex)?
+    {
+        return Ok(Some(verdict));
+    }
     // SAFETY: a plain helper call with an ifindex and no flags (egress of the device).
     Ok(Some(unsafe { bpf_redirect(config.ifindex, 0) } as i32))
 }
