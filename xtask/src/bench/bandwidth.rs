@@ -230,7 +230,7 @@ pub(super) fn bandwidth(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: bandwidth limits");
     let setups = Setups::build()?;
     // Streams of 10 s whatever the plan: a quick run measures each once.
-    let repeats = if plan.quick { 1 } else { 3 };
+    let repeats = if plan.quick { 1 } else { 5 };
     let mut figures = Vec::new();
     for (n, rate) in RATES.iter().enumerate() {
         let pairs = setups.pairs(n);
