@@ -25,6 +25,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{DropReason, NatConfig, OverlayConfig, ip_proto::UDP};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
+use super::OUTER_TTL;
 use crate::primitives::{counters, csum, fib, maps};
 
 /// What encapsulation adds after the outer Ethernet header (the frame's own, readdressed
@@ -41,9 +42,6 @@ const FLAGS: u64 = BPF_F_ADJ_ROOM_FIXED_GSO as u64
     | BPF_F_ADJ_ROOM_ENCAP_L2_ETH as u64
     // BPF_F_ADJ_ROOM_ENCAP_L2(len): the inner MAC header's length.
     | (EthHdr::LEN as u64) << 56;
-
-/// Time to live of the outer header, as the device's.
-const OUTER_TTL: u8 = 64;
 
 /// The VXLAN header's flags: the VNI is valid (RFC 7348).
 const VXLAN_VNI_VALID: u8 = 0x08;
