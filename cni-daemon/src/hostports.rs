@@ -216,6 +216,25 @@ pub fn conflict<'a>(
     None
 }
 
+/// The first mapping of `candidate` onto the overlay's UDP `port` (`--routing vxlan`),
+/// on any address: the node's tunnel socket listens there on every address, and the
+/// uplink's program takes what other nodes send there for the overlay, so such a
+/// mapping could never be served, while the part of the tunnel's traffic it caught
+/// would be cut off from the cluster.
+pub fn overlays(candidate: &Endpoint, port: u16) -> Option<String> {
+    candidate
+        .port_mappings
+        .iter()
+        .find(|mapping| ip_proto(&mapping.protocol) == Some(UDP) && mapping.host_port == port)
+        .map(|mapping| {
+            format!(
+                "host port {} is the overlay's (--routing vxlan): every node's tunnel \
+                 packets arrive there",
+                describe(mapping)
+            )
+        })
+}
+
 /// The mapping's host address; `None` (or 0.0.0.0) means every node address.
 fn host_ip(mapping: &PortMapping) -> Option<IpAddr> {
     mapping.host_ip.filter(|ip| !ip.is_unspecified())
@@ -286,6 +305,21 @@ mod tests {
             conflict([&any].into_iter(), &endpoint("a", &[(8080, "tcp", None)])).is_none(),
             "a retried ADD"
         );
+    }
+
+    #[test]
+    fn the_overlays_udp_port_is_no_host_port() {
+        let on_it = endpoint("a", &[(80, "tcp", None), (8472, "udp", Some("198.18.0.1"))]);
+        assert_eq!(
+            overlays(&on_it, 8472).as_deref(),
+            Some(
+                "host port 198.18.0.1:8472/udp is the overlay's (--routing vxlan): every \
+                 node's tunnel packets arrive there"
+            )
+        );
+        let tcp = endpoint("b", &[(8472, "tcp", None)]);
+        assert_eq!(overlays(&tcp, 8472), None, "TCP has the port free");
+        assert_eq!(overlays(&on_it, 4789), None, "another overlay port");
     }
 
     #[test]

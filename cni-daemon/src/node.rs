@@ -99,6 +99,8 @@ struct Overlay {
     ifindex: u32,
     /// The MTU of the device, and of pods whose conflist sets none.
     pod_mtu: u32,
+    /// The UDP port every node's tunnel packets arrive at: no hostPort's.
+    port: u16,
 }
 
 /// The MTU of links where the node's uplink cannot be read (no uplink yet).
@@ -186,8 +188,13 @@ impl Node {
                     None => DEFAULT_MTU,
                 };
                 let pod_mtu = uplink_mtu.saturating_sub(overlay::OVERHEAD);
+                let port = overlay.port;
                 let ifindex = datapath.start_overlay(overlay, pod_mtu)?;
-                Some(Overlay { ifindex, pod_mtu })
+                Some(Overlay {
+                    ifindex,
+                    pod_mtu,
+                    port,
+                })
             }
             (Routing::Native, _) | (Routing::Vxlan, None) => {
                 datapath.stop_overlay()?;
@@ -436,6 +443,11 @@ impl Node {
     pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
         if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {
             return Err(HostPortError::Conflict(conflict).into());
+        }
+        if let Some(overlay) = &self.overlay
+            && let Some(taken) = hostports::overlays(&endpoint, overlay.port)
+        {
+            return Err(HostPortError::Conflict(taken).into());
         }
         hostports::entries(&endpoint)?;
         self.endpoints.check(&endpoint)?;

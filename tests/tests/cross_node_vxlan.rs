@@ -8,15 +8,18 @@
 //! is a known neighbour, the pod program encapsulates itself and the overlay device
 //! sends nothing; a whole datagram at the pods' MTU takes the device. What comes out
 //! of the tunnel is checked: a host that is no node, speaking VXLAN for a node's pod
-//! range, is dropped and counted. An `OVERLAY_CONFIG` an earlier release pinned
-//! without the port is made anew at start.
+//! range, is dropped and counted. Single packets for a pod are taken out of the tunnel
+//! by the uplink's program and the overlay device receives none of them; no
+//! translated UDP flow and no hostPort gets the overlay's port. An `OVERLAY_CONFIG` an earlier release
+//! pinned without the port is made anew at start.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use cni_ebpf_common::{OverlayConfig, map_names};
 use ebpf_cni_tests::{
     cluster::{
-        TestCluster, daemon_routes, last_peer, node_addr, node_name, pods_talk_as_themselves,
+        SEGMENT_HOST, TestCluster, daemon_routes, last_peer, node_addr, node_name,
+        pods_talk_as_themselves,
     },
     daemon::Daemon,
     netns::Netns,
@@ -37,12 +40,17 @@ const DEVICE: &str = "ebpf-vxlan";
 
 /// Packets `device` in `netns` sent.
 fn tx_packets(netns: &Netns, device: &str) -> u64 {
+    packets(netns, device, "tx")
+}
+
+/// Packets `device` in `netns` counted one `way` ("rx" or "tx").
+fn packets(netns: &Netns, device: &str, way: &str) -> u64 {
     let shown: serde_json::Value =
         serde_json::from_str(&netns.ip(&["-s", "-j", "link", "show", device]))
             .expect("ip -j prints JSON");
-    shown[0]["stats64"]["tx"]["packets"]
+    shown[0]["stats64"][way]["packets"]
         .as_u64()
-        .unwrap_or_else(|| panic!("no TX count in {shown}"))
+        .unwrap_or_else(|| panic!("no {way} count in {shown}"))
 }
 
 /// The MTU of `device` in `netns`.
@@ -80,6 +88,17 @@ fn pods_on_three_nodes_talk_through_the_overlay_with_their_own_addresses() {
     );
 
     pods_talk_as_themselves(&cluster, [&a, &b, &c], PORT);
+
+    // Single packets out of the tunnel are taken out by the receiving node's uplink
+    // program and handed to the pod: neither node's overlay device receives them.
+    let received = || [1, 2].map(|n| packets(&cluster.node(n).netns, DEVICE, "rx"));
+    let before = received();
+    let ping = a.netns.run(
+        "ping",
+        &["-c", "3", "-i", "0.2", "-W", "2", &b.ip.to_string()],
+    );
+    assert!(ping.status.success(), "pod a pings pod b: {ping:?}");
+    assert_eq!(received(), before, "the uplink programs delivered them");
 
     // The pod program encapsulates itself (GSO bursts included) once node 2's address
     // is a known neighbour: the overlay device sends none of it.
@@ -278,5 +297,46 @@ fn an_overlay_configuration_pinned_by_an_earlier_release_is_made_anew() {
         tx_packets(&cluster.node(1).netns, DEVICE),
         device_before,
         "encapsulated by the pod program"
+    );
+}
+
+#[test]
+fn neither_translated_flows_nor_host_ports_take_the_overlays_port() {
+    require_root();
+    // Two node ports for translated flows, one of them the overlay's.
+    let cluster = TestCluster::start(&["10.244.128.0/24"], &["--nat-port-range", "8472-8473"]);
+    let a = cluster.node(1).add_pod("reserved-a");
+    let outside: SocketAddr = (SEGMENT_HOST.parse::<Ipv4Addr>().expect("an address"), PORT).into();
+    let echo = UdpEcho::start(&cluster.segment, PORT);
+    udp_round_trip(&a.netns, 5001, outside, b"first").expect("the first flow gets a port");
+    let node: IpAddr = node_addr(1).parse().expect("an address");
+    assert_eq!(
+        echo.peers(),
+        [SocketAddr::new(node, 8473)],
+        "translated to the port that is not the overlay's"
+    );
+    assert!(
+        udp_round_trip(&a.netns, 5002, outside, b"second").is_err(),
+        "no port is left for a second flow"
+    );
+    let status = cluster.node(1).instance.cli_json(&["status"]);
+    assert!(
+        status["drops"]["nat_ports_exhausted"]
+            .as_u64()
+            .is_some_and(|drops| drops >= 1),
+        "counted: {status}"
+    );
+    assert_eq!(echo.peers().len(), 1, "nothing else reached the outside");
+
+    // Nor does a hostPort: refused at ADD, as a taken port is.
+    let (_refused, outcome) = cluster
+        .node(1)
+        .try_add("reserved-hp", &port_mappings(PORT, &[(8472, "udp", None)]));
+    let error = outcome.error(105);
+    assert!(
+        error["msg"]
+            .as_str()
+            .is_some_and(|msg| msg.contains("8472/udp is the overlay's")),
+        "{error}"
     );
 }

@@ -1,7 +1,8 @@
 //! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`),
 //! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`),
 //! where ARP requests and packets for the pods' gateways are dropped (they are the
-//! node's addresses for its pods only, see `rev_nat`).
+//! node's addresses for its pods only, see `rev_nat`), and the overlay's single packets
+//! for this node's pods are taken out of the tunnel (`overlay::decap`).
 //! Both start alike ([`on_uplink`]); a fragment after its datagram's first one, which
 //! has no ports to find its flow by, follows what its first fragment was given.
 
@@ -14,7 +15,7 @@ use network_types::{
 };
 
 use crate::{
-    features::{fragments, rev_nat, snat},
+    features::{fragments, overlay, rev_nat, snat},
     primitives::{
         counters, maps,
         packet::{self, EthIpv4},
@@ -59,6 +60,10 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
         ctx,
         #[inline(always)]
         |config, node_addr, eth, ip| {
+            // The overlay's packets for this node's pods, out of the tunnel here.
+            if let Some(verdict) = overlay::decap::from_uplink(ctx, node_addr, ip)? {
+                return Ok(verdict);
+            }
             if fragments::is_later(ip) {
                 rev_nat::later_fragment(ctx, eth, ip)
             } else {

@@ -31,7 +31,7 @@ use crate::primitives::{counters, csum, fib, maps};
 /// What encapsulation adds after the outer Ethernet header (the frame's own, readdressed
 /// to the next hop): outer IPv4 (20), UDP (8), VXLAN (8) and the inner Ethernet (14)
 /// headers, as the overlay device's `OVERHEAD`.
-const ADDED: usize = 50;
+pub(super) const ADDED: usize = 50;
 
 /// `bpf_skb_adjust_room` flags: the room is a UDP tunnel over IPv4 carrying Ethernet
 /// (so that GSO segments the inner packet and repeats the headers before it), and
@@ -44,7 +44,7 @@ const FLAGS: u64 = BPF_F_ADJ_ROOM_FIXED_GSO as u64
     | (EthHdr::LEN as u64) << 56;
 
 /// The VXLAN header's flags: the VNI is valid (RFC 7348).
-const VXLAN_VNI_VALID: u8 = 0x08;
+pub(super) const VXLAN_VNI_VALID: u8 = 0x08;
 
 /// Outer UDP source ports come from the inner flow's hash, in the dynamic range RFC
 /// 7348 recommends (49152 to 65535): one flow keeps one port, flows spread over the

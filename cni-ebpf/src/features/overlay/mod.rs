@@ -4,7 +4,9 @@
 //! collect-metadata VXLAN device ([`to_remote`]); on that device's egress the tunnel
 //! key is set from the node the destination belongs to ([`egress`], which also carries
 //! the node's own traffic routed there); on its ingress, a decapsulated packet is
-//! checked and handed straight into the pod ([`ingress`]).
+//! checked and handed straight into the pod ([`ingress`]). Single packets for this
+//! node's pods are taken out of the tunnel before the device, by the uplink's program
+//! ([`decap`]), after the same checks.
 //!
 //! What comes out of the tunnel is untrusted: its VNI must be the cluster's, and its
 //! inner source must lie in the pod ranges of the node its outer source is (a node
@@ -13,6 +15,7 @@
 //! which the node's own traffic to other nodes' pods leaves from). Anything else is
 //! dropped and counted under its own reason.
 
+pub mod decap;
 pub mod encap;
 
 use aya_ebpf::{
