@@ -54,7 +54,7 @@ struct Tunnelled {
 /// Where [`Tunnelled`] starts: after the outer Ethernet and option-less IPv4 headers.
 const UDP_AT: usize = EthHdr::LEN + Ipv4Hdr::LEN;
 
-/// A packet (`eth`, `ip`) arriving on an uplink whose address is `node_addr`, taken out
+/// A packet (IPv4 header `ip`) arriving on an uplink whose address is `node_addr`, taken out
 /// of the tunnel and delivered into its pod when it is one this module takes (see
 /// there); `None`: untouched, for the NAT, the stack and the overlay device. The
 /// overlay's port is no translated flow's (the NAT's port search passes over it), so

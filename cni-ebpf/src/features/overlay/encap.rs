@@ -4,7 +4,8 @@
 //! that node. This skips the device's transmit path: its route lookup for every packet
 //! (a tunnel key set from BPF is never cached), the UDP tunnel transmit and the node's
 //! IP output. What comes out on the other node is the same VXLAN packet the device
-//! would have sent, and that node's device receives it.
+//! would have sent: that node's uplink program takes it out of the tunnel when it is a
+//! single packet ([`super::decap`]), its device receives the rest.
 //!
 //! The device stays the way for anything this does not take (`encapsulate` answers
 //! `None`): no resolved neighbour for the remote node yet (the device's path resolves
