@@ -66,8 +66,13 @@ pub const TIME_SCALE_VAR: &str = "EBPF_CNI_TIME_SCALE";
 /// waits for something to happen, never the lengths of timers the product runs (a
 /// flow's timeout, a sweep interval), which pass at the same speed in a slow guest.
 pub fn scaled(limit: Duration) -> Duration {
+    limit * time_scale()
+}
+
+/// How much slower than this machine the run goes ([`TIME_SCALE_VAR`], 1 when unset).
+pub fn time_scale() -> u32 {
     static SCALE: OnceLock<u32> = OnceLock::new();
-    let scale = *SCALE.get_or_init(|| {
+    *SCALE.get_or_init(|| {
         std::env::var(TIME_SCALE_VAR).map_or(1, |value| {
             value
                 .parse::<u32>()
@@ -75,8 +80,7 @@ pub fn scaled(limit: Duration) -> Duration {
                 .filter(|scale| *scale >= 1)
                 .unwrap_or_else(|| panic!("{TIME_SCALE_VAR}={value}: a whole number from 1"))
         })
-    });
-    limit * scale
+    })
 }
 
 /// Fails loudly (never skips) when not root: CI runs as root, so a skip would hide a

@@ -107,12 +107,10 @@ pub(super) fn allocate(
         },
         start,
         size,
-        // Under `size` (at most 65,536): within 16 bits.
-        stride: ((u64::from(size) * GOLDEN_STRIDE) >> 32) as u16,
+        stride: ((u64::from(size) * GOLDEN_STRIDE) >> 32) as u32,
         port: 0,
         full: false,
         over_budget: false,
-        reserved: reserved_port(key.proto),
     };
     let fallback = PORT_SEARCH.get_ptr_mut(0).ok_or(Refusal::NoPort)?;
     // SAFETY: a pointer into this CPU's value, valid for the program run (a run that
@@ -210,9 +208,7 @@ struct Search<'a> {
     start: u32,
     size: u32,
     /// How far apart blocks of [`LINEAR_PROBES`] start ([`GOLDEN_STRIDE`] of `size`).
-    /// 16 bits, so that the search with [`Self::reserved`] keeps to 16 bytes after the
-    /// flow: `uplink_egress`'s call chain has no stack to spare (512 bytes on 6.1).
-    stride: u16,
+    stride: u32,
     /// The port claimed; 0 while none (node ports are 1024 and above).
     port: u16,
     /// Whether the search stopped on a full `NAT_IN`.
@@ -220,15 +216,18 @@ struct Search<'a> {
     /// Whether a free port was passed over for the pod's budget of ports toward the
     /// destination.
     over_budget: bool,
-    /// A port no flow of this protocol gets (see [`reserved_port`]); 0 while none.
-    reserved: u16,
 }
 
 /// The node port translated flows of `proto` never get: the overlay's UDP port
 /// (`--routing vxlan`), where every node's tunnel packets arrive. A flow holding it
 /// would make another node's tunnel packets look like its replies, or its replies
-/// like tunnel packets (`overlay::decap` takes those without asking the NAT).
-#[inline(always)]
+/// like tunnel packets (`overlay::decap` takes those without asking the NAT). Read in
+/// each probe, not once into [`Search`]: a value set before the search (the port or 0)
+/// makes the verifier walk the rest of `uplink_egress` once for each, which cost its
+/// load 0.2 s more on 6.18; read here, 0.08 s. A call of its own, so that the probe's
+/// frame stays as it is (6.1 refuses `uplink_egress` when the frames of its deepest
+/// call chain add up to more than 512 bytes).
+#[inline(never)]
 fn reserved_port(proto: u8) -> u16 {
     match maps::overlay_config() {
         Some(overlay) if proto == UDP => overlay.port,
@@ -268,11 +267,10 @@ extern "C" fn probe(index: u64, search: *mut c_void) -> i64 {
     }
     let index = index as u32;
     // 128 probes: 16 blocks, each offset under 65,536; no overflow.
-    let offset =
-        (search.start + index % LINEAR_PROBES + index / LINEAR_PROBES * u32::from(search.stride))
-            % search.size;
+    let offset = (search.start + index % LINEAR_PROBES + index / LINEAR_PROBES * search.stride)
+        % search.size;
     let port = search.flow.config.port_min + offset as u16;
-    if port == search.reserved {
+    if port == reserved_port(search.flow.key.proto) {
         counters::nat(NatCounter::PortProbes);
         return 0;
     }
