@@ -29,6 +29,7 @@ const PORT: u16 = 8090;
 fn restarts() -> usize {
     if time_scale() > 1 { 3 } else { 8 }
 }
+
 /// `ebpf-cnid run` flags of the clsact path.
 const CLSACT: [&str; 2] = ["--enable-tcx", "false"];
 

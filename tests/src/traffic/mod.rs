@@ -37,7 +37,7 @@ pub use self::{
 use crate::netns::Netns;
 
 /// The longest any helper here keeps a thread alive (stretched in a slow guest: a test
-/// restarting the daemon three times under a stream takes a minute there).
+/// restarting the daemon three times under a stream takes about four minutes there).
 fn max_lifetime() -> Duration {
     crate::scaled(Duration::from_secs(60))
 }

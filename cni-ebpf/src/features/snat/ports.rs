@@ -223,10 +223,8 @@ struct Search<'a> {
 /// would make another node's tunnel packets look like its replies, or its replies
 /// like tunnel packets (`overlay::decap` takes those without asking the NAT). Read in
 /// each probe, not once into [`Search`]: a value set before the search (the port or 0)
-/// makes the verifier walk the rest of `uplink_egress` once for each, which cost its
-/// load 0.2 s more on 6.18; read here, 0.08 s. A call of its own, so that the probe's
-/// frame stays as it is (6.1 refuses `uplink_egress` when the frames of its deepest
-/// call chain add up to more than 512 bytes).
+/// would make the verifier walk the rest of `uplink_egress` once for each. A call of
+/// its own, so that the probe's frame stays within 6.1's 512-byte combined stack.
 #[inline(never)]
 fn reserved_port(proto: u8) -> u16 {
     match maps::overlay_config() {
