@@ -158,7 +158,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
             ),
             "Reference: Debian's containernetworking-plugins (bridge with isGateway, isDefaultGateway, ipMasq, hairpinMode; host-local; portmap), run as a runtime runs a conflist.".into(),
             "Both simulated nodes' uplinks have IPv4 BIG TCP (GSO/GRO 192 KiB, as a NIC with it switched on): new ebpf-cni pods follow the uplink's size, the reference's bridge ports stay at 64 KiB. The figure \"without BIG TCP\" is two of our pods created before the uplink got it.".into(),
-            "TCP_RR and TCP_CRR use the project's own bounded client and server (xtask/src/bench/load.rs); throughput uses iperf3.".into(),
+            format!("TCP_RR and TCP_CRR use the project's own bounded client and server (xtask/src/bench/load.rs); throughput uses iperf3 with TCP {}, the kernel's default, whatever the machine sets (a paced BBR stream left the CPUs idle and measured its own rate estimate, not the datapath).", load::CONGESTION_CONTROL),
             "Bandwidth figures: a pod limited both ways (burst: 100 ms at the rate) streams 10 s with iperf3 (5 runs per contender, interleaved; 1 with --quick) to or from an unlimited pod while ping runs alongside in the stream's direction. The reference there is bridge + host-local + Debian's bandwidth plugin (tbf on the host veth, ifb + tbf for the pod's egress); the raw veth pair has a tbf of the same rate, burst and 25 ms latency on each end: the qdisc alone, the ceiling.".into(),
             "2 shared cores: absolute numbers are noisy, ratios within one run are what to read.".into(),
             format!(
