@@ -6,15 +6,16 @@
 //! harming any live flow (the expired flow's `NAT_OUT` entry is left for the daemon's
 //! sweep).
 
+use std::time::Duration;
+
 use cni_ebpf_common::{DropReason, NatConfig, NatCounter, tcp_state};
 use ebpf_cni_tests::{
     bpf_object::BpfObject,
     frames::{TC_ACT_OK, TC_ACT_SHOT, all_drops, no_drops},
     nat_frames::{
         MASQ, MASQ_2, NODE_ADDR, POD_PORT, PORT_MIN, REMOTE, REMOTE_PORT, SPORT, TCP, TCP_ACK,
-        TCP_ESTABLISHED_SECS, TCP_SYN, UDP, assert_checksums_valid, assert_delivered, egress,
-        entry, in_key, inbound, ingress, monotonic_ns, nat_config, out_key, outbound, port, tcp,
-        udp, uplink_with,
+        TCP_SYN, UDP, assert_checksums_valid, assert_delivered, coarse_ns_ago, egress, entry,
+        in_key, inbound, ingress, nat_config, out_key, outbound, port, tcp, udp, uplink_with,
     },
     require_root,
 };
@@ -27,15 +28,25 @@ fn ports(count: u16) -> BpfObject {
     })
 }
 
-/// A CLOCK_MONOTONIC stamp `secs` seconds ago.
+/// The datapath's timestamp of `secs` seconds ago (waiting, on a machine up for less
+/// than that, until there is such a time: see [`coarse_ns_ago`]).
 fn seconds_ago(secs: u64) -> u64 {
-    let now = monotonic_ns();
-    let ago = secs * 1_000_000_000;
-    assert!(
-        now > ago,
-        "the machine is up for less than {secs}s: rerun later"
-    );
-    now - ago
+    coarse_ns_ago(Duration::from_secs(secs))
+}
+
+/// The TCP established timeout of the tests that need an expired established flow:
+/// short, so that a flow idle past it dates from after the boot of a guest that has
+/// just started (CLOCK_MONOTONIC counts from boot; `cargo xtask vm-test` reaches these
+/// tests within minutes, sooner than the default timeout plus a margin).
+const SHORT_ESTABLISHED_SECS: u32 = 10;
+
+/// Ports [`PORT_MIN`]..[`PORT_MIN`] + `count`, with [`SHORT_ESTABLISHED_SECS`].
+fn ports_short_established(count: u16) -> BpfObject {
+    uplink_with(NatConfig {
+        port_max: PORT_MIN + count - 1,
+        tcp_established_secs: SHORT_ESTABLISHED_SECS,
+        ..nat_config()
+    })
 }
 
 fn syn(pod_ip: [u8; 4], pod_port: u16) -> Vec<u8> {
@@ -49,7 +60,12 @@ fn one_port_held(idle_secs: u64) -> BpfObject {
 
 /// One port, held by [`MASQ_2`]'s flow to [`REMOTE`] in TCP `state`, idle `idle_secs`.
 fn one_port_held_in(state: u8, idle_secs: u64) -> BpfObject {
-    let mut object = ports(1);
+    hold_the_port(ports(1), state, idle_secs)
+}
+
+/// `object` (one port) with that port held by [`MASQ_2`]'s flow to [`REMOTE`] in TCP
+/// `state`, idle `idle_secs`.
+fn hold_the_port(mut object: BpfObject, state: u8, idle_secs: u64) -> BpfObject {
     let key = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
     let held = entry(&key, PORT_MIN, state, seconds_ago(idle_secs));
     object.insert_nat_out(key, held);
@@ -113,7 +129,11 @@ fn a_port_the_pod_closed_first_serves_again_after_seconds_one_the_remote_closed_
 #[test]
 fn a_new_flow_takes_over_the_port_of_an_expired_flow_which_never_gets_it_back() {
     require_root();
-    let object = one_port_held(u64::from(TCP_ESTABLISHED_SECS) + 60);
+    let object = hold_the_port(
+        ports_short_established(1),
+        tcp_state::ESTABLISHED,
+        u64::from(SHORT_ESTABLISHED_SECS) + 5,
+    );
     let stale = out_key(MASQ_2.ip, POD_PORT, REMOTE_PORT, TCP);
     let stale_entry = object
         .nat_out(&stale)
@@ -313,9 +333,9 @@ fn a_free_tenth_of_the_range_is_found_wherever_the_cursor_stands() {
 #[test]
 fn a_flow_back_after_its_entry_expired_gets_a_fresh_entry_in_both_tables() {
     require_root();
-    let mut object = ports(100);
+    let mut object = ports_short_established(100);
     let flow = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
-    let long_ago = seconds_ago(u64::from(TCP_ESTABLISHED_SECS) + 60);
+    let long_ago = seconds_ago(u64::from(SHORT_ESTABLISHED_SECS) + 5);
     // Its old entries: on another port than the one it prefers now.
     let old_port = PORT_MIN + 50;
     let old = entry(&flow, old_port, tcp_state::ESTABLISHED, long_ago);
@@ -351,7 +371,7 @@ fn taking_over_a_port_never_removes_a_live_flow_that_moved_to_another_port() {
     let live = entry(&flow, usual, 0, seconds_ago(0));
     object.insert_nat_out(flow, live);
     object.insert_nat_in(in_key(REMOTE, usual, 53, UDP), live);
-    let long_ago = seconds_ago(u64::from(nat_config().udp_secs) + 60);
+    let long_ago = seconds_ago(u64::from(nat_config().udp_secs) + 5);
     object.insert_nat_in(
         in_key(REMOTE, other, 53, UDP),
         entry(&flow, other, 0, long_ago),
