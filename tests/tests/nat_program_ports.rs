@@ -22,8 +22,15 @@ use ebpf_cni_tests::{
 
 /// Ports [`PORT_MIN`]..[`PORT_MIN`] + `count`.
 fn ports(count: u16) -> BpfObject {
+    ports_established_for(count, nat_config().tcp_established_secs)
+}
+
+/// Ports [`PORT_MIN`]..[`PORT_MIN`] + `count`, established TCP flows expiring after
+/// `established_secs`.
+fn ports_established_for(count: u16, established_secs: u32) -> BpfObject {
     uplink_with(NatConfig {
         port_max: PORT_MIN + count - 1,
+        tcp_established_secs: established_secs,
         ..nat_config()
     })
 }
@@ -39,15 +46,6 @@ fn seconds_ago(secs: u64) -> u64 {
 /// just started (CLOCK_MONOTONIC counts from boot; `cargo xtask vm-test` reaches these
 /// tests within minutes, sooner than the default timeout plus a margin).
 const SHORT_ESTABLISHED_SECS: u32 = 10;
-
-/// Ports [`PORT_MIN`]..[`PORT_MIN`] + `count`, with [`SHORT_ESTABLISHED_SECS`].
-fn ports_short_established(count: u16) -> BpfObject {
-    uplink_with(NatConfig {
-        port_max: PORT_MIN + count - 1,
-        tcp_established_secs: SHORT_ESTABLISHED_SECS,
-        ..nat_config()
-    })
-}
 
 fn syn(pod_ip: [u8; 4], pod_port: u16) -> Vec<u8> {
     outbound(pod_ip, REMOTE, TCP, &tcp(pod_port, REMOTE_PORT, TCP_SYN))
@@ -130,7 +128,7 @@ fn a_port_the_pod_closed_first_serves_again_after_seconds_one_the_remote_closed_
 fn a_new_flow_takes_over_the_port_of_an_expired_flow_which_never_gets_it_back() {
     require_root();
     let object = hold_the_port(
-        ports_short_established(1),
+        ports_established_for(1, SHORT_ESTABLISHED_SECS),
         tcp_state::ESTABLISHED,
         u64::from(SHORT_ESTABLISHED_SECS) + 5,
     );
@@ -333,7 +331,7 @@ fn a_free_tenth_of_the_range_is_found_wherever_the_cursor_stands() {
 #[test]
 fn a_flow_back_after_its_entry_expired_gets_a_fresh_entry_in_both_tables() {
     require_root();
-    let mut object = ports_short_established(100);
+    let mut object = ports_established_for(100, SHORT_ESTABLISHED_SECS);
     let flow = out_key(MASQ.ip, POD_PORT, REMOTE_PORT, TCP);
     let long_ago = seconds_ago(u64::from(SHORT_ESTABLISHED_SECS) + 5);
     // Its old entries: on another port than the one it prefers now.

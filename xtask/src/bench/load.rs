@@ -28,13 +28,12 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The congestion control of the throughput streams: the kernel's default (cubic), not
-/// the machine's. An image may set `bbr` system-wide (this one does, and new namespaces
-/// inherit it); BBR paces a stream at its own estimate of the path's rate, and under it
-/// the CPUs of a cross-node stream sat 12% (sender's) and 46% (receiver's) idle while
-/// every datapath measured within a few percent of the others: the figure was BBR's
-/// model, not what the datapath can carry. A sender that is not paced keeps a CPU busy,
-/// so the figure is the datapath's cost per byte.
+/// The congestion control of the throughput streams: the kernel's default (cubic),
+/// whatever the machine sets (new namespaces inherit it). A paced one such as BBR sends
+/// at its own estimate of the path's rate and leaves the CPUs idle, so the figure would
+/// be that estimate; an unpaced sender keeps a CPU busy, and the figure is the
+/// datapath's cost per byte (measurements: docs/decisions.md, "Throughput streams in
+/// TCP cubic").
 pub const CONGESTION_CONTROL: &str = "cubic";
 
 /// TCP throughput from `client` to `server_ip` (inside `server`) with iperf3, Gbit/s,

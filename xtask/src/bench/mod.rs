@@ -55,8 +55,8 @@ impl Plan {
         if self.quick { 3 } else { 5 }
     }
     /// Runs per traffic figure and contender. Throughput: one run's result depends on
-    /// where the scheduler puts iperf3's client and server (measured with our BIG TCP
-    /// pods: both on one CPU 27-38 Gbit/s, on the two CPUs 16-27), so five unpinned runs
+    /// where the scheduler puts iperf3's client and server (our BIG TCP pods, cubic:
+    /// about 51 Gbit/s with both on one CPU, 31 on the two CPUs), so five unpinned runs
     /// can land mostly on either side. TCP_RR and TCP_CRR: the reference's single runs
     /// spread by up to 13% within one figure (interleaved pairs of SNAT TCP_CRR runs gave
     /// ratios from 1.11 to 1.26), and with medians of 5 a connection-rate ratio moved by
