@@ -43,13 +43,7 @@ pub fn to_uplink(
     if maps::uplink_addr(next.ifindex).is_none() || !segments_fit(ctx, next.ifindex) {
         return Ok(TC_ACT_OK);
     }
-    deliver::decrement_ttl(ctx, ip)?;
-    let rewritten = EthHdr {
-        dst_addr: next.dmac,
-        src_addr: next.smac,
-        ether_type: eth.ether_type,
-    };
-    ctx.store(0, &rewritten, 0)?;
+    deliver::routed(ctx, next.dmac, next.smac, eth, ip)?;
     // SAFETY: a plain helper call with an ifindex and no flags (egress of the uplink).
     Ok(unsafe { bpf_redirect(next.ifindex, 0) } as i32)
 }

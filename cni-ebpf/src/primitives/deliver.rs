@@ -15,7 +15,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use super::{
     counters::{self, Direction},
     csum,
-    packet::IP_TTL,
+    packet::{EthIpv4, IP_TTL},
 };
 
 /// `skb->pkt_type` of a frame addressed to this host.
@@ -44,8 +44,9 @@ pub fn deliver(
     if ip.ttl <= 1 {
         return Ok(TC_ACT_OK);
     }
-    decrement_ttl(ctx, ip)?;
-    redirect(ctx, eth, destination)
+    routed(ctx, destination.pod_mac, destination.host_mac, eth, ip)?;
+    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
+    Ok(into_pod(destination))
 }
 
 /// Hands a frame whose IPv4 header is ready (TTL decremented) to the local pod
@@ -75,6 +76,34 @@ fn into_pod(destination: &EndpointInfo) -> i32 {
             bpf_redirect_peer(destination.host_ifindex, 0) as i32
         }
     }
+}
+
+/// Rewrites a frame (headers `eth`, `ip` as they are in it, TTL above 1) for its next hop:
+/// MACs `dst_mac` and `src_mac`, TTL decremented with the header checksum, both headers
+/// in one store (one helper call where a separate TTL store would take two).
+#[inline(always)]
+pub fn routed(
+    ctx: &TcContext,
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+) -> Result<(), i64> {
+    let (old, new) = ([ip.ttl, ip.proto], [ip.ttl - 1, ip.proto]);
+    let headers = EthIpv4 {
+        eth: EthHdr {
+            dst_addr: dst_mac,
+            src_addr: src_mac,
+            ether_type: eth.ether_type,
+        },
+        ip: Ipv4Hdr {
+            ttl: new[0],
+            check: csum::ipv4_check(ip.check, [old], [new]),
+            ..*ip
+        },
+    };
+    ctx.store(0, &headers, 0)?;
+    Ok(())
 }
 
 /// Decrements the TTL of `ip` (read from the frame, TTL above 1) with its checksum: TTL,

@@ -25,7 +25,8 @@ use crate::{
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
-        maps, packet,
+        maps,
+        packet::{self, EthIpv4},
     },
 };
 
@@ -45,12 +46,17 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
     if (ctx.len() as usize) < EthHdr::LEN {
         return Ok(counters::drop_packet(DropReason::TruncatedFrame));
     }
-    let eth: EthHdr = ctx.load(0)?;
+    if (ctx.len() as usize) < EthHdr::LEN + Ipv4Hdr::LEN {
+        return short_frame(ctx);
+    }
+    // The Ethernet header and the IPv4 header's room after it, in one read (what
+    // follows is read as IPv4 only for an IPv4 frame).
+    let EthIpv4 { eth, ip } = ctx.load(0)?;
     if packet::vlan_tagged(ctx, &eth) {
         return Ok(counters::drop_packet(DropReason::VlanTagged));
     }
     if eth.ether_type == EtherType::Ipv4 as u16 {
-        ipv4(ctx, &eth, ifindex)
+        ipv4(ctx, &eth, &ip, ifindex)
     } else if eth.ether_type == EtherType::Arp as u16 {
         arp::from_pod(ctx, &eth, ifindex)
     } else {
@@ -58,14 +64,24 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
     }
 }
 
-/// An IPv4 frame that left the pod behind the host veth `ifindex`.
+/// A frame too short for an IPv4 header (an ARP packet is longer still): dropped when
+/// tagged or when it claims IPv4 or ARP; any other protocol goes to the stack.
 #[inline(always)]
-fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
-    if (ctx.len() as usize) < EthHdr::LEN + Ipv4Hdr::LEN {
+fn short_frame(ctx: &TcContext) -> Result<i32, i64> {
+    let eth: EthHdr = ctx.load(0)?;
+    if packet::vlan_tagged(ctx, &eth) {
+        return Ok(counters::drop_packet(DropReason::VlanTagged));
+    }
+    if eth.ether_type == EtherType::Ipv4 as u16 || eth.ether_type == EtherType::Arp as u16 {
         return Ok(counters::drop_packet(DropReason::TruncatedFrame));
     }
-    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    if !packet::ipv4_well_formed(&ip, ctx.len()) {
+    Ok(TC_ACT_OK)
+}
+
+/// An IPv4 frame (headers `eth`, `ip`) that left the pod behind the host veth `ifindex`.
+#[inline(always)]
+fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32, i64> {
+    if !packet::ipv4_well_formed(ip, ctx.len()) {
         return Ok(counters::drop_packet(DropReason::MalformedIpv4));
     }
     if let Err(reason) = pod_source::ipv4(ifindex, eth, ip.src_addr) {
@@ -73,28 +89,28 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64> {
     }
     match maps::endpoint(ip.dst_addr) {
         Some(destination) => {
-            if hostport::pods::reply_to_pod(ctx, &ip)? {
+            if hostport::pods::reply_to_pod(ctx, ip)? {
                 // Source rewritten: deliver with the headers as they are now.
                 let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
                 return deliver(ctx, eth, &ip, &destination);
             }
             // A backend's reply on a Service connection: the stack undoes the DNAT.
-            if services::is_reply(ctx, &ip)? {
+            if services::is_reply(ctx, ip)? {
                 return Ok(deliver::to_stack(ctx));
             }
             if eth.dst_addr == destination.pod_mac {
                 return Ok(switch(ctx, &destination));
             }
-            deliver(ctx, eth, &ip, &destination)
+            deliver(ctx, eth, ip, &destination)
         }
-        None => match hostport::pods::from_pod(ctx, eth, &ip)? {
+        None => match hostport::pods::from_pod(ctx, eth, ip)? {
             Some(verdict) => Ok(verdict),
             // A Service (kube-proxy's DNAT is in the stack).
-            None if services::to_service(ctx, &ip)? => Ok(deliver::to_stack(ctx)),
+            None if services::to_service(ctx, ip)? => Ok(deliver::to_stack(ctx)),
             // Another node's pod, through the overlay (`--routing vxlan`).
-            None => match overlay::to_remote(ctx, eth, &ip, ifindex)? {
+            None => match overlay::to_remote(ctx, eth, ip, ifindex)? {
                 Some(verdict) => Ok(verdict),
-                None => route::to_uplink(ctx, eth, &ip, ifindex),
+                None => route::to_uplink(ctx, eth, ip, ifindex),
             },
         },
     }

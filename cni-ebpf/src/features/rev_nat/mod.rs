@@ -49,16 +49,16 @@ pub fn ingress(
         // whose answers must keep that address. From inside the cluster ranges (another
         // node's pod) nothing is noted: answers there are never translated.
         if let Some(pod) = maps::endpoint(ip.dst_addr) {
+            // Another node's pod over native routes (`--routing native`: no overlay):
+            // straight into the pod, as the overlay delivers what it decapsulates.
+            // Asked first: other nodes' pod ranges lie inside the cluster ranges.
+            if maps::overlay_config().is_none() && maps::remote_node(ip.src_addr).is_some() {
+                return deliver::deliver(ctx, eth, ip, &pod);
+            }
             if !maps::in_cluster(ip.src_addr) {
                 if let Err(why) = remember_inbound(ctx, ip, l4, config)? {
                     return Ok(budget::refuse(ip.dst_addr, why));
                 }
-                return Ok(TC_ACT_OK);
-            }
-            // Another node's pod over native routes (`--routing native`: no overlay):
-            // straight into the pod, as the overlay delivers what it decapsulates.
-            if maps::overlay_config().is_none() && maps::remote_node(ip.src_addr).is_some() {
-                return deliver::deliver(ctx, eth, ip, &pod);
             }
             return Ok(TC_ACT_OK);
         }

@@ -86,10 +86,16 @@ pub fn egress(
         (ip.dst_addr, remote_port),
         ip.proto as u8,
     );
-    let now = clock::now_ns();
     // A flow in the table was found to need translation when it began: its packets
     // skip the endpoint and cluster-range lookups (two more maps to touch per packet).
     let found = NAT_OUT.get_ptr_mut(&key);
+    // A packet that needs no translation (for the cluster's ranges, or not a
+    // masqueraded pod's) and has no flow in the table leaves as it is, without a
+    // clock read.
+    if found.is_none() && !to_translate(ip) {
+        return Ok(TC_ACT_OK);
+    }
+    let now = clock::now_ns();
     let existing = found.filter(|entry| {
         // SAFETY: a pointer into the map value, valid for the program run.
         !conntrack::expired(unsafe { &**entry }, key.proto, config, now)
@@ -119,7 +125,9 @@ pub fn egress(
             entry.node_port
         }
         None => {
-            if !to_translate(ip) {
+            // A flow whose entry expired is asked as a new one (without an entry it
+            // was, above).
+            if found.is_some() && !to_translate(ip) {
                 return Ok(TC_ACT_OK);
             }
             // An answer on a flow a host outside opened to the pod's own address (a
