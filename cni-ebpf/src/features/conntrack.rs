@@ -89,8 +89,8 @@ pub fn live_entry(
     node_addr: [u8; 4],
     reply: Option<Segment>,
 ) -> Option<NatEntry> {
-    let now = clock::now_ns();
     let slot = NAT_IN.get_ptr_mut(key)?;
+    let now = clock::now_ns();
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let entry = unsafe { *slot };
     if entry.node_addr != node_addr && entry.node_addr != [0; 4] {

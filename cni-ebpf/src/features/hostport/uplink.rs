@@ -6,7 +6,7 @@
 use aya_ebpf::programs::TcContext;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use super::{flow_to, host_of, mapping, remember};
+use super::{any_mapping, flow_to, host_of, mapping, remember};
 use crate::{
     features::{budget, fragments},
     primitives::{
@@ -26,6 +26,10 @@ pub fn inbound(
     l4: usize,
     l4_csum: L4Csum,
 ) -> Result<Option<i32>, i64> {
+    // A node without mappings: an array read, no header read or hash lookup.
+    if !any_mapping() {
+        return Ok(None);
+    }
     let proto = ip.proto as u8;
     let (client_port, host_port, seg) = packet::ports_and_flags(ctx, proto, l4)?;
     let Some(target) = mapping(proto, ip.dst_addr, host_port) else {
