@@ -125,8 +125,8 @@ pub fn egress(
             entry.node_port
         }
         None => {
-            // A flow whose entry expired is asked as a new one (without an entry it
-            // was, above).
+            // A flow whose entry expired is checked as a new one here (one without an
+            // entry was checked above).
             if found.is_some() && !to_translate(ip) {
                 return Ok(TC_ACT_OK);
             }
