@@ -27,8 +27,7 @@ const PACKET_HOST: u32 = 0;
 /// sender's packet is not copied.
 #[inline(always)]
 pub fn switch(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
-    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
-    into_pod(destination)
+    into_pod(ctx, destination)
 }
 
 /// Hands an IPv4 frame (headers `eth`, `ip` as read) to the local pod `destination`:
@@ -45,8 +44,7 @@ pub fn deliver(
         return Ok(TC_ACT_OK);
     }
     routed(ctx, destination.pod_mac, destination.host_mac, eth, ip)?;
-    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
-    Ok(into_pod(destination))
+    Ok(into_pod(ctx, destination))
 }
 
 /// Hands a frame whose IPv4 header is ready (TTL decremented) to the local pod
@@ -59,15 +57,16 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
         ether_type: eth.ether_type,
     };
     ctx.store(0, &rewritten, 0)?;
-    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
-    Ok(into_pod(destination))
+    Ok(into_pod(ctx, destination))
 }
 
-/// The redirect into the pod `destination`: to its interface directly (the host veth's
-/// peer), or, when its host veth has a qdisc (an ingress limit's `tbf`), to that veth's
-/// egress, whose qdisc paces the frames before the veth hands them to the pod.
+/// The redirect into the pod `destination`, counted for it: to its interface directly
+/// (the host veth's peer), or, when its host veth has a qdisc (an ingress limit's
+/// `tbf`), to that veth's egress, whose qdisc paces the frames before the veth hands
+/// them to the pod.
 #[inline(always)]
-fn into_pod(destination: &EndpointInfo) -> i32 {
+fn into_pod(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
+    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
     // SAFETY: plain helper calls with an ifindex and no flags.
     unsafe {
         if destination.flags & endpoint_flags::SHAPED != 0 {
@@ -89,18 +88,14 @@ pub fn routed(
     eth: &EthHdr,
     ip: &Ipv4Hdr,
 ) -> Result<(), i64> {
-    let (old, new) = ([ip.ttl, ip.proto], [ip.ttl - 1, ip.proto]);
+    let (ttl, check) = ttl_decremented(ip);
     let headers = EthIpv4 {
         eth: EthHdr {
             dst_addr: dst_mac,
             src_addr: src_mac,
             ether_type: eth.ether_type,
         },
-        ip: Ipv4Hdr {
-            ttl: new[0],
-            check: csum::ipv4_check(ip.check, [old], [new]),
-            ..*ip
-        },
+        ip: Ipv4Hdr { ttl, check, ..*ip },
     };
     ctx.store(0, &headers, 0)?;
     Ok(())
@@ -110,11 +105,17 @@ pub fn routed(
 /// protocol and checksum in one store.
 #[inline(always)]
 pub fn decrement_ttl(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
+    let (ttl, check) = ttl_decremented(ip);
+    ctx.store(IP_TTL, &[ttl, ip.proto, check[0], check[1]], 0)?;
+    Ok(())
+}
+
+/// The TTL of `ip` (above 1) less one, and the header checksum that goes with it.
+#[inline(always)]
+fn ttl_decremented(ip: &Ipv4Hdr) -> (u8, [u8; 2]) {
     // The TTL shares a 16-bit checksum word with the protocol.
     let (old, new) = ([ip.ttl, ip.proto], [ip.ttl - 1, ip.proto]);
-    let check = csum::ipv4_check(ip.check, [old], [new]);
-    ctx.store(IP_TTL, &[new[0], new[1], check[0], check[1]], 0)?;
-    Ok(())
+    (new[0], csum::ipv4_check(ip.check, [old], [new]))
 }
 
 /// Hands a pod's frame to the node's stack as one addressed to the node: a frame the pod

@@ -65,7 +65,9 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
 }
 
 /// A frame too short for an IPv4 header (an ARP packet is longer still): dropped when
-/// tagged or when it claims IPv4 or ARP; any other protocol goes to the stack.
+/// tagged or when it claims IPv4 or ARP; any other protocol goes to the stack. Its own
+/// path, so that every other frame reads both headers in one load (an `Option` for the
+/// IPv4 header instead has LLVM read an unset register, which 6.1's verifier refuses).
 #[inline(always)]
 fn short_frame(ctx: &TcContext) -> Result<i32, i64> {
     let eth: EthHdr = ctx.load(0)?;
