@@ -17,13 +17,19 @@ use rtnetlink::{
     packet_route::{
         RouteNetlinkMessage,
         address::AddressAttribute,
-        link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
+        link::{
+            InfoData, InfoKind, InfoNetkit, InfoVeth, LinkAttribute, LinkFlags, LinkMessage,
+            NetkitMode, NetkitPolicy,
+        },
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope},
         tc::{TcAttribute, TcHandle, TcMessage},
     },
 };
 
-use crate::tbf::{self, Tbf};
+use crate::{
+    spec::PodDevice,
+    tbf::{self, Tbf},
+};
 
 /// The handle of the rate limits' root qdisc (`tc` shows it as `ec01:`).
 const TBF_HANDLE: u16 = 0xec01;
@@ -39,6 +45,11 @@ pub enum LinkError {
     },
     #[error("{0} already exists")]
     Exists(String),
+    #[error(
+        "this node's kernel has no netkit devices (Linux 6.7 or later, built with \
+         CONFIG_NETKIT)"
+    )]
+    NoNetkit,
     #[error("no link named {0}")]
     NotFound(String),
 }
@@ -78,9 +89,10 @@ fn errno(error: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
-/// A veth pair to create, the pod side inside `pod_netns`.
+/// A veth pair (or a netkit pair: `device`) to create, the pod side inside `pod_netns`.
 #[derive(Clone, Copy)]
 pub struct VethPair<'a> {
+    pub device: PodDevice,
     pub host: &'a str,
     /// The host side's alias (who the pair belongs to), set by [`Netlink::set_alias`]
     /// once the pair exists.
@@ -109,13 +121,21 @@ impl Netlink {
 
     /// Creates the pair in one request: the host side here, the pod side directly inside
     /// its namespace (never visible in this namespace).
+    ///
+    /// A netkit pair is made in L2 mode (Ethernet frames and ARP, as over a veth), the
+    /// host side its primary, and with the pod side's policy `drop`: until the daemon's
+    /// program is on the pair's hook, nothing the pod sends goes anywhere.
     pub async fn create_veth(&self, pair: &VethPair<'_>) -> Result<(), LinkError> {
         let VethPair { host, pod, .. } = *pair;
         let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
             .name(pod.to_owned())
             .setns_by_fd(pair.pod_netns.as_raw_fd());
-        let mut link = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
-            .name(host.to_owned());
+        let kind = match pair.device {
+            PodDevice::Veth => InfoKind::Veth,
+            PodDevice::Netkit => InfoKind::Netkit,
+        };
+        let mut link =
+            LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(kind).name(host.to_owned());
         if let Some(mtu) = pair.mtu {
             peer = peer.mtu(mtu);
             link = link.mtu(mtu);
@@ -132,22 +152,27 @@ impl Netlink {
                 link = link.append_extra_attribute(attribute);
             }
         }
-        let message = link
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
-            .build();
+        let data = match pair.device {
+            PodDevice::Veth => InfoData::Veth(InfoVeth::Peer(peer.build())),
+            PodDevice::Netkit => InfoData::Netkit(vec![
+                InfoNetkit::Mode(NetkitMode::L2),
+                InfoNetkit::PeerPolicy(NetkitPolicy::Drop),
+                InfoNetkit::Peer(peer.build()),
+            ]),
+        };
+        let message = link.set_info_data(data).build();
         self.handle
             .link()
             .add(message)
             .execute()
             .await
-            .map_err(|source| {
-                if errno(&source) == Some(libc::EEXIST) {
-                    LinkError::Exists(format!(
-                        "a link named {host} (host side) or {pod} (pod side)"
-                    ))
-                } else {
-                    LinkError::netlink(format!("creating the veth pair {host}/{pod}"))(source)
-                }
+            .map_err(|source| match errno(&source) {
+                Some(libc::EEXIST) => LinkError::Exists(format!(
+                    "a link named {host} (host side) or {pod} (pod side)"
+                )),
+                // The kernel's answer to a kind it has no driver for.
+                Some(libc::EOPNOTSUPP) if pair.device == PodDevice::Netkit => LinkError::NoNetkit,
+                _ => LinkError::netlink(format!("creating the pair {host}/{pod}"))(source),
             })
     }
 

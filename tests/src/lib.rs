@@ -31,6 +31,7 @@ pub mod http;
 pub mod kernel;
 pub mod kubelet;
 pub mod nat_frames;
+pub mod netkit;
 pub mod netns;
 pub mod node;
 pub mod oci;

@@ -104,7 +104,10 @@ fn prepare_refuses_look_alikes_and_never_removes_a_foreign_clsact() {
             host_veth: "veb0000000000a2".into(),
         },
     );
-    assert!(message.contains("not a veth"), "{message}");
+    assert!(
+        message.contains("neither a veth nor a netkit primary"),
+        "{message}"
+    );
     // One of ours by name and alias, with a clsact qdisc someone else put there.
     node.netns.ip(&[
         "link",

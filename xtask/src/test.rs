@@ -49,8 +49,9 @@ pub fn run(root: &Path, extra: &[String]) -> anyhow::Result<()> {
         println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     }
     anyhow::ensure!(totals.passed > 0, "no test ran");
-    // The refusal below the floor in a qemu guest of bullseye's 5.10, then the suite
-    // again in one of Debian 12's 6.1 (`cargo xtask vm-test`; `vm::CI_KERNELS`).
+    // The refusal below the floor in a qemu guest of bullseye's 5.10, then parts of the
+    // suite again in guests of Debian 12's 6.1 and of the 6.12 LTS (`cargo xtask
+    // vm-test`; `vm::CI_KERNELS`).
     let specs = vm::ci_kernels()?;
     let results = vm::suite(
         root,

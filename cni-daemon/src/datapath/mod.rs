@@ -1,7 +1,8 @@
 //! The datapath, the daemon's lowest layer (synchronous): loading the eBPF object (after
 //! making pins of an earlier release fit it, [`upgrade`]), attaching its programs, and
 //! handing its maps to the modules that keep them. `from_pod` runs in the pods' shared
-//! TC block ([`tc_block`]), to which each pod's veth is bound ([`pod`]); the uplink
+//! TC block ([`tc_block`]), to which each pod's veth is bound ([`pod`]), or on the hook
+//! of a pod's netkit pair ([`netkit`]); the uplink
 //! programs (source NAT) attach through pinned TCX links, or without them as filters of
 //! [`clsact`] ([`uplink`]); the socket programs (hostPorts for the node's processes) to
 //! a cgroup ([`sock`]). [`services`] writes the Service ranges, [`nat_maps`] hands out
@@ -12,6 +13,7 @@ mod clsact;
 pub mod gateways;
 mod links;
 pub mod nat_maps;
+mod netkit;
 mod netlink;
 pub mod node_routes;
 pub mod overlay;
@@ -92,6 +94,11 @@ pub enum DatapathError {
     NotPodVeth { name: String, reason: &'static str },
     #[error("pods' TC block: {0}")]
     TcBlock(#[from] tc_block::TcBlockError),
+    #[error("the pod program on the netkit pair of {device}: {source}")]
+    Netkit {
+        device: String,
+        source: std::io::Error,
+    },
     #[error("cannot open the cgroup folder {path}: {source}")]
     Cgroup {
         path: String,

@@ -4,6 +4,10 @@
 //! bindings live in the kernel, so forwarding goes on while the daemon is stopped or
 //! killed, and a restarted daemon swaps its program into the filter in one step.
 //!
+//! A pod whose pair is netkit rather than veth (its host side is the pair's primary)
+//! has `from_pod` on the pair's own hook instead ([`netkit`](super::netkit)); everything
+//! here that says "veth" means either.
+//!
 //! Daemons before 0.2 attached the program to each veth through a TCX link pinned at
 //! `<bpf dir>/links/<veth>_ingress` (plus a counting program at `<veth>_egress`); a
 //! restart binds those veths to the block first, then removes the old links.
@@ -17,7 +21,9 @@ use std::{
 use cni_api::{Attachment, naming};
 use cni_ebpf_common::program_names;
 
-use super::{Datapath, DatapathError, classifier, links::remove_pin, tc_block};
+use super::{
+    Datapath, DatapathError, classifier, links::remove_pin, netkit, tc_block, tc_block::DeviceKind,
+};
 
 /// How `status` shows the block's attachment.
 const BLOCK_MODE: &str = "tc block";
@@ -59,8 +65,9 @@ impl Datapath {
     }
 
     /// Refuses `host_veth` unless it is one of the plugin's host veths: its name
-    /// (`cni_api::naming::is_host_veth`), a veth device, without an alias other than the plugin's. A request naming
-    /// any other link (the uplink, the anchor) must never bind or unbind it.
+    /// (`cni_api::naming::is_host_veth`), a veth device or a netkit pair's primary,
+    /// without an alias other than the plugin's. A request naming any other link (the
+    /// uplink, the anchor) must never bind or unbind it.
     pub fn check_pod_veth(&self, host_veth: &str) -> Result<(), DatapathError> {
         let refuse = |reason: &'static str| DatapathError::NotPodVeth {
             name: host_veth.to_owned(),
@@ -71,8 +78,8 @@ impl Datapath {
         }
         let facts = tc_block::link_facts(host_veth)?
             .ok_or_else(|| DatapathError::NoInterface(host_veth.to_owned()))?;
-        if !facts.is_veth {
-            return Err(refuse("not a veth"));
+        if facts.kind == DeviceKind::Other {
+            return Err(refuse("neither a veth nor a netkit primary"));
         }
         // The kernel does not set an alias given with RTM_NEWLINK, which is how the
         // plugin passes it: a veth of ours may have none, but never another one.
@@ -87,8 +94,15 @@ impl Datapath {
 
     /// Binds `host_veth`'s ingress to the pods' block (already bound is fine; a block
     /// whose anchor was deleted is installed again first), and removes the per-veth
-    /// links an earlier daemon left.
+    /// links an earlier daemon left. A netkit primary gets this daemon's `from_pod` on
+    /// its pair's hook instead, in place of the program found there (an earlier
+    /// daemon's).
     pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
+        if let Some(facts) = tc_block::link_facts(host_veth)?
+            && facts.kind == DeviceKind::NetkitPrimary
+        {
+            return self.attach_netkit(host_veth, facts.index);
+        }
         if !tc_block::bind_interface(host_veth)? {
             tracing::warn!(
                 anchor = tc_block::ANCHOR,
@@ -100,11 +114,49 @@ impl Datapath {
         self.remove_legacy_links(host_veth)
     }
 
-    /// Unbinds `host_veth` from the block. A veth that is already gone took its binding
-    /// with it: not an error.
+    /// Unbinds `host_veth` from the block, or takes the programs off a netkit pair's
+    /// hook (whose policy then drops what the pod sends). A device that is already gone
+    /// took its binding with it: not an error.
     pub fn detach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
+        if let Some(facts) = tc_block::link_facts(host_veth)?
+            && facts.kind == DeviceKind::NetkitPrimary
+        {
+            return detach_netkit(host_veth, facts.index);
+        }
         tc_block::unbind_interface(host_veth)?;
         self.remove_legacy_links(host_veth)
+    }
+
+    /// Puts `from_pod` on the hook of the netkit pair whose primary is `name` (index
+    /// `ifindex`): nothing to do when it is there, else in place of the first program
+    /// found (the plugin's pair carries only the daemon's), else added.
+    fn attach_netkit(&mut self, name: &str, ifindex: u32) -> Result<(), DatapathError> {
+        let program_name = program_names::FROM_POD;
+        let program = classifier(&mut self.ebpf, program_name)?;
+        let program_error = |source| DatapathError::Program {
+            program: program_name,
+            source,
+        };
+        let id = program.info().map_err(program_error)?.id();
+        let fd = program.fd().map_err(program_error)?;
+        let netkit_error = netkit_error(name);
+        let found = netkit::attached(ifindex).map_err(netkit_error)?;
+        if found.contains(&id) {
+            return Ok(());
+        }
+        let previous = found
+            .first()
+            .map(|id| netkit::program(*id))
+            .transpose()
+            .map_err(netkit_error)?;
+        netkit::attach(ifindex, fd.as_fd(), previous.as_ref().map(AsFd::as_fd))
+            .map_err(netkit_error)?;
+        tracing::debug!(
+            device = name,
+            replaced = ?found.first(),
+            "pod program on the netkit pair"
+        );
+        Ok(())
     }
 
     /// Removes the per-veth links an earlier daemon pinned for `host_veth`, if any (a
@@ -140,8 +192,35 @@ impl Datapath {
         veths
     }
 
-    /// `<bpf dir>/links`, where the pod and uplink links are pinned.
+    /// `<bpf dir>/links`, where the uplink links (and earlier daemons' pod links) are
+    /// pinned.
     pub(super) fn links_dir(&self) -> PathBuf {
         self.bpf_dir.join("links")
+    }
+}
+
+/// Takes every program off the hook of the netkit pair whose primary is `name`.
+fn detach_netkit(name: &str, ifindex: u32) -> Result<(), DatapathError> {
+    let netkit_error = netkit_error(name);
+    for id in netkit::attached(ifindex).map_err(netkit_error)? {
+        let program = match netkit::program(id) {
+            Ok(program) => program,
+            // Unloaded since the query: gone from the hook with it.
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(error) => return Err(netkit_error(error)),
+        };
+        match netkit::detach(ifindex, program.as_fd()) {
+            Ok(()) => {}
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(error) => return Err(netkit_error(error)),
+        }
+    }
+    Ok(())
+}
+
+fn netkit_error(name: &str) -> impl Fn(std::io::Error) -> DatapathError + Copy + '_ {
+    move |source| DatapathError::Netkit {
+        device: name.to_owned(),
+        source,
     }
 }

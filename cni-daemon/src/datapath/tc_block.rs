@@ -295,16 +295,27 @@ fn clsact(index: u32) -> TcMessage {
     qdisc
 }
 
-/// What the daemon checks of a link before it binds or unbinds it: whether it is a veth
+/// What the daemon checks of a link before it binds or unbinds it: its index, its kind
 /// and its alias.
 pub struct LinkFacts {
-    pub is_veth: bool,
+    pub index: u32,
+    pub kind: DeviceKind,
     pub alias: Option<String>,
+}
+
+/// The kinds of device a pod's host side can be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Veth,
+    /// The primary (host-side) device of a netkit pair.
+    NetkitPrimary,
+    /// Anything else, a netkit pair's peer included.
+    Other,
 }
 
 /// [`LinkFacts`] of `name`; `None` when there is no such link.
 pub fn link_facts(name: &str) -> Result<Option<LinkFacts>, TcBlockError> {
-    use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
+    use rtnetlink::packet_route::link::{InfoData, InfoKind, InfoNetkit, LinkAttribute, LinkInfo};
     let name = name.to_owned();
     with_netlink(move |handle| async move {
         let mut links = handle.link().get().match_name(name.clone()).execute();
@@ -315,16 +326,27 @@ pub fn link_facts(name: &str) -> Result<Option<LinkFacts>, TcBlockError> {
             Err(error) => return Err(netlink(format!("looking up {name}"))(error)),
         };
         let mut facts = LinkFacts {
-            is_veth: false,
+            index: message.header.index,
+            kind: DeviceKind::Other,
             alias: None,
         };
         for attribute in &message.attributes {
             match attribute {
                 LinkAttribute::IfAlias(alias) => facts.alias = Some(alias.clone()),
                 LinkAttribute::LinkInfo(infos) => {
-                    facts.is_veth = infos
-                        .iter()
-                        .any(|info| matches!(info, LinkInfo::Kind(InfoKind::Veth)));
+                    let primary = infos.iter().any(|info| {
+                        matches!(info, LinkInfo::Data(InfoData::Netkit(data))
+                            if data.contains(&InfoNetkit::Primary(true)))
+                    });
+                    for info in infos {
+                        match info {
+                            LinkInfo::Kind(InfoKind::Veth) => facts.kind = DeviceKind::Veth,
+                            LinkInfo::Kind(InfoKind::Netkit) if primary => {
+                                facts.kind = DeviceKind::NetkitPrimary;
+                            }
+                            _ => {}
+                        }
+                    }
                 }
                 _ => {}
             }

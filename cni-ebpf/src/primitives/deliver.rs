@@ -15,7 +15,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use super::{
     counters::{self, Direction},
     csum,
-    packet::{EthIpv4, IP_TTL},
+    packet::{self, EthIpv4, IP_TTL},
 };
 
 /// `skb->pkt_type` of a frame addressed to this host.
@@ -61,15 +61,16 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
 }
 
 /// The redirect into the pod `destination`, counted for it: to its interface directly
-/// (the host veth's peer), or, when its host veth has a qdisc (an ingress limit's
-/// `tbf`), to that veth's egress, whose qdisc paces the frames before the veth hands
-/// them to the pod.
+/// (the host veth's peer), or to its host veth's egress when its host veth has a qdisc
+/// (an ingress limit's `tbf`, which paces the frames before the veth hands them to the
+/// pod) or when this program runs on a netkit pair's hook, where the kernel refuses
+/// the peer redirect.
 #[inline(always)]
 fn into_pod(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
     counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
     // SAFETY: plain helper calls with an ifindex and no flags.
     unsafe {
-        if destination.flags & endpoint_flags::SHAPED != 0 {
+        if destination.flags & endpoint_flags::SHAPED != 0 || !packet::at_tc_ingress(ctx) {
             bpf_redirect(destination.host_ifindex, 0) as i32
         } else {
             bpf_redirect_peer(destination.host_ifindex, 0) as i32

@@ -14,11 +14,21 @@ use network_types::{
 };
 
 /// The device a TC program runs on (ingress: where the frame arrived; egress: where it
-/// leaves).
+/// leaves; on a netkit pair's hook: the pair's host side).
 #[inline(always)]
 pub fn ifindex(ctx: &TcContext) -> u32 {
     // SAFETY: the context pointer is valid for the whole program run.
     unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Whether the program runs at a device's TC ingress, the one place `bpf_redirect_peer`
+/// works, rather than on a netkit pair's hook (`from_pod` runs on both). At ingress the
+/// kernel has just set the frame's input device (`skb_iif`) to the device itself; a
+/// netkit pair clears it as the frame crosses (`skb_scrub_packet`), before the hook.
+#[inline(always)]
+pub fn at_tc_ingress(ctx: &TcContext) -> bool {
+    // SAFETY: the context pointer is valid for the whole program run.
+    unsafe { (*ctx.skb.skb).ingress_ifindex == (*ctx.skb.skb).ifindex }
 }
 
 /// Whether the frame carries a VLAN tag: one the kernel already took into the skb

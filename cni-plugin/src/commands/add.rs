@@ -60,6 +60,7 @@ pub fn run(inv: &Invocation) -> Result<String, CniError> {
 
     let mut applied = Applied::default();
     let veth = VethPair {
+        device: inv.conf.pod_device,
         host: &host_veth,
         alias: &alias,
         pod: ifname,
@@ -258,6 +259,13 @@ fn create_link(
             LinkError::Exists(what) => CniError::new(
                 ErrorCode::InterfaceExists,
                 format!("cannot create the veth pair: {what} already exists"),
+            ),
+            LinkError::NoNetkit => CniError::new(
+                ErrorCode::UnsupportedField,
+                format!(
+                    "podDevice \"netkit\": {}; use \"veth\"",
+                    LinkError::NoNetkit
+                ),
             ),
             other => setup_error(other),
         })?;

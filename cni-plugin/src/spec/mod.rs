@@ -34,7 +34,7 @@ mod tests;
 pub use args::{ArgsError, CniArgs};
 pub use config::{
     Attachment, Bandwidth, ConfigError, DEFAULT_MTU, IpamConf, LEGACY_ATTACHMENTS_KEY, Limit,
-    NetConf, PortMapping, Protocol, RuntimeConfig, Shaping, VALID_ATTACHMENTS_KEY,
+    NetConf, PodDevice, PortMapping, Protocol, RuntimeConfig, Shaping, VALID_ATTACHMENTS_KEY,
     parse_unicast_mac,
 };
 pub use env::{Command, EnvError, Environment};

@@ -32,6 +32,9 @@ pub enum Suite {
     /// The integration suite's binaries whose outcome the kernel decides
     /// ([`KERNEL_BINARIES`]): what CI runs on 6.1 (see `vm::ci_kernels`).
     Kernel,
+    /// The binaries that need netkit pairs ([`NETKIT_BINARIES`]), which the host's
+    /// kernel may not make: what CI runs on 6.12.
+    Netkit,
     /// Only the kernel-floor test: the kernel is older than the README's floor, so the
     /// daemon must refuse it (`tests/tests/kernel_floor.rs`).
     Refusal,
@@ -95,6 +98,9 @@ pub const KERNEL_BINARIES: &[&str] = &[
     "uplink_lifecycle",
 ];
 
+/// The test binaries whose tests take another path on a kernel without netkit pairs.
+pub const NETKIT_BINARIES: &[&str] = &["netkit_pods"];
+
 /// An unpacked kernel.
 pub struct Kernel {
     pub spec: Spec,
@@ -143,6 +149,21 @@ pub fn get(cache: &Path, source: &apt::Source, spec: Spec) -> anyhow::Result<Ker
     }
     fs::write(&ready, format!("{version} {release}\n"))?;
     Ok(kernel)
+}
+
+impl Kernel {
+    /// Whether the kernel's configuration (the package's `boot/config-RELEASE`) has
+    /// `option` built in or as a module.
+    pub fn configured(&self, option: &str) -> anyhow::Result<bool> {
+        let path = self
+            .vmlinuz
+            .with_file_name(format!("config-{}", self.release));
+        let config = fs::read_to_string(&path)
+            .with_context(|| format!("reading the kernel's configuration {}", path.display()))?;
+        Ok(config
+            .lines()
+            .any(|line| line == format!("{option}=y") || line == format!("{option}=m")))
+    }
 }
 
 fn unpacked(home: &Path, spec: Spec, version: &str, release: &str) -> Kernel {

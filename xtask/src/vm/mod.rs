@@ -64,28 +64,27 @@ pub fn run(root: &Path, request: &Request) -> anyhow::Result<()> {
     conclude(&results)
 }
 
-/// The kernels `cargo xtask test` runs after the host's suite: the refusal below the
-/// floor (a minute or two) and Debian 12's 6.1, the kernel without TCX. 6.12 is for a
-/// person: CI's time goes to the kernel whose attach mode differs from the host's.
-const CI_KERNELS: &[&str] = &["5.10", "6.1"];
+/// The kernels `cargo xtask test` runs after the host's suite, and what it runs on each:
+/// the refusal below the floor (a minute or two), Debian 12's 6.1 (the kernel without
+/// TCX) for the binaries whose outcome the kernel decides, and the 6.12 LTS for the
+/// netkit pods, which the host's kernel may not make. The rest of 6.12 is for a person:
+/// CI's time goes to what the host's kernel cannot show.
+const CI_KERNELS: &[(&str, Suite)] = &[
+    ("5.10", Suite::Refusal),
+    ("6.1", Suite::Kernel),
+    ("6.12", Suite::Netkit),
+];
 
-/// [`CI_KERNELS`] as specs. On 6.1 CI runs the binaries whose outcome the kernel
-/// decides ([`kernel::KERNEL_BINARIES`]): the whole suite took 75 to 100 min under TCG
-/// on CI's machines, past CI's 90 min with the host's suite before it.
+/// [`CI_KERNELS`] as specs. CI runs a part of the suite on each kernel: the whole suite
+/// took 75 to 100 min under TCG on CI's machines, past CI's 90 min with the host's suite
+/// before it.
 pub fn ci_kernels() -> anyhow::Result<Vec<kernel::Spec>> {
     let mut specs = Vec::new();
-    for name in CI_KERNELS {
-        specs.extend(
-            kernel::select(name)?
-                .into_iter()
-                .map(|spec| match spec.suite_kind {
-                    Suite::Integration => kernel::Spec {
-                        suite_kind: Suite::Kernel,
-                        ..spec
-                    },
-                    _ => spec,
-                }),
-        );
+    for (name, suite_kind) in CI_KERNELS {
+        specs.extend(kernel::select(name)?.into_iter().map(|spec| kernel::Spec {
+            suite_kind: *suite_kind,
+            ..spec
+        }));
     }
     Ok(specs)
 }
@@ -260,20 +259,8 @@ fn plan(
     let path = |path: &Path| path.to_str().map(str::to_owned).context("non-UTF-8 path");
     let binaries = match kernel.spec.suite_kind {
         Suite::Integration => binaries.to_vec(),
-        Suite::Kernel => {
-            // A listed binary that is gone (renamed) must not drop out of CI silently.
-            for name in kernel::KERNEL_BINARIES {
-                anyhow::ensure!(
-                    binaries.iter().any(|(binary, _)| binary == name),
-                    "the kernel suite names {name}, which is no test binary"
-                );
-            }
-            binaries
-                .iter()
-                .filter(|(name, _)| kernel::KERNEL_BINARIES.contains(&name.as_str()))
-                .cloned()
-                .collect()
-        }
+        Suite::Kernel => listed(binaries, kernel::KERNEL_BINARIES)?,
+        Suite::Netkit => listed(binaries, kernel::NETKIT_BINARIES)?,
         Suite::Refusal => binaries
             .iter()
             .filter(|(name, _)| name == KERNEL_FLOOR_TEST)
@@ -312,10 +299,21 @@ fn plan(
         ),
         // What the test binaries' panics print.
         ("RUST_BACKTRACE".to_owned(), "0".to_owned()),
+        // Whether the kernel makes netkit pairs, so that its tests cannot take the path
+        // of a kernel without them by mistake.
+        (
+            ebpf_cni_tests::netkit::KERNEL_VAR.to_owned(),
+            if kernel.configured("CONFIG_NETKIT")? {
+                "y"
+            } else {
+                "n"
+            }
+            .to_owned(),
+        ),
     ];
     // The refusal's one test runs whatever the filter: it is the only one there.
     let args = match kernel.spec.suite_kind {
-        Suite::Integration | Suite::Kernel => filter.to_vec(),
+        Suite::Integration | Suite::Kernel | Suite::Netkit => filter.to_vec(),
         Suite::Refusal => Vec::new(),
     };
     Ok(Plan {
@@ -323,6 +321,25 @@ fn plan(
         binaries,
         args,
     })
+}
+
+/// The binaries of `binaries` that `names` lists; an error when one it lists is none of
+/// them (renamed), which must not drop out of CI silently.
+fn listed(
+    binaries: &[(String, PathBuf)],
+    names: &[&str],
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    for name in names {
+        anyhow::ensure!(
+            binaries.iter().any(|(binary, _)| binary == name),
+            "a kernel's suite names {name}, which is no test binary"
+        );
+    }
+    Ok(binaries
+        .iter()
+        .filter(|(name, _)| names.contains(&name.as_str()))
+        .cloned()
+        .collect())
 }
 
 /// `SOFT:HARD` of this process's open-file limit, for the guest's shell to take over.

@@ -65,6 +65,19 @@ pub struct IpamConf {
     pub plugin_type: String,
 }
 
+/// Our own key `podDevice`: the kind of device pair that joins a pod to the node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodDevice {
+    /// A veth pair, bound to the pods' TC block: every kernel the daemon runs on.
+    #[default]
+    Veth,
+    /// A netkit pair (Linux 6.7 with `CONFIG_NETKIT`), the pod program on its own hook:
+    /// what a pod sends is forwarded from within its own transmit, without the veth's
+    /// second pass through the node's backlog queue.
+    Netkit,
+}
+
 /// One still-valid attachment in a GC request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
 pub struct Attachment {
@@ -97,6 +110,8 @@ pub struct NetConf {
     /// Our own key `ipamTimeout`: seconds one run of the IPAM plugin may take (1 to 600;
     /// default: `ipam::DEFAULT_TIMEOUT`).
     pub ipam_timeout: Option<u64>,
+    /// Our own key `podDevice`: `veth` (the default) or `netkit`.
+    pub pod_device: PodDevice,
     /// The bandwidth plugin's keys at the top level (`ingressRate`...), `None` when
     /// none is there; [`NetConf::shaping`] reads them with `runtimeConfig.bandwidth`.
     pub bandwidth: Option<Bandwidth>,
@@ -115,7 +130,7 @@ pub struct NetConf {
 
 /// The top-level keys this plugin reads; a key equal to one of them under Go's case-
 /// insensitive rule (`spec::go_json`) is that key.
-const KEYS: [&str; 17] = [
+const KEYS: [&str; 18] = [
     "cniVersion",
     "name",
     "type",
@@ -125,6 +140,7 @@ const KEYS: [&str; 17] = [
     "clusterCIDRs",
     "daemonSocket",
     "ipamTimeout",
+    "podDevice",
     BANDWIDTH_KEYS[0],
     BANDWIDTH_KEYS[1],
     BANDWIDTH_KEYS[2],
@@ -139,14 +155,15 @@ const KEYS: [&str; 17] = [
 const BANDWIDTH_KEYS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
 
 /// Whether `command` acts on the top-level `key`. Only ADD reads the pod's settings
-/// (`mtu`, `ipMasq`, `clusterCIDRs`, the bandwidth keys, `runtimeConfig`) strictly, and `ipamTimeout` (the
+/// (`mtu`, `ipMasq`, `clusterCIDRs`, `podDevice`, the bandwidth keys, `runtimeConfig`)
+/// strictly, and `ipamTimeout` (the
 /// other verbs fall back to the default when it is unreadable), and only GC the
 /// attachment lists;
 /// everything else is needed by every verb (`daemonSocket` and `ipam` to find the daemon
 /// and the IPAM plugin; `cniVersion`, `name` and `type` are the spec's required keys).
 fn acts_on(command: Command, key: &str) -> bool {
     match key {
-        "mtu" | "ipMasq" | "clusterCIDRs" | "runtimeConfig" | "ipamTimeout" => {
+        "mtu" | "ipMasq" | "clusterCIDRs" | "runtimeConfig" | "ipamTimeout" | "podDevice" => {
             command == Command::Add
         }
         key if BANDWIDTH_KEYS.contains(&key) => command == Command::Add,
@@ -198,6 +215,7 @@ impl NetConf {
             cluster_cidrs: fields.optional("clusterCIDRs")?.unwrap_or_default(),
             daemon_socket: fields.optional("daemonSocket")?,
             ipam_timeout: fields.optional("ipamTimeout")?,
+            pod_device: fields.optional("podDevice")?.unwrap_or_default(),
             bandwidth: fields.bandwidth()?,
             runtime_config: fields.optional("runtimeConfig")?.unwrap_or_default(),
             prev_result: fields.map.remove("prevResult"),

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::{code_of, error_of};
 use crate::spec::{
-    Attachment, Bandwidth, CniVersion, Command, Limit, NetConf, PortMapping, Protocol,
+    Attachment, Bandwidth, CniVersion, Command, Limit, NetConf, PodDevice, PortMapping, Protocol,
     parse_unicast_mac,
 };
 
@@ -589,4 +589,33 @@ fn bandwidth_without_its_pair_or_out_of_range_is_code_7_naming_the_key() {
     // DEL does not refuse what it does not act on.
     let conf = minimal_with("1.1.0", json!({"ingressRate": 1_000_000}));
     conf.validate_for(Command::Del).expect("DEL passes");
+}
+
+#[test]
+fn pod_device_is_veth_unless_netkit_is_asked_and_anything_else_is_code_7() {
+    assert_eq!(
+        parse(ADD_FULL).pod_device,
+        PodDevice::Veth,
+        "absent means veth"
+    );
+    let netkit = minimal_with("1.1.0", json!({"podDevice": "netkit"}));
+    assert_eq!(netkit.pod_device, PodDevice::Netkit);
+    let veth = minimal_with("1.1.0", json!({"podDevice": "veth"}));
+    assert_eq!(veth.pod_device, PodDevice::Veth);
+    // The key is matched as Go matches it; the value is not.
+    let spelled = minimal_with("1.1.0", json!({"PODDEVICE": "netkit"}));
+    assert_eq!(spelled.pod_device, PodDevice::Netkit);
+    for bad in [json!("Netkit"), json!("macvlan"), json!(1)] {
+        let text = json!({"cniVersion": "1.1.0", "name": "n", "type": "ebpf-cni",
+            "ipam": {"type": "host-local"}, "podDevice": bad});
+        let error = NetConf::parse(text.to_string().as_bytes()).expect_err("not a device");
+        assert_eq!(error.code.code(), 7, "{bad}: {error:?}");
+        assert!(error.msg.contains("podDevice"), "{bad}: {error:?}");
+    }
+    // DEL does not act on it: a value it cannot read is set aside, not an error.
+    let text = json!({"cniVersion": "1.1.0", "name": "n", "type": "ebpf-cni",
+        "ipam": {"type": "host-local"}, "podDevice": "macvlan"});
+    let del = NetConf::parse_for(text.to_string().as_bytes(), Command::Del).expect("DEL parses");
+    assert_eq!(del.pod_device, PodDevice::Veth);
+    assert_eq!(del.set_aside().len(), 1);
 }

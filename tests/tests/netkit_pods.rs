@@ -1,0 +1,289 @@
+//! Pods on netkit pairs (`"podDevice": "netkit"`): the plugin makes the pair, the
+//! daemon puts `from_pod` on the pair's own hook, and the pods talk to each other, to
+//! veth pods, to the node and to the outside through it, with the same source checks.
+//! Across nodes too, natively routed and over the overlay. A restarted daemon swaps its
+//! program in; CHECK accepts the pod; DEL leaves nothing.
+//!
+//! On a kernel without netkit (the host's here: 6.18 built without `CONFIG_NETKIT`)
+//! every test checks instead that ADD is refused with code 2 and leaves nothing behind.
+//! `cargo xtask test` runs this binary in Debian 6.12's guest too, whose kernel has
+//! netkit and says so ([`netkit::KERNEL_VAR`]): there every test takes the netkit path.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
+    thread,
+    time::Duration,
+};
+
+use ebpf_cni_tests::{
+    cluster::{TestCluster, last_peer},
+    cni::{Call, Outcome, first_ip},
+    daemon::Daemon,
+    netkit,
+    netns::Netns,
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
+    require_root,
+    traffic::{EchoServer, UdpEcho, round_trip, spoof::send_udp_as},
+};
+use serde_json::json;
+
+const PORT: u16 = 8080;
+
+/// ADD of a pod on a netkit pair, in a new namespace, whatever its outcome.
+fn try_add_netkit(node: &Node, container_id: &str) -> (Netns, Outcome) {
+    let netns = Netns::new("pod");
+    let mut config = node.network.config("1.1.0");
+    config["podDevice"] = json!("netkit");
+    let outcome = Call::new("ADD", container_id, "eth0", Some(&netns), &config).run(&node.netns);
+    (netns, outcome)
+}
+
+fn add_netkit(node: &Node, container_id: &str) -> Pod {
+    let (netns, outcome) = try_add_netkit(node, container_id);
+    Pod {
+        container_id: container_id.to_owned(),
+        ip: first_ip(&outcome.ok()),
+        netns,
+    }
+}
+
+/// Whether the kernel makes netkit pairs. When it does not, checks that ADD asking for
+/// one is refused with code 2 naming netkit, and leaves no device, no address and no
+/// endpoint behind.
+fn netkit_or_refused(node: &Node) -> bool {
+    if netkit::supported() {
+        return true;
+    }
+    let (_netns, outcome) = try_add_netkit(node, "nk-refused");
+    let error = outcome.error(2);
+    assert!(
+        error["msg"]
+            .as_str()
+            .is_some_and(|msg| msg.contains("netkit")),
+        "the error names netkit: {error}"
+    );
+    assert_eq!(host_devices(node), Vec::<String>::new(), "no device left");
+    assert_eq!(
+        node.network.allocated(),
+        Vec::<String>::new(),
+        "no address left"
+    );
+    let endpoints = node.instance.cli_json(&["endpoints"]);
+    assert_eq!(endpoints, json!([]), "no endpoint left");
+    false
+}
+
+/// The plugin's host-side devices in the node, of any kind (`Node::host_veths` lists
+/// veths only).
+fn host_devices(node: &Node) -> Vec<String> {
+    let out = node.netns.ip(&["-j", "link", "show"]);
+    let links: serde_json::Value = serde_json::from_str(&out).expect("ip -j prints JSON");
+    links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|link| link["ifname"].as_str())
+        .filter(|name| name.starts_with("veb"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The pod's host-side device (the pair's primary), as the daemon recorded it.
+fn host_device(node: &Node, pod: &Pod) -> String {
+    node.endpoint(pod)["host_veth"]
+        .as_str()
+        .expect("a host device")
+        .to_owned()
+}
+
+fn pings(from: &Netns, to: &str) -> bool {
+    from.run("ping", &["-c", "2", "-i", "0.2", "-W", "2", to])
+        .status
+        .success()
+}
+
+fn tcp_ok(from: &Netns, to: &str) {
+    let addr: SocketAddr = format!("{to}:{PORT}").parse().expect("address");
+    let payload = format!("hello {to}").into_bytes();
+    let back = round_trip(from, addr, &payload).unwrap_or_else(|e| panic!("TCP to {addr}: {e}"));
+    assert_eq!(back, payload, "the echo of {addr}");
+}
+
+#[test]
+fn netkit_pods_talk_through_the_pod_program_on_their_pair() {
+    require_root();
+    let node = Node::start("10.244.70.0/24");
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let (a, b) = (add_netkit(&node, "nk-a"), add_netkit(&node, "nk-b"));
+    let veth = node.add_pod("nk-veth");
+    for pod in [&a, &b] {
+        let device = host_device(&node, pod);
+        assert_eq!(netkit::kind(&node.netns, &device), "netkit", "{device}");
+        assert_eq!(netkit::kind(&pod.netns, "eth0"), "netkit", "the pod's side");
+        let programs: Vec<String> = netkit::peer_programs(&node.netns, &device)
+            .into_iter()
+            .map(netkit::program_name)
+            .collect();
+        assert_eq!(programs, ["from_pod"], "the program on {device}'s pair");
+        assert_eq!(
+            node.netns.tc_programs(&device),
+            Vec::<String>::new(),
+            "{device} is not bound to the pods' block as well"
+        );
+    }
+    assert_eq!(
+        netkit::kind(&node.netns, &host_device(&node, &veth)),
+        "veth"
+    );
+
+    let _servers: Vec<EchoServer> = [&a, &b, &veth]
+        .iter()
+        .map(|pod| EchoServer::start(&pod.netns, PORT))
+        .collect();
+    let _node_server = EchoServer::start(&node.netns, PORT);
+    let _outside = EchoServer::start(&node.external, PORT);
+    for (from, to) in [(&a, &b), (&b, &a), (&a, &veth), (&veth, &a)] {
+        let to = to.ip.to_string();
+        assert!(pings(&from.netns, &to), "{} -> {to}", from.container_id);
+        tcp_ok(&from.netns, &to);
+    }
+    assert!(pings(&a.netns, NODE_ADDR), "pod -> node");
+    tcp_ok(&a.netns, NODE_ADDR);
+    assert!(pings(&node.netns, &a.ip.to_string()), "node -> pod");
+    tcp_ok(&node.netns, &a.ip.to_string());
+    // To the outside, translated to the node's address.
+    tcp_ok(&a.netns, EXTERNAL_ADDR);
+    let flows = node.instance.cli_json(&["nat"]);
+    assert!(
+        flows["entries"].as_array().is_some_and(|entries| entries
+            .iter()
+            .any(|entry| entry.to_string().contains(&a.ip.to_string()))),
+        "a's connection to the outside is in the NAT table: {flows}"
+    );
+    let counters = &node.endpoint(&a)["counters"];
+    for field in ["from_pod_packets", "to_pod_packets"] {
+        assert!(
+            counters[field].as_u64().is_some_and(|n| n > 0),
+            "{field}: {counters}"
+        );
+    }
+}
+
+#[test]
+fn a_netkit_pod_sends_only_as_itself() {
+    require_root();
+    let node = Node::start("10.244.71.0/24");
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let (a, b) = (add_netkit(&node, "nk-iso-a"), add_netkit(&node, "nk-iso-b"));
+    let neighbour = UdpEcho::start(&b.netns, PORT);
+    let to_b = SocketAddrV4::new(b.ip, PORT);
+    send_udp_as(&a.netns, a.ip, 40000, to_b, b"honest").expect("send");
+    for (n, source) in [
+        NODE_ADDR.parse().expect("address"),
+        Ipv4Addr::new(203, 0, 113, 7),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        send_udp_as(&a.netns, source, 41000 + n as u16, to_b, b"spoofed").expect("send");
+    }
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        neighbour.peers().len(),
+        1,
+        "only the honest datagram reached b"
+    );
+    let status = node.instance.cli_json(&["status"]);
+    assert_eq!(status["drops"]["spoofed_ipv4_source"], 2, "{status}");
+}
+
+#[test]
+fn a_restarted_daemon_swaps_its_program_onto_netkit_pairs() {
+    require_root();
+    let mut node = Node::start("10.244.72.0/24");
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let (a, b) = (add_netkit(&node, "nk-rs-a"), add_netkit(&node, "nk-rs-b"));
+    let device = host_device(&node, &a);
+    let before = netkit::peer_programs(&node.netns, &device);
+    assert_eq!(before.len(), 1, "one program on {device}'s pair");
+
+    node.daemon.kill();
+    // The program stays on the pair while no daemon runs.
+    assert!(pings(&a.netns, &b.ip.to_string()), "a -> b, no daemon");
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+
+    let after = netkit::peer_programs(&node.netns, &device);
+    assert_eq!(after.len(), 1, "still one program on {device}'s pair");
+    assert_ne!(
+        after, before,
+        "the new daemon's program took the old one's place"
+    );
+    assert_eq!(netkit::program_name(after[0]), "from_pod");
+    assert!(pings(&a.netns, &b.ip.to_string()), "a -> b, new daemon");
+}
+
+#[test]
+fn netkit_pods_on_two_nodes_talk_natively_and_over_the_overlay() {
+    require_root();
+    for (routing, ranges) in [
+        ("native", ["10.244.121.0/24", "10.244.122.0/24"]),
+        ("vxlan", ["10.244.123.0/24", "10.244.124.0/24"]),
+    ] {
+        let cluster = TestCluster::start(&ranges, &["--routing", routing]);
+        if !netkit_or_refused(cluster.node(1)) {
+            return;
+        }
+        let a = add_netkit(cluster.node(1), &format!("nk-{routing}-a"));
+        let b = add_netkit(cluster.node(2), &format!("nk-{routing}-b"));
+        assert!(pings(&a.netns, &b.ip.to_string()), "{routing}: a -> b");
+        assert!(pings(&b.netns, &a.ip.to_string()), "{routing}: b -> a");
+        let server = EchoServer::start(&b.netns, PORT);
+        let payload = format!("across nodes, {routing}").into_bytes();
+        let back = round_trip(&a.netns, (b.ip, PORT).into(), &payload)
+            .unwrap_or_else(|error| panic!("{routing}: TCP a -> b: {error}"));
+        assert_eq!(back, payload);
+        assert_eq!(
+            last_peer(&server.peers()),
+            IpAddr::from(a.ip),
+            "{routing}: b sees a's own address"
+        );
+    }
+}
+
+#[test]
+fn del_takes_the_netkit_pair_and_its_address_away() {
+    require_root();
+    let node = Node::start("10.244.73.0/24");
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let (netns, outcome) = try_add_netkit(&node, "nk-del");
+    let mut config = node.network.config("1.1.0");
+    config["podDevice"] = json!("netkit");
+    config["prevResult"] = outcome.ok();
+    Call::new("CHECK", "nk-del", "eth0", Some(&netns), &config)
+        .run(&node.netns)
+        .ok();
+    let a = Pod {
+        container_id: "nk-del".to_owned(),
+        ip: first_ip(&config["prevResult"]),
+        netns,
+    };
+    assert_eq!(host_devices(&node).len(), 1);
+    node.del_pod(&a);
+    assert_eq!(
+        host_devices(&node),
+        Vec::<String>::new(),
+        "the pair is gone"
+    );
+    assert_eq!(node.network.allocated(), Vec::<String>::new());
+    assert_eq!(node.instance.cli_json(&["endpoints"]), json!([]));
+    let links = a.netns.ip(&["-j", "link", "show"]);
+    assert!(!links.contains("eth0"), "no eth0 left in the pod: {links}");
+}
