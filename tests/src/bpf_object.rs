@@ -144,9 +144,15 @@ impl BpfObject {
         Self { ebpf, folder }
     }
 
-    /// Runs classifier `name` once on `frame` (the skb's device is the caller's loopback).
+    /// Runs classifier `name` once on `frame` (the skb's device is the caller's loopback),
+    /// as at that device's TC ingress.
     pub fn run(&self, name: &str, frame: &[u8]) -> Run {
-        self.try_run(name, frame).unwrap_or_else(|error| {
+        self.run_at(name, frame, Hook::TcIngress)
+    }
+
+    /// Like [`Self::run`], on `hook`.
+    pub fn run_at(&self, name: &str, frame: &[u8], hook: Hook) -> Run {
+        self.try_run_at(name, frame, hook).unwrap_or_else(|error| {
             panic!("BPF_PROG_TEST_RUN of {name} on {frame:02x?} failed: {error:?}")
         })
     }
@@ -154,6 +160,10 @@ impl BpfObject {
     /// Like [`Self::run`], but returns the kernel's refusal (it checks some frames before
     /// the program sees them) instead of panicking.
     pub fn try_run(&self, name: &str, frame: &[u8]) -> Result<Run, ProgramError> {
+        self.try_run_at(name, frame, Hook::TcIngress)
+    }
+
+    fn try_run_at(&self, name: &str, frame: &[u8], hook: Hook) -> Result<Run, ProgramError> {
         let program: &SchedClassifier = self
             .ebpf
             .program(name)
@@ -162,9 +172,11 @@ impl BpfObject {
             .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"));
         // Room to spare, so a program that grew the frame would show instead of ENOSPC.
         let mut out = vec![0; frame.len() + 256];
+        let context = hook.context();
         let result = program.test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
+            ctx_in: Some(&context),
             ..TestRunOptions::new()
         })?;
         out.truncate(result.data_size_out as usize);
@@ -457,4 +469,33 @@ fn classifier_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> &'a mut SchedClassifier
         .unwrap_or_else(|| panic!("the object has no program {name}"))
         .try_into()
         .unwrap_or_else(|error| panic!("{name} is not a classifier: {error}"))
+}
+
+/// Where a test run's program runs, as the program can tell: by the frame's input
+/// device (`skb->skb_iif`, `ingress_ifindex` in `__sk_buff`), which TC ingress sets to
+/// the device itself and a netkit pair clears (`cni-ebpf`'s `packet::at_tc_ingress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    TcIngress,
+    NetkitPeer,
+}
+
+impl Hook {
+    /// The start of a `struct __sk_buff` (UAPI `linux/bpf.h`: eleven `__u32`, `len` to
+    /// `ifindex`) for `BPF_PROG_TEST_RUN`'s context: zero but for `ingress_ifindex` and
+    /// `ifindex`, both the loopback's (1) at TC ingress; the kernel refuses the other
+    /// fields here.
+    fn context(self) -> Vec<u8> {
+        const INGRESS_IFINDEX: usize = 9 * 4;
+        const IFINDEX: usize = 10 * 4;
+        const LOOPBACK: u32 = 1;
+        let mut context = vec![0u8; 11 * 4];
+        let input = match self {
+            Self::TcIngress => LOOPBACK,
+            Self::NetkitPeer => 0,
+        };
+        context[INGRESS_IFINDEX..INGRESS_IFINDEX + 4].copy_from_slice(&input.to_ne_bytes());
+        context[IFINDEX..IFINDEX + 4].copy_from_slice(&LOOPBACK.to_ne_bytes());
+        context
+    }
 }

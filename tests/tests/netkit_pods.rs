@@ -169,6 +169,33 @@ fn netkit_pods_talk_through_the_pod_program_on_their_pair() {
             "{field}: {counters}"
         );
     }
+    // Each packet into a pod counts once, whether the datapath counted it (into a
+    // pod from a veth's ingress) or the host side's transmit did (from a netkit hook).
+    for (from, to) in [(&b, &a), (&a, &veth)] {
+        let to_pod = || {
+            node.endpoint(to)["counters"]["to_pod_packets"]
+                .as_u64()
+                .expect("the pod's counters")
+        };
+        let before = to_pod();
+        let echo = from.netns.run(
+            "ping",
+            &["-c", "10", "-i", "0.1", "-W", "2", &to.ip.to_string()],
+        );
+        assert!(
+            echo.status.success(),
+            "{} -> {}",
+            from.container_id,
+            to.container_id
+        );
+        let delivered = to_pod() - before;
+        // The ten requests, and perhaps a neighbour's ARP or two.
+        assert!(
+            (10..=13).contains(&delivered),
+            "{} got {delivered} packets counted for 10 echo requests",
+            to.container_id
+        );
+    }
 }
 
 #[test]

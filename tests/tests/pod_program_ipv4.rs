@@ -2,10 +2,12 @@
 //! `from_pod` forwards to a known pod: routed (sent to the gateway's MAC) with rewritten
 //! MACs, one TTL less and a valid checksum for every TTL; switched (sent to the pod's
 //! own MAC) unchanged; counted for both veths; and hands unknown or expiring
-//! destinations to the stack unchanged.
+//! destinations to the stack unchanged. On a netkit pair's hook the same frame goes
+//! through the destination's host side, whose kernel counters count it.
 
 use cni_ebpf_common::EndpointCounters;
 use ebpf_cni_tests::{
+    bpf_object::Hook,
     frames::{
         IP, IP_CHECK, IP_END, LOOPBACK, PEER, SENDER, TC_ACT_REDIRECT, UNKNOWN, all_drops,
         assert_forwarded, assert_passes_unchanged, assert_reference_checksum_is_right, counters,
@@ -39,6 +41,38 @@ fn ipv4_to_a_known_pod_is_rewritten_and_redirected_to_its_veth() {
         object.endpoint_counters(LOOPBACK),
         counters(2, bytes, 0, 0),
         "both sent by the sender"
+    );
+}
+
+#[test]
+fn on_a_netkit_hook_ipv4_to_a_known_pod_is_left_to_its_host_sides_counters() {
+    require_root();
+    let object = datapath();
+    let syn = ipv4(&SENDER, PEER.ip, 64, 6, &tcp_syn(SENDER.ip, PEER.ip));
+    let run = object.run_at(
+        cni_ebpf_common::program_names::FROM_POD,
+        &syn,
+        Hook::NetkitPeer,
+    );
+    assert_forwarded(&syn, &run, &PEER);
+    // Redirected to the host side's transmit (bpf_redirect_peer is refused off TC
+    // ingress), whose kernel counters the daemon adds: the map counts it not.
+    assert_eq!(
+        object.endpoint_counters(PEER.info.host_ifindex),
+        counters(0, 0, 0, 0)
+    );
+    assert_eq!(
+        object.endpoint_counters(LOOPBACK),
+        counters(1, syn.len(), 0, 0),
+        "sent by the sender"
+    );
+    // The same frame at TC ingress goes straight into the pod, counted in the map.
+    from_pod(&object, &syn);
+    assert_eq!(
+        object
+            .endpoint_counters(PEER.info.host_ifindex)
+            .to_pod_packets,
+        1
     );
 }
 

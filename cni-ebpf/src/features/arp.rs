@@ -15,10 +15,7 @@ use network_types::{arp::ArpHdr, eth::EthHdr};
 
 use crate::{
     features::pod_source,
-    primitives::{
-        counters::{self, Direction},
-        maps,
-    },
+    primitives::{counters, maps},
 };
 
 const ARP_REQUEST: u16 = 1;
@@ -70,8 +67,8 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
     arp.set_spa(target);
     ctx.store(0, &reply_eth, 0)?;
     ctx.store(EthHdr::LEN, &arp, 0)?;
-    counters::endpoint(ifindex, Direction::ToPod, ctx.len());
-    // Out of the same veth: back into the pod.
+    // Out of the same veth: back into the pod, through the host side's transmit, whose
+    // kernel counters count it "to pod" (the daemon adds them).
     // SAFETY: a plain helper call with an ifindex and no flags.
     Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }

@@ -60,19 +60,20 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
     Ok(into_pod(ctx, destination))
 }
 
-/// The redirect into the pod `destination`, counted for it: to its interface directly
-/// (the host veth's peer), or to its host veth's egress when its host veth has a qdisc
+/// The redirect into the pod `destination`: to its interface directly (the host veth's
+/// peer), counted for it; or to its host veth's egress when its host veth has a qdisc
 /// (an ingress limit's `tbf`, which paces the frames before the veth hands them to the
-/// pod) or when this program runs on a netkit pair's hook, where the kernel refuses
-/// the peer redirect.
+/// pod) or when this program runs on a netkit pair's hook, where the kernel refuses the
+/// peer redirect. The host veth's transmit counts those in its kernel counters, which
+/// the daemon adds to the map's.
 #[inline(always)]
 fn into_pod(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
-    counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
     // SAFETY: plain helper calls with an ifindex and no flags.
     unsafe {
         if destination.flags & endpoint_flags::SHAPED != 0 || !packet::at_tc_ingress(ctx) {
             bpf_redirect(destination.host_ifindex, 0) as i32
         } else {
+            counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
             bpf_redirect_peer(destination.host_ifindex, 0) as i32
         }
     }
