@@ -1,7 +1,8 @@
 //! Pods on netkit pairs (`"podDevice": "netkit"`): the plugin makes the pair, the
 //! daemon puts `from_pod` on the pair's own hook, and the pods talk to each other, to
 //! veth pods, to the node and to the outside through it, with the same source checks.
-//! Across nodes too, natively routed and over the overlay. A restarted daemon swaps its
+//! Across nodes too, natively routed and over the overlay; hostPorts and rate limits
+//! too. A restarted daemon swaps its
 //! program in; CHECK accepts the pod; DEL leaves nothing.
 //!
 //! On a kernel without netkit (the host's here: 6.18 built without `CONFIG_NETKIT`)
@@ -21,7 +22,7 @@ use ebpf_cni_tests::{
     daemon::Daemon,
     netkit,
     netns::Netns,
-    node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod, port_mappings, socket},
     require_root,
     traffic::{EchoServer, UdpEcho, round_trip, spoof::send_udp_as},
 };
@@ -31,9 +32,21 @@ const PORT: u16 = 8080;
 
 /// ADD of a pod on a netkit pair, in a new namespace, whatever its outcome.
 fn try_add_netkit(node: &Node, container_id: &str) -> (Netns, Outcome) {
+    try_add_netkit_with(node, container_id, &serde_json::Value::Null)
+}
+
+/// Like [`try_add_netkit`], with `runtime_config` in the config.
+fn try_add_netkit_with(
+    node: &Node,
+    container_id: &str,
+    runtime_config: &serde_json::Value,
+) -> (Netns, Outcome) {
     let netns = Netns::new("pod");
     let mut config = node.network.config("1.1.0");
     config["podDevice"] = json!("netkit");
+    if !runtime_config.is_null() {
+        config["runtimeConfig"] = runtime_config.clone();
+    }
     let outcome = Call::new("ADD", container_id, "eth0", Some(&netns), &config).run(&node.netns);
     (netns, outcome)
 }
@@ -226,6 +239,47 @@ fn a_netkit_pod_sends_only_as_itself() {
     );
     let status = node.instance.cli_json(&["status"]);
     assert_eq!(status["drops"]["spoofed_ipv4_source"], 2, "{status}");
+}
+
+#[test]
+fn a_netkit_pods_host_port_and_rate_limits_work() {
+    require_root();
+    let node = Node::start("10.244.74.0/24");
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let mut runtime = port_mappings(PORT, &[(18080, "tcp", None)]);
+    runtime["bandwidth"] = json!({
+        "ingressRate": 100_000_000, "ingressBurst": 10_000_000,
+        "egressRate": 100_000_000, "egressBurst": 10_000_000,
+    });
+    let (netns, outcome) = try_add_netkit_with(&node, "nk-hp", &runtime);
+    let pod = Pod {
+        container_id: "nk-hp".to_owned(),
+        ip: first_ip(&outcome.ok()),
+        netns,
+    };
+    let device = host_device(&node, &pod);
+    for (netns, link) in [(&node.netns, device.as_str()), (&pod.netns, "eth0")] {
+        let qdiscs = netns.run("tc", &["qdisc", "show", "dev", link]);
+        assert!(
+            String::from_utf8_lossy(&qdiscs.stdout).contains("tbf"),
+            "a tbf on {link}: {qdiscs:?}"
+        );
+    }
+    let _server = EchoServer::start(&pod.netns, PORT);
+    // From outside to the node's address, and from a veth pod of the node to it: each
+    // through the hostPort, into the pod past its limit's qdisc.
+    let other = node.add_pod("nk-hp-other");
+    let _other_server = EchoServer::start(&other.netns, PORT);
+    for from in [&node.external, &other.netns] {
+        let payload = b"to the host port".to_vec();
+        let back = round_trip(from, socket(NODE_ADDR, 18080), &payload)
+            .unwrap_or_else(|error| panic!("TCP to the host port: {error}"));
+        assert_eq!(back, payload);
+    }
+    tcp_ok(&other.netns, &pod.ip.to_string());
+    tcp_ok(&pod.netns, &other.ip.to_string());
 }
 
 #[test]
