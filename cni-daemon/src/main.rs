@@ -303,6 +303,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 tracing::info!(dir = %conf_dir.display(), removed, "CNI configuration");
             }
             remove_pod_block(&cli.state_dir)?;
+            let pairs = datapath::detach_netkit_pods()
+                .context("cannot take the pod program off the pods' netkit pairs")?;
+            tracing::info!(pairs, "pod program taken off the netkit pairs");
             // The ways to other nodes' pods: the overlay device and the daemon's routes.
             datapath::overlay::remove_device()?;
             datapath::node_routes::sync(&std::collections::BTreeMap::new(), false)

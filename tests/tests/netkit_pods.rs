@@ -101,6 +101,13 @@ fn host_devices(node: &Node) -> Vec<String> {
         .collect()
 }
 
+/// The pod's host-side device, by the plugin's naming (for when no daemon answers).
+fn host_device_named(node: &Node, pod: &Pod) -> String {
+    let name = cni_api::naming::host_veth(&pod.container_id, "eth0");
+    assert!(host_devices(node).contains(&name), "no device {name}");
+    name
+}
+
 /// The pod's host-side device (the pair's primary), as the daemon recorded it.
 fn host_device(node: &Node, pod: &Pod) -> String {
     node.endpoint(pod)["host_veth"]
@@ -335,6 +342,34 @@ fn netkit_pods_on_two_nodes_talk_natively_and_over_the_overlay() {
             "{routing}: b sees a's own address"
         );
     }
+}
+
+#[test]
+fn uninstall_takes_the_pod_program_off_netkit_pairs() {
+    require_root();
+    let mut node = Node::start("10.244.75.0/24");
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let (a, b) = (add_netkit(&node, "nk-un-a"), add_netkit(&node, "nk-un-b"));
+    assert!(pings(&a.netns, &b.ip.to_string()), "a -> b before");
+    let device = host_device(&node, &a);
+    assert!(node.daemon.stop());
+    let done = node.instance.cli(&["uninstall"]);
+    assert!(done.status.success(), "uninstall: {done:?}");
+    for pod in [&a, &b] {
+        let device = host_device_named(&node, pod);
+        assert_eq!(
+            netkit::peer_programs(&node.netns, &device),
+            Vec::<u32>::new(),
+            "nothing left on {device}'s pair"
+        );
+    }
+    // The pair's policy drops what the pod sends now.
+    assert!(
+        !pings(&a.netns, &b.ip.to_string()),
+        "a -> b after, on {device}"
+    );
 }
 
 #[test]

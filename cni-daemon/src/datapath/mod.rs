@@ -24,6 +24,7 @@ pub mod tc_block;
 mod upgrade;
 mod uplink;
 
+pub use pod::detach_netkit_pods;
 pub use uplink::remove_uplink_filters;
 
 use std::path::{Path, PathBuf};

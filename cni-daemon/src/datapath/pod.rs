@@ -199,6 +199,25 @@ impl Datapath {
     }
 }
 
+/// Takes the pod program off every netkit pair of the plugin's in this namespace (their
+/// pods' traffic is dropped from then on, their policy); for uninstall, as the pods'
+/// block goes with it. Returns how many pairs there were.
+pub fn detach_netkit_pods() -> Result<usize, DatapathError> {
+    let mut pairs = 0;
+    for (name, _, _) in tc_block::aliased_links(naming::ALIAS_PREFIX)? {
+        if !naming::is_host_veth(&name) {
+            continue;
+        }
+        if let Some(facts) = tc_block::link_facts(&name)?
+            && facts.kind == DeviceKind::NetkitPrimary
+        {
+            detach_netkit(&name, facts.index)?;
+            pairs += 1;
+        }
+    }
+    Ok(pairs)
+}
+
 /// Takes every program off the hook of the netkit pair whose primary is `name`.
 fn detach_netkit(name: &str, ifindex: u32) -> Result<(), DatapathError> {
     let netkit_error = netkit_error(name);
