@@ -170,11 +170,13 @@ impl Node {
     /// Like [`Self::add_pod`], with `runtime_config` (e.g. portMappings) in the config.
     pub fn add_pod_with(&self, container_id: &str, runtime_config: &serde_json::Value) -> Pod {
         let (netns, outcome) = self.try_add(container_id, runtime_config);
-        Pod {
-            container_id: container_id.to_owned(),
-            ip: crate::cni::first_ip(&outcome.ok()),
-            netns,
-        }
+        Pod::added(container_id, netns, &outcome)
+    }
+
+    /// Like [`Self::add_pod`], the pod on a netkit pair (`"podDevice": "netkit"`).
+    pub fn add_netkit_pod(&self, container_id: &str) -> Pod {
+        let (netns, outcome) = self.try_add_netkit(container_id, &serde_json::Value::Null);
+        Pod::added(container_id, netns, &outcome)
     }
 
     /// ADD in a new pod namespace, whatever its outcome.
@@ -183,11 +185,32 @@ impl Node {
         container_id: &str,
         runtime_config: &serde_json::Value,
     ) -> (Netns, crate::cni::Outcome) {
+        self.try_add_configured(container_id, runtime_config, |_| {})
+    }
+
+    /// Like [`Self::try_add`], the pod on a netkit pair.
+    pub fn try_add_netkit(
+        &self,
+        container_id: &str,
+        runtime_config: &serde_json::Value,
+    ) -> (Netns, crate::cni::Outcome) {
+        self.try_add_configured(container_id, runtime_config, |config| {
+            config["podDevice"] = serde_json::json!("netkit");
+        })
+    }
+
+    fn try_add_configured(
+        &self,
+        container_id: &str,
+        runtime_config: &serde_json::Value,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> (Netns, crate::cni::Outcome) {
         let netns = Netns::new("pod");
         let mut config = self.network.config("1.1.0");
         if !runtime_config.is_null() {
             config["runtimeConfig"] = runtime_config.clone();
         }
+        edit(&mut config);
         let outcome =
             Call::new("ADD", container_id, "eth0", Some(&netns), &config).run(&self.netns);
         (netns, outcome)
@@ -275,4 +298,15 @@ pub struct Pod {
     pub container_id: String,
     pub ip: Ipv4Addr,
     pub netns: Netns,
+}
+
+impl Pod {
+    /// The pod of a successful ADD (`outcome`) in `netns`; panics when ADD failed.
+    pub fn added(container_id: &str, netns: Netns, outcome: &crate::cni::Outcome) -> Self {
+        Self {
+            container_id: container_id.to_owned(),
+            ip: crate::cni::first_ip(&outcome.ok()),
+            netns,
+        }
+    }
 }

@@ -18,7 +18,7 @@ use std::{
 
 use ebpf_cni_tests::{
     cluster::{TestCluster, last_peer},
-    cni::{Call, Outcome, first_ip},
+    cni::Call,
     daemon::Daemon,
     netkit,
     netns::Netns,
@@ -26,39 +26,9 @@ use ebpf_cni_tests::{
     require_root,
     traffic::{EchoServer, UdpEcho, round_trip, spoof::send_udp_as},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 const PORT: u16 = 8080;
-
-/// ADD of a pod on a netkit pair, in a new namespace, whatever its outcome.
-fn try_add_netkit(node: &Node, container_id: &str) -> (Netns, Outcome) {
-    try_add_netkit_with(node, container_id, &serde_json::Value::Null)
-}
-
-/// Like [`try_add_netkit`], with `runtime_config` in the config.
-fn try_add_netkit_with(
-    node: &Node,
-    container_id: &str,
-    runtime_config: &serde_json::Value,
-) -> (Netns, Outcome) {
-    let netns = Netns::new("pod");
-    let mut config = node.network.config("1.1.0");
-    config["podDevice"] = json!("netkit");
-    if !runtime_config.is_null() {
-        config["runtimeConfig"] = runtime_config.clone();
-    }
-    let outcome = Call::new("ADD", container_id, "eth0", Some(&netns), &config).run(&node.netns);
-    (netns, outcome)
-}
-
-fn add_netkit(node: &Node, container_id: &str) -> Pod {
-    let (netns, outcome) = try_add_netkit(node, container_id);
-    Pod {
-        container_id: container_id.to_owned(),
-        ip: first_ip(&outcome.ok()),
-        netns,
-    }
-}
 
 /// Whether the kernel makes netkit pairs. When it does not, checks that ADD asking for
 /// one is refused with code 2 naming netkit, and leaves no device, no address and no
@@ -67,7 +37,7 @@ fn netkit_or_refused(node: &Node) -> bool {
     if netkit::supported() {
         return true;
     }
-    let (_netns, outcome) = try_add_netkit(node, "nk-refused");
+    let (_netns, outcome) = node.try_add_netkit("nk-refused", &Value::Null);
     let error = outcome.error(2);
     assert!(
         error["msg"]
@@ -136,7 +106,7 @@ fn netkit_pods_talk_through_the_pod_program_on_their_pair() {
     if !netkit_or_refused(&node) {
         return;
     }
-    let (a, b) = (add_netkit(&node, "nk-a"), add_netkit(&node, "nk-b"));
+    let (a, b) = (node.add_netkit_pod("nk-a"), node.add_netkit_pod("nk-b"));
     let veth = node.add_pod("nk-veth");
     for pod in [&a, &b] {
         let device = host_device(&node, pod);
@@ -225,7 +195,10 @@ fn a_netkit_pod_sends_only_as_itself() {
     if !netkit_or_refused(&node) {
         return;
     }
-    let (a, b) = (add_netkit(&node, "nk-iso-a"), add_netkit(&node, "nk-iso-b"));
+    let (a, b) = (
+        node.add_netkit_pod("nk-iso-a"),
+        node.add_netkit_pod("nk-iso-b"),
+    );
     let neighbour = UdpEcho::start(&b.netns, PORT);
     let to_b = SocketAddrV4::new(b.ip, PORT);
     send_udp_as(&a.netns, a.ip, 40000, to_b, b"honest").expect("send");
@@ -260,12 +233,8 @@ fn a_netkit_pods_host_port_and_rate_limits_work() {
         "ingressRate": 100_000_000, "ingressBurst": 10_000_000,
         "egressRate": 100_000_000, "egressBurst": 10_000_000,
     });
-    let (netns, outcome) = try_add_netkit_with(&node, "nk-hp", &runtime);
-    let pod = Pod {
-        container_id: "nk-hp".to_owned(),
-        ip: first_ip(&outcome.ok()),
-        netns,
-    };
+    let (netns, outcome) = node.try_add_netkit("nk-hp", &runtime);
+    let pod = Pod::added("nk-hp", netns, &outcome);
     let device = host_device(&node, &pod);
     for (netns, link) in [(&node.netns, device.as_str()), (&pod.netns, "eth0")] {
         let qdiscs = netns.run("tc", &["qdisc", "show", "dev", link]);
@@ -296,7 +265,10 @@ fn a_restarted_daemon_swaps_its_program_onto_netkit_pairs() {
     if !netkit_or_refused(&node) {
         return;
     }
-    let (a, b) = (add_netkit(&node, "nk-rs-a"), add_netkit(&node, "nk-rs-b"));
+    let (a, b) = (
+        node.add_netkit_pod("nk-rs-a"),
+        node.add_netkit_pod("nk-rs-b"),
+    );
     let device = host_device(&node, &a);
     let before = netkit::peer_programs(&node.netns, &device);
     assert_eq!(before.len(), 1, "one program on {device}'s pair");
@@ -327,8 +299,8 @@ fn netkit_pods_on_two_nodes_talk_natively_and_over_the_overlay() {
         if !netkit_or_refused(cluster.node(1)) {
             return;
         }
-        let a = add_netkit(cluster.node(1), &format!("nk-{routing}-a"));
-        let b = add_netkit(cluster.node(2), &format!("nk-{routing}-b"));
+        let a = cluster.node(1).add_netkit_pod(&format!("nk-{routing}-a"));
+        let b = cluster.node(2).add_netkit_pod(&format!("nk-{routing}-b"));
         assert!(pings(&a.netns, &b.ip.to_string()), "{routing}: a -> b");
         assert!(pings(&b.netns, &a.ip.to_string()), "{routing}: b -> a");
         let server = EchoServer::start(&b.netns, PORT);
@@ -351,7 +323,10 @@ fn uninstall_takes_the_pod_program_off_netkit_pairs() {
     if !netkit_or_refused(&node) {
         return;
     }
-    let (a, b) = (add_netkit(&node, "nk-un-a"), add_netkit(&node, "nk-un-b"));
+    let (a, b) = (
+        node.add_netkit_pod("nk-un-a"),
+        node.add_netkit_pod("nk-un-b"),
+    );
     assert!(pings(&a.netns, &b.ip.to_string()), "a -> b before");
     let device = host_device(&node, &a);
     assert!(node.daemon.stop());
@@ -379,18 +354,14 @@ fn del_takes_the_netkit_pair_and_its_address_away() {
     if !netkit_or_refused(&node) {
         return;
     }
-    let (netns, outcome) = try_add_netkit(&node, "nk-del");
+    let (netns, outcome) = node.try_add_netkit("nk-del", &Value::Null);
     let mut config = node.network.config("1.1.0");
     config["podDevice"] = json!("netkit");
     config["prevResult"] = outcome.ok();
     Call::new("CHECK", "nk-del", "eth0", Some(&netns), &config)
         .run(&node.netns)
         .ok();
-    let a = Pod {
-        container_id: "nk-del".to_owned(),
-        ip: first_ip(&config["prevResult"]),
-        netns,
-    };
+    let a = Pod::added("nk-del", netns, &outcome);
     assert_eq!(host_devices(&node).len(), 1);
     node.del_pod(&a);
     assert_eq!(

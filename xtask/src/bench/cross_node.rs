@@ -5,7 +5,9 @@
 //! host-gw a route to the other node's pod subnet via its address), and, as the
 //! ceiling, the two nodes talking to each other: directly for native routes, over the
 //! reference's kernel VXLAN devices (no pod, no bridge) for the overlay, since every
-//! overlay pays the encapsulation that direct talk does not.
+//! overlay pays the encapsulation that direct talk does not. Native routes are measured
+//! a second time with netkit pods (`"podDevice": "netkit"`) where the kernel makes
+//! netkit pairs; elsewhere those figures are "missing", with the reason.
 
 use std::{net::Ipv4Addr, path::PathBuf};
 
@@ -20,7 +22,7 @@ use serde_json::json;
 
 use super::{
     Plan, figure, interleaved, load,
-    report::{Contender, Figure},
+    report::{Contender, Figure, Value},
 };
 
 /// How the pods of two nodes reach each other.
@@ -197,6 +199,14 @@ fn flannel_vxlan(nodes: &[Netns]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The pods ebpf-cni's nodes get.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pods {
+    Veth,
+    /// `"podDevice": "netkit"`: measured where the kernel makes netkit pairs.
+    Netkit,
+}
+
 /// The three contenders of one mode: ebpf-cni's two nodes with a pod each, the
 /// reference's, and the ceiling: for native routes the two nodes of ebpf-cni's cluster
 /// themselves, for the overlay the reference's two nodes over their `flannel.1`.
@@ -208,14 +218,22 @@ struct Contenders {
 }
 
 impl Contenders {
-    fn build(mode: Mode) -> anyhow::Result<Self> {
+    fn build(mode: Mode, pods: Pods) -> anyhow::Result<Self> {
         let (routing, ranges) = match mode {
             Mode::Overlay => ("vxlan", ["10.248.1.0/24", "10.248.2.0/24"]),
             Mode::Native => ("native", ["10.249.1.0/24", "10.249.2.0/24"]),
         };
         let cluster = TestCluster::start(&ranges, &["--routing", routing]);
-        let a = cluster.node(1).add_pod("bench-xa");
-        let b = cluster.node(2).add_pod("bench-xb");
+        let (a, b) = match pods {
+            Pods::Veth => (
+                cluster.node(1).add_pod("bench-xa"),
+                cluster.node(2).add_pod("bench-xb"),
+            ),
+            Pods::Netkit => (
+                cluster.node(1).add_netkit_pod("bench-xa"),
+                cluster.node(2).add_netkit_pod("bench-xb"),
+            ),
+        };
         load::tune_client(&a.netns);
         load::tune_client(&cluster.node(1).netns);
         let reference = RefPair::build(mode)?;
@@ -252,22 +270,63 @@ impl Contenders {
     }
 }
 
+/// Why the reference and the ceiling have no figures beside netkit pods that were not
+/// measured.
+const NOT_RUN: &str = "not run: no netkit pods to compare with";
+
+/// Each mode's figures, (name, unit), in the order measured.
+const FIGURES: [(&str, &str); 3] = [
+    ("TCP throughput", "Gbit/s"),
+    ("TCP_RR", "ops/s"),
+    ("TCP_CRR", "ops/s"),
+];
+
 pub(super) fn cross_node(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     eprintln!("bench: pod to pod across nodes");
     let all = [Contender::EbpfCni, Contender::Reference, Contender::Raw];
     let seconds = plan.seconds();
     let mut figures = Vec::new();
-    for (mode, label) in [
+    for (mode, pods, label) in [
         (
             Mode::Overlay,
+            Pods::Veth,
             "overlay (ours: vxlan; reference: flannel's vxlan; ceiling: the nodes over VXLAN)",
         ),
         (
             Mode::Native,
+            Pods::Veth,
             "native (ours: native; reference: flannel's host-gw)",
         ),
+        (
+            Mode::Native,
+            Pods::Netkit,
+            "native, netkit pods (ours: native, \"podDevice\": \"netkit\"; reference: \
+             flannel's host-gw)",
+        ),
     ] {
-        let contenders = Contenders::build(mode)?;
+        if pods == Pods::Netkit && !ebpf_cni_tests::netkit::supported() {
+            eprintln!("bench: {label}: not measured, this kernel makes no netkit pairs");
+            for (name, unit) in FIGURES {
+                figures.push(Figure {
+                    name: format!("cross-node {name}, {label}"),
+                    unit: unit.to_owned(),
+                    higher_is_better: true,
+                    values: vec![
+                        (
+                            Contender::EbpfCni,
+                            Value::Missing(
+                                "this kernel makes no netkit pairs (Linux 6.7, CONFIG_NETKIT)"
+                                    .to_owned(),
+                            ),
+                        ),
+                        (Contender::Reference, Value::Missing(NOT_RUN.to_owned())),
+                        (Contender::Raw, Value::Missing(NOT_RUN.to_owned())),
+                    ],
+                });
+            }
+            continue;
+        }
+        let contenders = Contenders::build(mode, pods)?;
         // The reference's nodes stay up as long as its pods.
         let _nodes = &contenders.reference.nodes;
         let throughput = interleaved(plan.traffic_repeats(), &all, |c| {
@@ -282,24 +341,14 @@ pub(super) fn cross_node(plan: Plan) -> anyhow::Result<Vec<Figure>> {
             let (client, server, ip) = contenders.pair(c);
             load::tcp_crr(client, server, ip, seconds)
         })?;
-        figures.push(figure(
-            &format!("cross-node TCP throughput, {label}"),
-            "Gbit/s",
-            true,
-            throughput,
-        ));
-        figures.push(figure(
-            &format!("cross-node TCP_RR, {label}"),
-            "ops/s",
-            true,
-            rr,
-        ));
-        figures.push(figure(
-            &format!("cross-node TCP_CRR, {label}"),
-            "ops/s",
-            true,
-            crr,
-        ));
+        for ((name, unit), values) in FIGURES.into_iter().zip([throughput, rr, crr]) {
+            figures.push(figure(
+                &format!("cross-node {name}, {label}"),
+                unit,
+                true,
+                values,
+            ));
+        }
     }
     Ok(figures)
 }
