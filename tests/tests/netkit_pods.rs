@@ -2,8 +2,8 @@
 //! daemon puts `from_pod` on the pair's own hook, and the pods talk to each other, to
 //! veth pods, to the node and to the outside through it, with the same source checks.
 //! Across nodes too, natively routed and over the overlay; hostPorts and rate limits
-//! too. A restarted daemon swaps its
-//! program in; CHECK accepts the pod; DEL leaves nothing.
+//! too. A restarted daemon swaps its program in; uninstall takes it off; CHECK accepts
+//! the pod; DEL leaves nothing.
 //!
 //! On a kernel without netkit (the host's here: 6.18 built without `CONFIG_NETKIT`)
 //! every test checks instead that ADD is refused with code 2 and leaves nothing behind.
