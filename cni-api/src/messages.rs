@@ -58,9 +58,10 @@ pub enum Response {
     },
     Endpoints {
         endpoints: Vec<Endpoint>,
-        /// What the node's own stack sent into each pod (its host veth's kernel TX
-        /// counters): the part of "to pod" the datapath does not see. A list, as the
-        /// tagged enum cannot carry maps with integer keys through JSON.
+        /// What went into each pod through its host veth's transmit (the kernel's TX
+        /// counters: the node's stack, and what the datapath redirected there): the
+        /// part of "to pod" the datapath does not count. A list, as the tagged enum
+        /// cannot carry maps with integer keys through JSON.
         #[serde(default)]
         stack_sent: Vec<LinkCounters>,
         /// The host veths (by index) with a root qdisc, through which the datapath hands

@@ -1,9 +1,12 @@
-//! What the node's own stack sent into each pod: the host veths' kernel TX counters.
-//! The datapath counts what it delivers itself (pod to pod, replies of translated flows,
-//! hostPorts), which reaches the pod with `bpf_redirect_peer`, past the host veth's
-//! transmit path; everything the stack sends (the node's processes talking to a pod)
-//! goes through that path, and only through it. Reading the kernel's counters costs
-//! nothing per packet and spares a second TC program per pod.
+//! What went into each pod through its host veth's transmit: the host veths' kernel TX
+//! counters. The datapath counts what it hands straight into a pod itself (pod to pod,
+//! replies of translated flows, hostPorts), which reaches the pod with
+//! `bpf_redirect_peer`, past that transmit path; everything else goes through it, and
+//! only through it: what the stack sends (the node's processes talking to a pod), and
+//! what the datapath redirects to the host veth (a shaped pod's frames, which the
+//! daemon then takes from here alone; ARP replies; deliveries from a netkit pair's hook,
+//! which the datapath does not count). Reading the kernel's counters costs nothing per
+//! packet and spares a second TC program per pod.
 //!
 //! [`links`] is the one netlink link dump of the async front; `big_tcp` reads the
 //! uplink's sizes through it too.

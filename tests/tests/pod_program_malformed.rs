@@ -237,8 +237,7 @@ fn random_frames_get_only_the_verdicts_their_headers_allow() {
             Outcome::Forward(pod) | Outcome::Switch(pod) => {
                 (TC_ACT_REDIRECT, Some(pod.info.host_ifindex))
             }
-            // Back out of the sender's host veth, whose kernel counters count it.
-            Outcome::ArpReply(_) => (TC_ACT_REDIRECT, None),
+            Outcome::ArpReply(_) => (TC_ACT_REDIRECT, Some(LOOPBACK)),
         };
         assert_eq!(run.verdict, verdict, "{context}");
         match outcome {

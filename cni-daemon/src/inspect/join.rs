@@ -38,10 +38,11 @@ impl From<EndpointCounters> for CountersView {
     }
 }
 
-/// Joins the daemon's endpoints with the pinned counters; "to pod" adds what the node's
-/// stack sent (`stack_sent`, the host veths' kernel TX counters) to what the datapath
-/// delivered, or is those counters alone for a pod whose host veth is `queued` (its
-/// frames all leave through that veth's qdisc, see `endpoint_flags::SHAPED`).
+/// Joins the daemon's endpoints with the pinned counters; "to pod" adds what went
+/// through the host veths' transmit (`stack_sent`, their kernel TX counters) to what the
+/// datapath handed straight in, or is those counters alone for a pod whose host veth is
+/// `queued` (its frames all leave through that veth's qdisc, see
+/// `endpoint_flags::SHAPED`, which the datapath counts as well).
 pub fn endpoint_views(
     endpoints: Vec<Endpoint>,
     counters: &BTreeMap<u32, EndpointCounters>,

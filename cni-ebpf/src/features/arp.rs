@@ -15,7 +15,10 @@ use network_types::{arp::ArpHdr, eth::EthHdr};
 
 use crate::{
     features::pod_source,
-    primitives::{counters, maps},
+    primitives::{
+        counters::{self, Direction},
+        maps,
+    },
 };
 
 const ARP_REQUEST: u16 = 1;
@@ -67,8 +70,8 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ifindex: u32) -> Result<i32, i64>
     arp.set_spa(target);
     ctx.store(0, &reply_eth, 0)?;
     ctx.store(EthHdr::LEN, &arp, 0)?;
-    // Out of the same veth: back into the pod, through the host side's transmit, whose
-    // kernel counters count it "to pod" (the daemon adds them).
+    counters::endpoint(ifindex, Direction::ToPod, ctx.len());
+    // Out of the same veth: back into the pod.
     // SAFETY: a plain helper call with an ifindex and no flags.
     Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }

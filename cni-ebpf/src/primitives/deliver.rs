@@ -2,7 +2,7 @@
 //! it is ([`switch`]) or routed ([`deliver`], [`redirect`]), or to the node's stack as
 //! a frame for the host ([`to_stack`]). A pod whose host veth has a qdisc (an ingress
 //! rate limit: [`endpoint_flags::SHAPED`]) gets its frames through that veth's egress
-//! instead.
+//! instead, and so does every pod when the program runs on a netkit pair's hook.
 
 use aya_ebpf::{
     bindings::TC_ACT_OK,
@@ -61,19 +61,22 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
 }
 
 /// The redirect into the pod `destination`: to its interface directly (the host veth's
-/// peer), counted for it; or to its host veth's egress when its host veth has a qdisc
-/// (an ingress limit's `tbf`, which paces the frames before the veth hands them to the
-/// pod) or when this program runs on a netkit pair's hook, where the kernel refuses the
-/// peer redirect. The host veth's transmit counts those in its kernel counters, which
-/// the daemon adds to the map's.
+/// peer), or, when its host veth has a qdisc (an ingress limit's `tbf`), to that veth's
+/// egress, whose qdisc paces the frames before the veth hands them to the pod; both
+/// counted for it. On a netkit pair's hook, where the kernel refuses the peer redirect,
+/// to the host veth's egress uncounted: the pair's transmit counts it in the kernel's
+/// counters, which `ebpf-cnid endpoints` adds.
 #[inline(always)]
 fn into_pod(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
     // SAFETY: plain helper calls with an ifindex and no flags.
     unsafe {
-        if destination.flags & endpoint_flags::SHAPED != 0 || !packet::at_tc_ingress(ctx) {
+        if !packet::at_tc_ingress(ctx) {
+            return bpf_redirect(destination.host_ifindex, 0) as i32;
+        }
+        counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
+        if destination.flags & endpoint_flags::SHAPED != 0 {
             bpf_redirect(destination.host_ifindex, 0) as i32
         } else {
-            counters::endpoint(destination.host_ifindex, Direction::ToPod, ctx.len());
             bpf_redirect_peer(destination.host_ifindex, 0) as i32
         }
     }

@@ -1,5 +1,6 @@
 //! The TC entry on a pod's host-side veth, `from_pod`: its ingress is traffic leaving
-//! the pod. Frames with a VLAN tag, and IPv4 or ARP not sent as the pod itself, are
+//! the pod. The same program runs on a netkit pair's peer hook, inside the pod's own
+//! transmit (`packet::at_tc_ingress` tells the two apart where it matters). Frames with a VLAN tag, and IPv4 or ARP not sent as the pod itself, are
 //! dropped first (`pod_source`). ARP goes to the responder (`arp`). IPv4 for another pod of this node is
 //! handed straight to it with `bpf_redirect_peer`, never crossing the node's IP stack,
 //! netfilter or a bridge: as it is when the sender addressed it to that pod's MAC (an
@@ -9,9 +10,10 @@
 //! their features' ways; anything else goes to the stack.
 //!
 //! Nothing runs on the veth's egress (what the node's own stack sends to the pod; see
-//! docs/architecture.md, ADD's cost). What the datapath delivers into a pod it counts
-//! itself (`deliver`); what the stack sends is in the veth's kernel TX counters, which
-//! the daemon adds in `ebpf-cnid endpoints`.
+//! docs/architecture.md, ADD's cost). What the datapath delivers into a pod from TC
+//! ingress it counts itself (`deliver`); what the stack sends, and what it delivers from
+//! a netkit hook, is in the host veth's kernel TX counters, which the daemon adds in
+//! `ebpf-cnid endpoints`.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use cni_ebpf_common::DropReason;
