@@ -147,13 +147,27 @@ impl Node {
         (info.value_size() as usize, info.max_entries())
     }
 
-    /// The pods' host-side veths in the node (the plugin names them `veb...`; the
-    /// uplink is not one of them).
+    /// The pods' host-side devices in the node, veths and netkit primaries alike (the
+    /// plugin names them `veb...`; the uplink is not one of them).
     pub fn host_veths(&self) -> Vec<String> {
-        crate::cni::veths(&self.netns)
+        let out = self.netns.ip(&["-j", "link", "show"]);
+        let links: serde_json::Value = serde_json::from_str(&out).expect("ip -j prints JSON");
+        links
+            .as_array()
             .into_iter()
+            .flatten()
+            .filter_map(|link| link["ifname"].as_str())
             .filter(|name| name.starts_with("veb"))
+            .map(str::to_owned)
             .collect()
+    }
+
+    /// `pod`'s host-side device, as the daemon lists it.
+    pub fn host_veth(&self, pod: &Pod) -> String {
+        self.endpoint(pod)["host_veth"]
+            .as_str()
+            .expect("a host veth")
+            .to_owned()
     }
 
     /// A new, empty pod network namespace.

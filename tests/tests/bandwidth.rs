@@ -26,14 +26,6 @@ fn limits(rate: u64, burst: u64) -> Value {
     }})
 }
 
-/// The pod's host veth's name, as the daemon lists it.
-fn host_veth(node: &Node, pod: &Pod) -> String {
-    node.endpoint(pod)["host_veth"]
-        .as_str()
-        .expect("a host veth")
-        .to_owned()
-}
-
 /// The root qdisc of `device` in `netns` as `tc -j` shows it.
 fn root_qdisc(netns: &Netns, device: &str) -> Value {
     let out = netns.run("tc", &["-j", "qdisc", "show", "dev", device, "root"]);
@@ -188,7 +180,7 @@ fn check_finds_a_missing_limit_del_takes_the_qdiscs_and_the_daemon_shows_the_lim
         ip: ebpf_cni_tests::cni::first_ip(&result),
         netns,
     };
-    let veth = host_veth(&node, &pod);
+    let veth = node.host_veth(&pod);
 
     // Both ends carry a tbf: the host veth for what the pod receives (20 Mbit/s is
     // 2.5 MB/s), the pod's interface for what it sends.
@@ -293,7 +285,7 @@ fn a_qdisc_put_on_a_host_veth_after_add_is_honoured_and_so_is_its_removal() {
     let node = Node::start("10.244.64.0/24");
     let peer = node.add_pod("late-peer");
     let pod = node.add_pod("late");
-    let veth = host_veth(&node, &pod);
+    let veth = node.host_veth(&pod);
     // What the reference bandwidth plugin does after ebpf-cni in a chain, or an
     // operator by hand: a tbf on the host veth, which the datapath must not skip.
     let rate = 20_000_000u64;

@@ -17,13 +17,6 @@ const PORT: u16 = 8080;
 /// Enough for most of a transfer to run at full GSO size after TCP's slow start.
 const BULK: usize = 16 << 20;
 
-fn host_veth(node: &Node, pod: &Pod) -> String {
-    node.endpoint(pod)["host_veth"]
-        .as_str()
-        .expect("a host veth")
-        .to_owned()
-}
-
 /// (packets, bytes) the datapath counted from `pod`.
 fn from_pod(node: &Node, pod: &Pod) -> (u64, u64) {
     let counters = &node.endpoint(pod)["counters"];
@@ -93,7 +86,7 @@ fn new_pods_follow_the_uplinks_big_tcp_size() {
     assert_eq!(status["pod_gso_max_size"], Value::Null, "{status}");
     let before = node.add_pod("gso-default");
     assert_eq!(big_tcp::sizes(&before.netns, "eth0"), (DEFAULT, DEFAULT));
-    let before_host = host_veth(&node, &before);
+    let before_host = node.host_veth(&before);
     assert_eq!(
         big_tcp::sizes(&node.netns, &before_host),
         (DEFAULT, DEFAULT)
@@ -106,7 +99,7 @@ fn new_pods_follow_the_uplinks_big_tcp_size() {
     let after = node.add_pod("gso-big");
     assert_eq!(big_tcp::sizes(&after.netns, "eth0"), (SIZE, SIZE));
     assert_eq!(
-        big_tcp::sizes(&node.netns, &host_veth(&node, &after)),
+        big_tcp::sizes(&node.netns, &node.host_veth(&after)),
         (SIZE, SIZE)
     );
     assert_eq!(

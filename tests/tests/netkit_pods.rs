@@ -45,7 +45,7 @@ fn netkit_or_refused(node: &Node) -> bool {
             .is_some_and(|msg| msg.contains("netkit")),
         "the error names netkit: {error}"
     );
-    assert_eq!(host_devices(node), Vec::<String>::new(), "no device left");
+    assert_eq!(node.host_veths(), Vec::<String>::new(), "no device left");
     assert_eq!(
         node.network.allocated(),
         Vec::<String>::new(),
@@ -56,34 +56,11 @@ fn netkit_or_refused(node: &Node) -> bool {
     false
 }
 
-/// The plugin's host-side devices in the node, of any kind (`Node::host_veths` lists
-/// veths only).
-fn host_devices(node: &Node) -> Vec<String> {
-    let out = node.netns.ip(&["-j", "link", "show"]);
-    let links: serde_json::Value = serde_json::from_str(&out).expect("ip -j prints JSON");
-    links
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|link| link["ifname"].as_str())
-        .filter(|name| name.starts_with("veb"))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// The pod's host-side device, by the plugin's naming (for when no daemon answers).
 fn host_device_named(node: &Node, pod: &Pod) -> String {
     let name = cni_api::naming::host_veth(&pod.container_id, "eth0");
-    assert!(host_devices(node).contains(&name), "no device {name}");
+    assert!(node.host_veths().contains(&name), "no device {name}");
     name
-}
-
-/// The pod's host-side device (the pair's primary), as the daemon recorded it.
-fn host_device(node: &Node, pod: &Pod) -> String {
-    node.endpoint(pod)["host_veth"]
-        .as_str()
-        .expect("a host device")
-        .to_owned()
 }
 
 fn pings(from: &Netns, to: &str) -> bool {
@@ -109,7 +86,7 @@ fn netkit_pods_talk_through_the_pod_program_on_their_pair() {
     let (a, b) = (node.add_netkit_pod("nk-a"), node.add_netkit_pod("nk-b"));
     let veth = node.add_pod("nk-veth");
     for pod in [&a, &b] {
-        let device = host_device(&node, pod);
+        let device = node.host_veth(pod);
         assert_eq!(netkit::kind(&node.netns, &device), "netkit", "{device}");
         assert_eq!(netkit::kind(&pod.netns, "eth0"), "netkit", "the pod's side");
         let programs: Vec<String> = netkit::peer_programs(&node.netns, &device)
@@ -123,10 +100,7 @@ fn netkit_pods_talk_through_the_pod_program_on_their_pair() {
             "{device} is not bound to the pods' block as well"
         );
     }
-    assert_eq!(
-        netkit::kind(&node.netns, &host_device(&node, &veth)),
-        "veth"
-    );
+    assert_eq!(netkit::kind(&node.netns, &node.host_veth(&veth)), "veth");
 
     let _servers: Vec<EchoServer> = [&a, &b, &veth]
         .iter()
@@ -235,7 +209,7 @@ fn a_netkit_pods_host_port_and_rate_limits_work() {
     });
     let (netns, outcome) = node.try_add_netkit("nk-hp", &runtime);
     let pod = Pod::added("nk-hp", netns, &outcome);
-    let device = host_device(&node, &pod);
+    let device = node.host_veth(&pod);
     for (netns, link) in [(&node.netns, device.as_str()), (&pod.netns, "eth0")] {
         let qdiscs = netns.run("tc", &["qdisc", "show", "dev", link]);
         assert!(
@@ -269,7 +243,7 @@ fn a_restarted_daemon_swaps_its_program_onto_netkit_pairs() {
         node.add_netkit_pod("nk-rs-a"),
         node.add_netkit_pod("nk-rs-b"),
     );
-    let device = host_device(&node, &a);
+    let device = node.host_veth(&a);
     let before = netkit::peer_programs(&node.netns, &device);
     assert_eq!(before.len(), 1, "one program on {device}'s pair");
 
@@ -328,7 +302,7 @@ fn uninstall_takes_the_pod_program_off_netkit_pairs() {
         node.add_netkit_pod("nk-un-b"),
     );
     assert!(pings(&a.netns, &b.ip.to_string()), "a -> b before");
-    let device = host_device(&node, &a);
+    let device = node.host_veth(&a);
     assert!(node.daemon.stop());
     let done = node.instance.cli(&["uninstall"]);
     assert!(done.status.success(), "uninstall: {done:?}");
@@ -362,13 +336,9 @@ fn del_takes_the_netkit_pair_and_its_address_away() {
         .run(&node.netns)
         .ok();
     let a = Pod::added("nk-del", netns, &outcome);
-    assert_eq!(host_devices(&node).len(), 1);
+    assert_eq!(node.host_veths().len(), 1);
     node.del_pod(&a);
-    assert_eq!(
-        host_devices(&node),
-        Vec::<String>::new(),
-        "the pair is gone"
-    );
+    assert_eq!(node.host_veths(), Vec::<String>::new(), "the pair is gone");
     assert_eq!(node.network.allocated(), Vec::<String>::new());
     assert_eq!(node.instance.cli_json(&["endpoints"]), json!([]));
     let links = a.netns.ip(&["-j", "link", "show"]);
