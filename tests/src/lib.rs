@@ -16,6 +16,8 @@
 //! `deploy` reads the Kubernetes manifests under `deploy/`; `kubelet` turns the
 //! DaemonSet's container into the `podman run` that starts it on a simulated node;
 //! `service_account` gives a daemon a pod's in-cluster configuration.
+//! `kube_proxy` writes kube-proxy's own rules for a list of Services into a node's
+//! namespace, in its iptables or its nftables mode.
 
 pub mod big_tcp;
 pub mod bins;
@@ -29,6 +31,7 @@ pub mod deploy;
 pub mod frames;
 pub mod http;
 pub mod kernel;
+pub mod kube_proxy;
 pub mod kubelet;
 pub mod nat_frames;
 pub mod netkit;
