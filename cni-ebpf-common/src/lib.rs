@@ -33,7 +33,7 @@ pub use nat::{
 };
 pub use overlay::{MAX_NODES, MAX_REMOTE_RANGES, OverlayConfig, RemoteNode};
 pub use protocol::{ip_proto, tcp_flags};
-pub use services::{MAX_SERVICE_CIDRS, ServiceClient};
+pub use services::{MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
@@ -74,6 +74,9 @@ pub mod map_names {
     /// LRU hash: [`crate::ServiceClient`] -> `u8`, outside clients of Services whose
     /// connections the stack DNATs to pods.
     pub const SERVICE_PEERS: &str = "SERVICE_PEERS";
+    /// LRU hash: [`crate::NatKey`] -> `u8`, pods' Service connections as the stack
+    /// translated them, whose replies go back through the stack.
+    pub const SERVICE_FLOWS: &str = "SERVICE_FLOWS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
     pub const NAT_STATS: &str = "NAT_STATS";
     /// Per-CPU array of `u32`, indexed by a hash of a flow's destination: the offset in

@@ -7,6 +7,10 @@
 //!   datapath spends nothing on Services);
 //! - `SERVICE_CLIENTS`: LRU hash [`ServiceClient`] -> `u8`, the pod sockets that opened a
 //!   connection to a Service;
+//! - `SERVICE_FLOWS`: LRU hash [`crate::NatKey`] -> `u8`, the connections of those sockets
+//!   as the stack translated them (the pod's socket, the backend's), seen leaving the
+//!   node after the stack forwarded them: their replies, from whichever way they arrive,
+//!   go back through the stack;
 //! - `SERVICE_PEERS`: LRU hash [`ServiceClient`] -> `u8`, the sockets of clients outside
 //!   the node whose connections arrived on an uplink for a Service (a NodePort, a
 //!   LoadBalancer or external IP) and went to the stack, which DNATs them to a pod.
@@ -25,6 +29,11 @@ pub struct ServiceClient {
 
 /// Service ranges at most.
 pub const MAX_SERVICE_CIDRS: u32 = 64;
+
+/// Translated Service connections `SERVICE_FLOWS` holds at once: kube-proxy's smallest
+/// conntrack table (`--conntrack-min`), so the table holds every connection the node's
+/// conntrack does under kube-proxy's defaults.
+pub const MAX_SERVICE_FLOWS: u32 = 131_072;
 
 const _: () = assert!(core::mem::size_of::<ServiceClient>() == 8);
 

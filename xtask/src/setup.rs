@@ -23,6 +23,14 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     ("bpftool", "inspecting programs and maps by hand"),
     (
+        "iptables",
+        "kube-proxy's iptables rules and the nodes' firewall rules in the tests",
+    ),
+    (
+        "nftables",
+        "nft: kube-proxy's nftables rules in the Services tests",
+    ),
+    (
         "util-linux",
         "nsenter: start the daemon inside a node namespace",
     ),

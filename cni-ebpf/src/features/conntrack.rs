@@ -3,17 +3,22 @@
 //! states and the timeout rule are `cni_ebpf_common::flow`'s, which the daemon's sweep
 //! follows too.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap};
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap, programs::TcContext};
 use cni_ebpf_common::{
-    FlowTable, NatConfig, NatEntry, NatKey, NatReverseKey, Refusal, Segment, Timeouts, Way,
+    FlowTable, FragmentKey, NatConfig, NatEntry, NatKey, NatReverseKey, Refusal, Segment, Timeouts,
+    Way,
     flow::{Followed, follow, opening_seq, opening_state, twin_seen},
+    ip_proto::TCP,
+    tcp_flags,
 };
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    features::budget,
+    features::{budget, fragments},
     primitives::{
         clock,
-        maps::{NAT_IN, NAT_INBOUND, NAT_OUT},
+        maps::{self, NAT_IN, NAT_INBOUND, NAT_OUT},
+        packet,
     },
 };
 
@@ -206,6 +211,40 @@ pub fn opened_from_outside(flow: &NatKey, seg: &Segment, config: &NatConfig, now
         now,
     );
     true
+}
+
+/// Whether `ip`, a pod's packet for outside the node that is no SYN, answers a flow a
+/// host outside opened to the pod's own address whose note is live (see
+/// [`saw_inbound`]): that flow's packets from outside went through the node's stack, so
+/// its answers do too, and the stack's conntrack (kube-proxy's KUBE-FORWARD drops what
+/// it calls invalid) and the node's firewall see the connection both ways. A fragment
+/// after the first goes where its first fragment went.
+#[inline(always)]
+pub fn answers_inbound(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    let Some(config) = maps::timeouts() else {
+        return Ok(false);
+    };
+    if fragments::is_later(ip) {
+        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
+    }
+    let proto = ip.proto as u8;
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let Some((pod_port, remote_port)) = packet::flow_ports(ctx, proto, l4)? else {
+        return Ok(false);
+    };
+    if proto == TCP && tcp_flags::opens(ctx.load::<[u8; 14]>(l4)?[13]) {
+        return Ok(false);
+    }
+    let flow = NatKey::new((ip.src_addr, pod_port), (ip.dst_addr, remote_port), proto);
+    // SAFETY: the value is copied out at once.
+    let Some(note) = (unsafe { NAT_INBOUND.get(&flow) }).copied() else {
+        return Ok(false);
+    };
+    let live = !expired(&note, proto, &config, clock::now_ns());
+    if live {
+        fragments::went_to_stack(ip);
+    }
+    Ok(live)
 }
 
 /// Writes `followed` and `now` into the entry at `slot` (read as `note`: a note of

@@ -11,7 +11,7 @@
 //! FIB lookup's MTU check"). A packet whose segments do not fit goes to the stack,
 //! which answers with ICMP "fragmentation needed" as a router must.
 
-use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_redirect, programs::TcContext};
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::primitives::{deliver, fib, maps};
@@ -44,8 +44,7 @@ pub fn to_uplink(
         return Ok(TC_ACT_OK);
     }
     deliver::routed(ctx, next.dmac, next.smac, eth, ip)?;
-    // SAFETY: a plain helper call with an ifindex and no flags (egress of the uplink).
-    Ok(unsafe { bpf_redirect(next.ifindex, 0) } as i32)
+    Ok(deliver::out_of_node(ctx, next.ifindex))
 }
 
 /// Whether each segment of a GSO packet fits the MTU of `ifindex` (a packet that is not

@@ -4,9 +4,16 @@
 //! a ClusterIP would be routed out as it is. With Service ranges configured:
 //! - a pod's packet for a Service range, or for a node address (a NodePort), goes to the
 //!   stack, and the pod's socket is remembered ([`to_service`]);
-//! - a packet for such a socket goes to the stack too, where the DNAT is undone: a reply
-//!   from a backend on this node ([`is_reply`], pod to pod) or, translated back by the
-//!   uplink, from one outside ([`is_client`]);
+//! - a packet for such a socket from a backend on this node goes to the stack too, where
+//!   the DNAT is undone ([`is_reply`], pod to pod);
+//! - the stack's translation of such a connection, forwarded out of the node (to a
+//!   backend on another node, through the overlay or natively routed, or outside the
+//!   cluster), is seen by the egress program of the uplink or the overlay device, which
+//!   records it whole, the pod's socket and the backend's ([`left_through_stack`]); a
+//!   packet of that very flow arriving for the pod, from the overlay, the native routes
+//!   or translated back by the uplink, goes to the stack ([`is_translated_reply`]).
+//!   Decided by the whole flow: the pod's other connections to the same backend, or from
+//!   the same port to other hosts, keep the datapath's way;
 //! - a client outside the node reaching a Service (a NodePort, or a LoadBalancer or
 //!   external IP in the ranges) arrives on the uplink for the stack, which DNATs it to a
 //!   pod; its socket is remembered ([`from_outside`]), and the backend's answers to it go
@@ -21,15 +28,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    FragmentKey, ServiceClient,
-    ip_proto::{TCP, UDP},
+    FragmentKey, NatKey, ServiceClient,
+    ip_proto::{ICMP, TCP, UDP},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     features::fragments,
     primitives::{
-        maps::{self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_PEERS, SERVICE_RANGES},
+        maps::{
+            self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_FLOWS, SERVICE_PEERS, SERVICE_RANGES,
+        },
         packet,
     },
 };
@@ -53,11 +62,17 @@ fn client(addr: [u8; 4], port: u16, proto: u8) -> ServiceClient {
 /// The (source, destination) ports of `ip`'s TCP or UDP header, if it has one.
 #[inline(always)]
 fn ports(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16)>, i64> {
+    ports_at(ctx, ip, EthHdr::LEN)
+}
+
+/// [`ports`] of an IPv4 header `ip` that starts at `ip_at` in the frame.
+#[inline(always)]
+fn ports_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<Option<(u16, u16)>, i64> {
     let proto = ip.proto as u8;
     if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
         return Ok(None);
     }
-    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let l4 = ip_at + ip.ihl() as usize;
     let (source, destination, _) = packet::ports_and_flags(ctx, proto, l4)?;
     Ok(Some((source, destination)))
 }
@@ -148,10 +163,103 @@ fn for_socket_in(
     Ok(found)
 }
 
-/// Whether the pod socket `addr`:`port` (`proto`) has a Service connection.
+/// Records the flow of `ip`, a packet the node's stack forwarded out of the node (not one
+/// the datapath redirected: see `deliver::take_redirected`), when its source is a pod
+/// socket with a Service connection: the stack's translation of that connection, whose
+/// replies must come back through the stack ([`is_translated_reply`]). Written only when
+/// missing (a full table evicts the least recently used; the flow's next packet out
+/// writes it back).
 #[inline(always)]
-pub fn is_client(addr: [u8; 4], port: u16, proto: u8) -> bool {
-    enabled() && is_remembered(addr, port, proto)
+pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
+    if !enabled() {
+        return Ok(());
+    }
+    let Some((source, destination)) = ports(ctx, ip)? else {
+        return Ok(());
+    };
+    let proto = ip.proto as u8;
+    if !is_remembered(ip.src_addr, source, proto) {
+        return Ok(());
+    }
+    let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
+    // SAFETY: only the presence is read.
+    if unsafe { SERVICE_FLOWS.get(&flow) }.is_none() {
+        let _ = SERVICE_FLOWS.insert(&flow, &1, 0);
+    }
+    Ok(())
+}
+
+/// Whether `ip`, arriving from another node or the overlay for the local pod at its
+/// destination, is a reply of a Service connection the stack translated (see
+/// [`left_through_stack`]): the caller hands it to the stack, which undoes the
+/// translation. A fragment after the first goes where its first fragment went.
+#[inline(always)]
+pub fn is_translated_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    is_translated_reply_at(ctx, ip, EthHdr::LEN)
+}
+
+/// [`is_translated_reply`] for an IPv4 header `ip` that starts at `ip_at` in the frame
+/// (the inner packet of a VXLAN frame).
+#[inline(always)]
+pub fn is_translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bool, i64> {
+    if !enabled() {
+        return Ok(false);
+    }
+    if fragments::is_later(ip) {
+        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
+    }
+    if ip.proto as u8 == ICMP {
+        return is_translated_error(ctx, ip, ip_at);
+    }
+    let Some((source, destination)) = ports_at(ctx, ip, ip_at)? else {
+        return Ok(false);
+    };
+    let found = translated(
+        (ip.dst_addr, destination),
+        (ip.src_addr, source),
+        ip.proto as u8,
+    );
+    if found {
+        fragments::went_to_stack(ip);
+    }
+    Ok(found)
+}
+
+/// Whether `ip` (ICMP, its header at `ip_at`) is an error about a packet of a Service
+/// connection the stack translated (the packet it quotes left the pod as the stack
+/// forwarded it): the stack translates the quoted headers back, as conntrack's related
+/// packets are.
+#[inline(always)]
+fn is_translated_error(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bool, i64> {
+    let l4 = ip_at + ip.ihl() as usize;
+    if !packet::is_icmp_error(ctx.load::<u8>(l4)?) {
+        return Ok(false);
+    }
+    let quoted: Ipv4Hdr = ctx.load(l4 + ICMP_HEADER)?;
+    if !packet::quoted_ipv4_well_formed(&quoted) {
+        return Ok(false);
+    }
+    let Some((source, destination)) = ports_at(ctx, &quoted, l4 + ICMP_HEADER)? else {
+        return Ok(false);
+    };
+    Ok(translated(
+        (quoted.src_addr, source),
+        (quoted.dst_addr, destination),
+        quoted.proto as u8,
+    ))
+}
+
+/// The ICMP header before an error's quoted packet.
+const ICMP_HEADER: usize = 8;
+
+/// Whether the flow of the pod socket `pod` with the remote socket `remote` (`proto`) is
+/// a Service connection the stack translated: a reply translated back by the uplink's
+/// reverse NAT (a backend outside the cluster) goes to the stack.
+#[inline(always)]
+pub fn translated(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> bool {
+    let flow = NatKey::new(pod, remote, proto);
+    // SAFETY: only the presence is read.
+    enabled() && unsafe { SERVICE_FLOWS.get(&flow) }.is_some()
 }
 
 #[inline(always)]

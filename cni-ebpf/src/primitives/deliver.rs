@@ -3,6 +3,9 @@
 //! a frame for the host ([`to_stack`]). A pod whose host veth has a qdisc (an ingress
 //! rate limit: [`endpoint_flags::SHAPED`]) gets its frames through that veth's egress
 //! instead, and so does every pod when the program runs on a netkit pair's hook.
+//! A pod's frame sent out of the node by the datapath itself ([`out_of_node`]) carries a
+//! mark its egress program takes off ([`take_redirected`]): that program tells it from a
+//! frame the node's stack forwarded.
 
 use aya_ebpf::{
     bindings::TC_ACT_OK,
@@ -20,6 +23,14 @@ use super::{
 
 /// `skb->pkt_type` of a frame addressed to this host.
 const PACKET_HOST: u32 = 0;
+
+/// `skb->mark` of a pod's frame the datapath redirects to an uplink or the overlay device
+/// ([`out_of_node`]), taken off by the egress program there ([`take_redirected`]), which
+/// then knows the frame did not cross the node's stack. No netfilter hook lies between
+/// the two, and a pod's frames carry mark 0 (crossing from the pod's namespace clears
+/// it), which the egress program writes back. "ecni" in ASCII: a value no rule of
+/// kube-proxy's (bits 0x4000 and 0x8000) or of the node's leaves on a forwarded frame.
+const REDIRECTED_MARK: u32 = 0x6563_6e69;
 
 /// Hands a frame already addressed to the pod `destination`'s MAC (the sender, on its
 /// subnet, learnt it from `arp`) to that pod unchanged, as the bridge the pods believe
@@ -121,6 +132,28 @@ fn ttl_decremented(ip: &Ipv4Hdr) -> (u8, [u8; 2]) {
     // The TTL shares a 16-bit checksum word with the protocol.
     let (old, new) = ([ip.ttl, ip.proto], [ip.ttl - 1, ip.proto]);
     (new[0], csum::ipv4_check(ip.check, [old], [new]))
+}
+
+/// Redirects a pod's frame to the egress of `ifindex` (an uplink or the overlay device),
+/// marked as sent by the datapath (see [`REDIRECTED_MARK`]).
+#[inline(always)]
+pub fn out_of_node(ctx: &TcContext, ifindex: u32) -> i32 {
+    ctx.set_mark(REDIRECTED_MARK);
+    // SAFETY: a plain helper call with an ifindex and no flags (egress of the device).
+    unsafe { bpf_redirect(ifindex, 0) as i32 }
+}
+
+/// At an uplink's or the overlay device's egress: whether the frame was redirected there
+/// by [`out_of_node`] (its mark is then taken off) rather than forwarded or sent by the
+/// node's stack.
+#[inline(always)]
+pub fn take_redirected(ctx: &TcContext) -> bool {
+    // SAFETY: `skb` is the program's context; mark is a readable field of it.
+    let redirected = unsafe { (*ctx.skb.skb).mark } == REDIRECTED_MARK;
+    if redirected {
+        ctx.set_mark(0);
+    }
+    redirected
 }
 
 /// Hands a pod's frame to the node's stack as one addressed to the node: a frame the pod

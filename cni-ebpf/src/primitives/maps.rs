@@ -14,9 +14,9 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
     FragmentTarget, HostPortFlow, MAX_GATEWAYS, MAX_NODES, MAX_REMOTE_RANGES, MAX_SERVICE_CIDRS,
-    NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, OverlayConfig, PortKey,
-    PortTarget, RefusedFlows, RemoteNode, ServiceClient, SockConfig, SockRevKey, SourceKey,
-    TARGET_WORDS, TrafficCounters, Uplinks,
+    MAX_SERVICE_FLOWS, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
+    OverlayConfig, PortKey, PortTarget, RefusedFlows, RemoteNode, ServiceClient, SockConfig,
+    SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -176,6 +176,11 @@ pub static SERVICE_CLIENTS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(M
 
 #[map(name = "SERVICE_PEERS")]
 pub static SERVICE_PEERS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+
+/// Translated Service connections (see `cni_ebpf_common::services`); the least recently
+/// used goes first, and the next packet the stack forwards on it writes it back.
+#[map(name = "SERVICE_FLOWS")]
+pub static SERVICE_FLOWS: LruHashMap<NatKey, u8> = LruHashMap::pinned(MAX_SERVICE_FLOWS, 0);
 
 /// The endpoint that owns `addr`, if it is a pod of this node.
 #[inline(always)]

@@ -7,7 +7,8 @@
 //! on-link neighbour, see `arp`), routed (TTL decremented, MACs rewritten) when it was
 //! sent to the gateway. hostPort connections and their replies, Service connections,
 //! traffic for other nodes' pods (the overlay) and traffic for outside the node take
-//! their features' ways; anything else goes to the stack.
+//! their features' ways (answers on connections from outside that came in through the
+//! stack go back through it); anything else goes to the stack.
 //!
 //! Nothing runs on the veth's egress (what the node's own stack sends to the pod; see
 //! docs/architecture.md, ADD's cost). What the datapath delivers into a pod from TC
@@ -23,7 +24,7 @@ use network_types::{
 };
 
 use crate::{
-    features::{arp, hostport, overlay, pod_source, route, services},
+    features::{arp, conntrack, hostport, overlay, pod_source, route, services},
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
@@ -114,6 +115,8 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
             // Another node's pod, through the overlay (`--routing vxlan`).
             None => match overlay::to_remote(ctx, eth, ip, ifindex)? {
                 Some(verdict) => Ok(verdict),
+                // An answer on a connection from outside that came in through the stack.
+                None if conntrack::answers_inbound(ctx, ip)? => Ok(deliver::to_stack(ctx)),
                 None => route::to_uplink(ctx, eth, ip, ifindex),
             },
         },

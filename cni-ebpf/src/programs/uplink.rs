@@ -1,4 +1,5 @@
-//! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`),
+//! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`, which
+//! first records the Service connections the stack translated: `services`),
 //! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`),
 //! where ARP requests and packets for the pods' gateways are dropped (they are the
 //! node's addresses for its pods only, see `rev_nat`), and the overlay's single packets
@@ -15,9 +16,9 @@ use network_types::{
 };
 
 use crate::{
-    features::{fragments, overlay, rev_nat, snat},
+    features::{fragments, overlay, rev_nat, services, snat},
     primitives::{
-        counters, maps,
+        counters, deliver, maps,
         packet::{self, EthIpv4},
     },
 };
@@ -41,14 +42,19 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
 }
 
 fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
+    // What the pod program sent here itself did not cross the stack; what did may be a
+    // Service connection the stack translated, recorded before source NAT.
+    let redirected = deliver::take_redirected(ctx);
     on_uplink(
         ctx,
         |config, node_addr, _, ip| {
             if fragments::is_later(ip) {
-                snat::later_fragment(ctx, ip)
-            } else {
-                snat::egress(ctx, config, node_addr, ip)
+                return snat::later_fragment(ctx, ip);
             }
+            if !redirected {
+                services::left_through_stack(ctx, ip)?;
+            }
+            snat::egress(ctx, config, node_addr, ip)
         },
         |_| Ok(TC_ACT_OK),
     )

@@ -92,6 +92,7 @@ pub const KERNEL_BINARIES: &[&str] = &[
     "pod_program_malformed",
     "restart",
     "services",
+    "services_cluster",
     "snat",
     "tcp_blind_rst",
     "uplink_attach",

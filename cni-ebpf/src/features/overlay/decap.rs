@@ -36,9 +36,12 @@ use network_types::{
 };
 
 use super::encap::{ADDED, VXLAN_VNI_VALID};
-use crate::primitives::{
-    deliver, maps,
-    packet::{self, EthIpv4},
+use crate::{
+    features::services,
+    primitives::{
+        deliver, maps,
+        packet::{self, EthIpv4},
+    },
 };
 
 /// The headers after an option-less outer IPv4 header, read in one load: UDP, VXLAN,
@@ -53,6 +56,8 @@ struct Tunnelled {
 
 /// Where [`Tunnelled`] starts: after the outer Ethernet and option-less IPv4 headers.
 const UDP_AT: usize = EthHdr::LEN + Ipv4Hdr::LEN;
+/// Where the inner IPv4 header starts: after UDP, VXLAN and the inner Ethernet header.
+const INNER_IP_AT: usize = UDP_AT + 16 + EthHdr::LEN;
 
 /// A packet (IPv4 header `ip`) arriving on an uplink whose address is `node_addr`, taken out
 /// of the tunnel and delivered into its pod when it is one this module takes (see
@@ -106,6 +111,11 @@ pub fn from_uplink(ctx: &TcContext, node_addr: [u8; 4], ip: &Ipv4Hdr) -> Result<
     let Some(pod) = maps::endpoint(inner.dst_addr) else {
         return Ok(None);
     };
+    // A reply of a Service connection the stack translated: the device's way, whose
+    // ingress program hands it to the stack (read at the inner headers' place).
+    if services::is_translated_reply_at(ctx, &inner, INNER_IP_AT)? {
+        return Ok(None);
+    }
     if ctx
         .adjust_room(-(ADDED as i32), BPF_ADJ_ROOM_MAC, 0)
         .is_err()

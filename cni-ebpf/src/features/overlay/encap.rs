@@ -20,14 +20,14 @@ use aya_ebpf::{
         BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
         BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
     },
-    helpers::generated::{bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect},
+    helpers::generated::{bpf_get_hash_recalc, bpf_get_prandom_u32},
     programs::TcContext,
 };
 use cni_ebpf_common::{DropReason, NatConfig, OverlayConfig, ip_proto::UDP};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::OUTER_TTL;
-use crate::primitives::{counters, csum, fib, maps};
+use crate::primitives::{counters, csum, deliver, fib, maps};
 
 /// What encapsulation adds after the outer Ethernet header (the frame's own, readdressed
 /// to the next hop): outer IPv4 (20), UDP (8), VXLAN (8) and the inner Ethernet (14)
@@ -161,8 +161,7 @@ pub fn encapsulate(
     if ctx.store(0, &headers, 0).is_err() {
         return Ok(Some(counters::drop_packet(DropReason::OverlayEncapFailed)));
     }
-    // SAFETY: a plain helper call with an ifindex and no flags (egress of the uplink).
-    Ok(Some(unsafe { bpf_redirect(next.ifindex, 0) } as i32))
+    Ok(Some(deliver::out_of_node(ctx, next.ifindex)))
 }
 
 /// The outer header's TOS for an inner `tos`: its ECN field copied, with CE sent as

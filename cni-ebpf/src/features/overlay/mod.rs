@@ -20,13 +20,16 @@ pub mod encap;
 
 use aya_ebpf::{
     bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_OK},
-    helpers::generated::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
+    helpers::generated::{bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     programs::TcContext,
 };
 use cni_ebpf_common::{DropReason, OverlayConfig};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::primitives::{counters, deliver, maps};
+use crate::{
+    features::services,
+    primitives::{counters, deliver, maps},
+};
 
 /// The IPv4 part of the kernel's `struct bpf_tunnel_key`, up to `tunnel_label`: a size
 /// every kernel since 4.x takes (the helpers zero the rest), a multiple of 8 bytes.
@@ -77,17 +80,21 @@ pub fn to_remote(
     {
         return Ok(Some(verdict));
     }
-    // SAFETY: a plain helper call with an ifindex and no flags (egress of the device).
-    Ok(Some(unsafe { bpf_redirect(config.ifindex, 0) } as i32))
+    Ok(Some(deliver::out_of_node(ctx, config.ifindex)))
 }
 
 /// The overlay device's egress: the tunnel key of the node the packet's destination
-/// belongs to. A packet for no other node's range has nowhere to go: dropped.
+/// belongs to. A packet for no other node's range has nowhere to go: dropped. One the
+/// stack forwarded may be a Service connection it translated, which is recorded
+/// (`services::left_through_stack`).
 #[inline(always)]
 pub fn egress(ctx: &TcContext, config: &OverlayConfig, ip: &Ipv4Hdr) -> Result<i32, i64> {
     let Some(remote) = maps::remote_node(ip.dst_addr) else {
         return Ok(counters::drop_packet(DropReason::OverlayNotLocal));
     };
+    if !deliver::take_redirected(ctx) {
+        services::left_through_stack(ctx, ip)?;
+    }
     let mut key = TunnelKey {
         tunnel_id: config.vni,
         remote_ipv4: u32::from_be_bytes(remote.addr),
@@ -143,6 +150,10 @@ pub fn ingress(
         return Ok(counters::drop_packet(DropReason::OverlaySpoofedSource));
     }
     if let Some(pod) = maps::endpoint(ip.dst_addr) {
+        // A reply of a Service connection the stack translated: the stack undoes it.
+        if services::is_translated_reply(ctx, ip)? {
+            return Ok(deliver::to_stack(ctx));
+        }
         return deliver::deliver(ctx, eth, ip, &pod);
     }
     // A pods' gateway is the node's for its own pods only.

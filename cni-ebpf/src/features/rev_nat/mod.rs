@@ -52,7 +52,15 @@ pub fn ingress(
             // Another node's pod over native routes (`--routing native`: no overlay):
             // straight into the pod, as the overlay delivers what it decapsulates.
             // Asked first: other nodes' pod ranges lie inside the cluster ranges.
+            // A reply of a Service connection the stack translated goes back through
+            // it, which undoes the translation.
             if maps::overlay_config().is_none() && maps::remote_node(ip.src_addr).is_some() {
+                if services::is_translated_reply(ctx, ip)? {
+                    return Ok(TC_ACT_OK);
+                }
+                // The fragments after a first one follow it into the pod: the stack,
+                // reassembling for conntrack, would wait for a first fragment forever.
+                fragments::arrived(ip, ip.dst_addr, ip.ttl > 1);
                 return deliver::deliver(ctx, eth, ip, &pod);
             }
             if !maps::in_cluster(ip.src_addr) {
@@ -85,7 +93,12 @@ pub fn ingress(
             // or, when the pod is gone, the TTL runs out or the flow is a Service
             // connection (the stack undoes its DNAT), left to the stack translated.
             let pod = maps::endpoint(entry.pod_addr).filter(|_| {
-                ip.ttl > 1 && !services::is_client(entry.pod_addr, entry.pod_port, proto)
+                ip.ttl > 1
+                    && !services::translated(
+                        (entry.pod_addr, entry.pod_port),
+                        (ip.src_addr, remote_port),
+                        proto,
+                    )
             });
             let ttl = if pod.is_some() { ip.ttl - 1 } else { ip.ttl };
             csum::set_destination(ctx, ip, entry.pod_addr, ttl, l4_csum)?;
