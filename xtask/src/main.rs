@@ -62,7 +62,7 @@ enum Task {
         #[arg(long)]
         quick: bool,
         /// With --quick: run one section only (add-del, pod-to-pod, pod-to-external,
-        /// hostport, cross-node, bandwidth, memory).
+        /// hostport, cross-node, services, bandwidth, memory).
         #[arg(long)]
         only: Option<String>,
     },

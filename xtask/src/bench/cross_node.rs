@@ -27,24 +27,25 @@ use super::{
 
 /// How the pods of two nodes reach each other.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     /// ebpf-cni `--routing vxlan`; flannel's vxlan backend.
     Overlay,
     /// ebpf-cni `--routing native`; flannel's host-gw.
     Native,
 }
 
-/// Two nodes with the reference chain, flannel-style, one pod each.
-struct RefPair {
+/// Two nodes with the reference chain, flannel-style, one pod each: node `n` (from 1)
+/// at [`node_addr`]`(n)`, its pods in `10.250.n.0/24`.
+pub(super) struct RefPair {
     _segment: Netns,
-    nodes: Vec<Netns>,
-    pods: Vec<Netns>,
-    pod_ips: Vec<Ipv4Addr>,
+    pub(super) nodes: Vec<Netns>,
+    pub(super) pods: Vec<Netns>,
+    pub(super) pod_ips: Vec<Ipv4Addr>,
     data_dir: PathBuf,
 }
 
 impl RefPair {
-    fn build(mode: Mode) -> anyhow::Result<Self> {
+    pub(super) fn build(mode: Mode) -> anyhow::Result<Self> {
         let segment = new_segment();
         let name = unique_name("xref");
         let data_dir = PathBuf::from("/run").join(&name);

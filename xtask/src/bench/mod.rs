@@ -12,6 +12,7 @@ mod load;
 mod memory;
 mod reference;
 mod report;
+mod services;
 mod timing;
 mod traffic;
 
@@ -72,12 +73,13 @@ impl Plan {
 const PARALLEL_PODS: usize = 30;
 
 /// The sections, in run order; `--only <name>` runs one (with `--quick`, for work on it).
-pub const SECTIONS: [&str; 7] = [
+pub const SECTIONS: [&str; 8] = [
     "add-del",
     "pod-to-pod",
     "pod-to-external",
     "hostport",
     "cross-node",
+    "services",
     "bandwidth",
     "memory",
 ];
@@ -132,6 +134,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
     section("pod-to-external", &|| pod_to_external(plan))?;
     section("hostport", &|| hostport::hostport(plan))?;
     section("cross-node", &|| cross_node::cross_node(plan))?;
+    section("services", &|| services::services(plan))?;
     section("bandwidth", &|| bandwidth::bandwidth(plan))?;
     section("memory", &memory)?;
     let sections = sections
