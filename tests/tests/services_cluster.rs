@@ -16,8 +16,9 @@
 //!   address kept);
 //! - hairpin: a backend reaching its own Service;
 //! - the flow decides, not the addresses: from the very port its Service connection
-//!   uses, pod `a` reaches backend `b` directly, and that connection's replies skip
-//!   node 1's stack (a FORWARD rule dropping them changes nothing);
+//!   uses, pod `a` reaches the backend (`b`, and `l` on its own node) directly, and that
+//!   connection's replies skip node 1's stack (a FORWARD rule dropping them changes
+//!   nothing);
 //! - a backend's own connections (to another pod, to the outside) are unaffected;
 //! - the DNS race: A and AAAA queries sent back to back from one socket, many times,
 //!   to a ClusterIP whose backends are on other nodes: none lost.
@@ -284,40 +285,49 @@ fn services_across_nodes(routing: &str, mode: Mode, cluster_cidr: bool, tag: u8)
     dns_race(&pods.a, routing, mode);
 }
 
-/// From one port of pod `a`: a Service connection to [`REMOTE`] (backend `b`), then a
-/// direct one to `b`'s [`DIRECT_PORT`]. The direct connection's replies must skip node
-/// 1's stack, where a FORWARD rule drops them.
+/// From one port of pod `a`: a Service connection to a backend (`b` on another node,
+/// `l` on a's own), then a direct one to that backend's [`DIRECT_PORT`]. The direct
+/// connection's replies must skip node 1's stack, where a FORWARD rule drops them.
 fn flows_decide(cluster: &TestCluster, pods: &Pods, routing: &str, mode: Mode) {
-    const SHARED_PORT: u16 = 41_000;
     let node1 = &cluster.node(1).netns;
-    let b = pods.b.ip.to_string();
-    let port = DIRECT_PORT.to_string();
-    let rule = [
-        "FORWARD", "-s", &b, "-p", "tcp", "--sport", &port, "-j", "DROP",
-    ];
-    let insert = node1.run("iptables", &[&["-w", "-I"][..], &rule[..]].concat());
-    assert!(insert.status.success(), "iptables: {insert:?}");
-    let back = round_trip_from(&pods.a.netns, SHARED_PORT, socket(REMOTE, 80), b"service")
-        .unwrap_or_else(|e| panic!("{routing}, {mode:?}: the Service from port 41000: {e}"));
-    assert_eq!(back, b"service");
-    let b_direct = EchoServer::start(&pods.b.netns, DIRECT_PORT);
-    let back = round_trip_from(
-        &pods.a.netns,
-        SHARED_PORT,
-        socket(pods.b.ip, DIRECT_PORT),
-        b"direct",
-    )
-    .unwrap_or_else(|e| {
-        panic!("{routing}, {mode:?}: b directly from the Service connection's port: {e}")
-    });
-    assert_eq!(back, b"direct");
-    assert_eq!(
-        b_direct.peers(),
-        [socket(pods.a.ip, SHARED_PORT)],
-        "b saw a's port, untranslated"
-    );
-    let delete = node1.run("iptables", &[&["-w", "-D"][..], &rule[..]].concat());
-    assert!(delete.status.success(), "iptables: {delete:?}");
+    for (backend, service, port, where_) in [
+        (&pods.b, REMOTE, 41_000, "another node"),
+        (&pods.l, ON_NODE, 41_001, "the client's node"),
+    ] {
+        let ip = backend.ip.to_string();
+        let direct = DIRECT_PORT.to_string();
+        let rule = [
+            "FORWARD", "-s", &ip, "-p", "tcp", "--sport", &direct, "-j", "DROP",
+        ];
+        let insert = node1.run("iptables", &[&["-w", "-I"][..], &rule[..]].concat());
+        assert!(insert.status.success(), "iptables: {insert:?}");
+        let back = round_trip_from(&pods.a.netns, port, socket(service, 80), b"service")
+            .unwrap_or_else(|e| {
+                panic!("{routing}, {mode:?}: a Service on {where_} from port {port}: {e}")
+            });
+        assert_eq!(back, b"service");
+        let server = EchoServer::start(&backend.netns, DIRECT_PORT);
+        let back = round_trip_from(
+            &pods.a.netns,
+            port,
+            socket(backend.ip, DIRECT_PORT),
+            b"direct",
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{routing}, {mode:?}: its backend on {where_} directly, from the Service \
+                 connection's port: {e}"
+            )
+        });
+        assert_eq!(back, b"direct");
+        assert_eq!(
+            server.peers(),
+            [socket(pods.a.ip, port)],
+            "the backend on {where_} saw a's port, untranslated"
+        );
+        let delete = node1.run("iptables", &[&["-w", "-D"][..], &rule[..]].concat());
+        assert!(delete.status.success(), "iptables: {delete:?}");
+    }
 }
 
 /// glibc's parallel lookup: an A and an AAAA query sent back to back from one socket,

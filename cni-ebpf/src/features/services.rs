@@ -5,7 +5,8 @@
 //! - a pod's packet for a Service range, or for a node address (a NodePort), goes to the
 //!   stack, and the pod's socket is remembered ([`to_service`]);
 //! - a packet for such a socket from a backend on this node goes to the stack too, where
-//!   the DNAT is undone ([`is_reply`], pod to pod);
+//!   the DNAT is undone, unless it is on a TCP connection that socket opened directly
+//!   to that pod ([`is_reply`], pod to pod);
 //! - the stack's translation of such a connection, forwarded out of the node (to a
 //!   backend on another node, through the overlay or natively routed, or outside the
 //!   cluster), is seen by the egress program of the uplink or the overlay device, which
@@ -30,6 +31,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     FragmentKey, NatKey, ServiceClient,
     ip_proto::{ICMP, TCP, UDP},
+    tcp_flags,
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
@@ -48,6 +50,12 @@ use crate::{
 fn enabled() -> bool {
     SERVICE_RANGES.get(0).is_some_and(|ranges| *ranges != 0)
 }
+
+/// `SERVICE_FLOWS`' values: a flow the stack translated (its replies go back through
+/// the stack), or a TCP connection a Service client's socket opened directly to a pod
+/// of the node (its replies keep the datapath's way).
+const TRANSLATED: u8 = 1;
+const DIRECT: u8 = 2;
 
 #[inline(always)]
 fn client(addr: [u8; 4], port: u16, proto: u8) -> ServiceClient {
@@ -112,14 +120,44 @@ pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
     remember_source(ctx, ip, &SERVICE_PEERS)
 }
 
-/// Whether `ip`, for the local pod at its destination, is for a socket of that pod with a
-/// Service connection (a backend's reply, to go back through the stack's un-DNAT).
+/// Whether `ip`, a pod's packet for the local pod at its destination, is a backend's
+/// reply on a Service connection of that pod's (a packet for a socket with a Service
+/// connection, other than on a direct connection of that socket: see below), to go back
+/// through the stack's un-DNAT. A TCP connection a socket with a Service connection opens
+/// directly to a pod of the node is recorded (`DIRECT` in `SERVICE_FLOWS`) as its SYN
+/// passes: its replies keep the datapath's way. (No program sees the stack's delivery of
+/// a translated connection into a local pod, so the translated flow is not recorded
+/// here as it is where the stack forwards out of the node. A UDP flow of such a socket
+/// sent directly gets its replies through the stack: conntrack takes them as new flows.)
 #[inline(always)]
 pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !enabled() {
         return Ok(false);
     }
-    for_socket_in(ctx, ip, &SERVICE_CLIENTS)
+    if fragments::is_later(ip) {
+        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
+    }
+    let proto = ip.proto as u8;
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+        return Ok(false);
+    }
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let (source, destination, seg) = packet::ports_and_flags(ctx, proto, l4)?;
+    let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
+    if proto == TCP && tcp_flags::opens(seg.flags) && is_remembered(ip.src_addr, source, proto) {
+        let _ = SERVICE_FLOWS.insert(&flow, &DIRECT, 0);
+        return Ok(false);
+    }
+    if !is_remembered(ip.dst_addr, destination, proto) {
+        return Ok(false);
+    }
+    let reply = NatKey::new((ip.dst_addr, destination), (ip.src_addr, source), proto);
+    // SAFETY: the value is copied out at once.
+    if unsafe { SERVICE_FLOWS.get(&reply) }.copied() == Some(DIRECT) {
+        return Ok(false);
+    }
+    fragments::went_to_stack(ip);
+    Ok(true)
 }
 
 /// Adds the source socket of `ip` (TCP or UDP, a first fragment or whole) to `sockets`,
@@ -182,9 +220,9 @@ pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
         return Ok(());
     }
     let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
-    // SAFETY: only the presence is read.
-    if unsafe { SERVICE_FLOWS.get(&flow) }.is_none() {
-        let _ = SERVICE_FLOWS.insert(&flow, &1, 0);
+    // SAFETY: the value is copied out at once.
+    if unsafe { SERVICE_FLOWS.get(&flow) }.copied() != Some(TRANSLATED) {
+        let _ = SERVICE_FLOWS.insert(&flow, &TRANSLATED, 0);
     }
     Ok(())
 }
@@ -258,8 +296,8 @@ const ICMP_HEADER: usize = 8;
 #[inline(always)]
 pub fn translated(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> bool {
     let flow = NatKey::new(pod, remote, proto);
-    // SAFETY: only the presence is read.
-    enabled() && unsafe { SERVICE_FLOWS.get(&flow) }.is_some()
+    // SAFETY: the value is copied out at once.
+    enabled() && unsafe { SERVICE_FLOWS.get(&flow) }.copied() == Some(TRANSLATED)
 }
 
 #[inline(always)]
