@@ -1,13 +1,19 @@
-//! Kubernetes Services implemented by kube-proxy in iptables mode, next to the datapath:
-//! with `--service-cidr`, pods reach ClusterIPs (a backend outside the node, one on the
-//! node, over TCP and UDP, the backend itself through its own Service) and a NodePort,
-//! and get the replies from the address they asked; so do clients outside the node
-//! reaching a NodePort or a LoadBalancer IP whose backend sees their own address. The node's DNAT rules stand in for kube-proxy's: the same PREROUTING DNAT
-//! kube-proxy writes, without its chains of chains.
+//! Kubernetes Services implemented by kube-proxy in iptables mode, next to the datapath,
+//! on one node with kube-proxy's own rules (`kube_proxy`: KUBE-SERVICES, KUBE-SVC-*,
+//! KUBE-SEP-* with the hairpin mark, KUBE-NODEPORTS, KUBE-EXT-*, KUBE-POSTROUTING,
+//! KUBE-FORWARD): with `--service-cidr`, pods reach ClusterIPs (a backend outside the
+//! node, one on the node, over TCP and UDP, the backend itself through its own Service)
+//! and a NodePort, and get the replies from the address they asked; so do clients
+//! outside the node reaching a NodePort or a LoadBalancer IP whose backend sees their
+//! own address. Across nodes: `services_cluster.rs`.
 
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddr},
+};
 
 use ebpf_cni_tests::{
+    kube_proxy::{Endpoint, KubeProxy, Mode, Service},
     netns::Netns,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node},
     require_root,
@@ -16,57 +22,39 @@ use ebpf_cni_tests::{
 
 const SERVICE_RANGE: &str = "10.96.0.0/12";
 /// A Service whose endpoint is outside the cluster (the external host).
-const OUTSIDE: &str = "10.96.0.10";
+const OUTSIDE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// A Service whose endpoint is a pod of this node, over TCP and UDP.
-const ON_NODE: &str = "10.96.0.11";
+const ON_NODE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
 const NODE_PORT: u16 = 30080;
 /// LoadBalancer IPs (outside the ClusterIP range, routed to the node by the load
 /// balancer), and one of them.
 const LB_RANGE: &str = "203.0.113.0/24";
-const LB_IP: &str = "203.0.113.10";
+const LB_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 const TCP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 9053;
 
-fn socket(addr: &str, port: u16) -> SocketAddr {
-    format!("{addr}:{port}").parse().expect("address")
+fn socket(addr: impl Into<std::net::IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(addr.into(), port)
 }
 
-/// A DNAT rule as kube-proxy writes one (nat PREROUTING, for traffic forwarded from pods).
-fn dnat(node: &Netns, proto: &str, to: &str, port: u16, endpoint: SocketAddr) {
-    let port = port.to_string();
-    let endpoint = endpoint.to_string();
-    let output = node.run(
-        "iptables",
-        &[
-            "-w",
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-p",
-            proto,
-            "-d",
-            to,
-            "--dport",
-            &port,
-            "-j",
-            "DNAT",
-            "--to-destination",
-            &endpoint,
-        ],
-    );
-    assert!(output.status.success(), "iptables: {output:?}");
+fn ip(addr: &str) -> Ipv4Addr {
+    addr.parse().expect("an address")
 }
 
-/// A NodePort ([`NODE_PORT`] on the node's address) over `proto`, its endpoint
-/// `backend`:`port`.
-fn node_port(node: &Netns, proto: &str, backend: &str, port: u16) {
-    dnat(node, proto, NODE_ADDR, NODE_PORT, socket(backend, port));
+/// kube-proxy in iptables mode on `node`, without `--cluster-cidr`, writing `services`.
+fn kube_proxy(node: &Netns, services: &[Service]) {
+    KubeProxy::new(Mode::Iptables).install(node, services);
 }
 
-/// The TCP Service [`ON_NODE`]:80, its endpoint `backend`:[`TCP_PORT`].
-fn on_node_service(node: &Netns, backend: &str) {
-    dnat(node, "tcp", ON_NODE, 80, socket(backend, TCP_PORT));
+/// The TCP Service [`ON_NODE`]:80, its endpoint `backend`:[`TCP_PORT`] on the node.
+fn on_node_service(backend: Ipv4Addr) -> Service {
+    Service::tcp(
+        "default",
+        "on-node",
+        ON_NODE,
+        80,
+        vec![Endpoint::local(backend, TCP_PORT)],
+    )
 }
 
 #[test]
@@ -75,26 +63,29 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
     let node = Node::start_with("10.244.71.0/24", &[], &["--service-cidr", SERVICE_RANGE]);
     let client = node.add_pod("svc-client");
     let backend = node.add_pod("svc-backend");
-    let backend_ip = backend.ip.to_string();
     let outside = EchoServer::start(&node.external, TCP_PORT);
     let on_node = EchoServer::start(&backend.netns, TCP_PORT);
     let on_node_udp = UdpEcho::start(&backend.netns, UDP_PORT);
-    dnat(
+    kube_proxy(
         &node.netns,
-        "tcp",
-        OUTSIDE,
-        80,
-        socket(EXTERNAL_ADDR, TCP_PORT),
+        &[
+            Service::tcp(
+                "default",
+                "outside",
+                OUTSIDE,
+                80,
+                vec![Endpoint::remote(ip(EXTERNAL_ADDR), TCP_PORT)],
+            ),
+            on_node_service(backend.ip).with_node_port(NODE_PORT),
+            Service::udp(
+                "default",
+                "on-node-udp",
+                ON_NODE,
+                53,
+                vec![Endpoint::local(backend.ip, UDP_PORT)],
+            ),
+        ],
     );
-    on_node_service(&node.netns, &backend_ip);
-    dnat(
-        &node.netns,
-        "udp",
-        ON_NODE,
-        53,
-        socket(&backend_ip, UDP_PORT),
-    );
-    node_port(&node.netns, "tcp", &backend_ip, TCP_PORT);
 
     assert_eq!(
         node.instance.cli_json(&["status"])["service_cidrs"],
@@ -108,7 +99,7 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
             "a ClusterIP with its endpoint on the node",
         ),
         (
-            socket(NODE_ADDR, NODE_PORT),
+            socket(ip(NODE_ADDR), NODE_PORT),
             "a NodePort on the node's address",
         ),
     ];
@@ -118,26 +109,9 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
             round_trip(&client.netns, to, &payload).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(back, payload, "{what}");
     }
-    // The backend reaching its own Service (a single replica): kube-proxy masquerades
-    // such hairpin connections, and the pod gets its answer from the node's address.
-    let rule = format!("{backend_ip}/32");
-    let masquerade = node.netns.run(
-        "iptables",
-        &[
-            "-w",
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            &rule,
-            "-d",
-            &rule,
-            "-j",
-            "MASQUERADE",
-        ],
-    );
-    assert!(masquerade.status.success(), "iptables: {masquerade:?}");
+    // The backend reaching its own Service (a single replica): kube-proxy's KUBE-SEP
+    // chain marks such hairpin connections for masquerade, and the pod gets its answer
+    // from the node's address.
     let back = round_trip(&backend.netns, socket(ON_NODE, 80), b"myself")
         .expect("a pod reaching its own Service");
     assert_eq!(back, b"myself");
@@ -162,7 +136,8 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
     assert_eq!(
         ips(on_node.peers()),
         BTreeSet::from([client.ip.to_string(), NODE_ADDR.to_owned()]),
-        "inside the node, it keeps the pod's address (the hairpin aside)"
+        "inside the node, a ClusterIP connection keeps the pod's address; a NodePort's \
+         (kube-proxy masquerades external destinations) and the hairpin take the node's"
     );
     assert_eq!(
         ips(on_node_udp.peers()),
@@ -171,9 +146,9 @@ fn pods_reach_services_that_the_nodes_netfilter_dnats() {
 
     // Pods' own traffic still takes the datapath both ways.
     let direct =
-        round_trip(&client.netns, socket(&backend_ip, TCP_PORT), b"direct").expect("pod to pod");
+        round_trip(&client.netns, socket(backend.ip, TCP_PORT), b"direct").expect("pod to pod");
     assert_eq!(direct, b"direct");
-    let out = round_trip(&client.netns, socket(EXTERNAL_ADDR, TCP_PORT), b"out")
+    let out = round_trip(&client.netns, socket(ip(EXTERNAL_ADDR), TCP_PORT), b"out")
         .expect("pod to the outside");
     assert_eq!(out, b"out");
 }
@@ -184,9 +159,8 @@ fn services_on_the_node_work_without_source_nat() {
     let mut node = Node::start("10.244.72.0/24");
     let client = node.add_pod("svc-nonat-client");
     let backend = node.add_pod("svc-nonat-backend");
-    let backend_ip = backend.ip.to_string();
     let server = EchoServer::start(&backend.netns, TCP_PORT);
-    on_node_service(&node.netns, &backend_ip);
+    kube_proxy(&node.netns, &[on_node_service(backend.ip)]);
     // No default route: source NAT is off, and with it the forwarding it turned on.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     node.netns.ip(&["route", "del", "default"]);
@@ -218,20 +192,29 @@ fn external_clients_reach_a_node_port_and_a_load_balancer_ip_keeping_their_addre
         &["--service-cidr", &format!("{SERVICE_RANGE},{LB_RANGE}")],
     );
     let backend = node.add_pod("svc-lb-backend");
-    let backend_ip = backend.ip.to_string();
     let tcp = EchoServer::start(&backend.netns, TCP_PORT);
     let udp = UdpEcho::start(&backend.netns, UDP_PORT);
-    // externalTrafficPolicy: Local, as kube-proxy writes it: DNAT without masquerade,
-    // so that the backend sees the client's address and answers it directly.
-    node_port(&node.netns, "tcp", &backend_ip, TCP_PORT);
-    node_port(&node.netns, "udp", &backend_ip, UDP_PORT);
-    dnat(&node.netns, "tcp", LB_IP, 80, socket(&backend_ip, TCP_PORT));
+    // externalTrafficPolicy: Local, as kube-proxy writes it: no masquerade for outside
+    // clients, so that the backend sees the client's address and answers it directly.
+    let endpoint = |port| vec![Endpoint::local(backend.ip, port)];
+    kube_proxy(
+        &node.netns,
+        &[
+            Service::tcp("default", "lb", ON_NODE, 80, endpoint(TCP_PORT))
+                .with_node_port(NODE_PORT)
+                .with_external_ips(&[LB_IP])
+                .with_external_local(),
+            Service::udp("default", "lb-udp", ON_NODE, 53, endpoint(UDP_PORT))
+                .with_node_port(NODE_PORT)
+                .with_external_local(),
+        ],
+    );
     // The load balancer's address is routed to the node, as a cloud's or MetalLB's.
     node.external
         .ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_ADDR]);
 
     for (to, what) in [
-        (socket(NODE_ADDR, NODE_PORT), "a NodePort"),
+        (socket(ip(NODE_ADDR), NODE_PORT), "a NodePort"),
         (socket(LB_IP, 80), "a LoadBalancer IP"),
     ] {
         let payload = format!("to {what}").into_bytes();
@@ -242,7 +225,7 @@ fn external_clients_reach_a_node_port_and_a_load_balancer_ip_keeping_their_addre
             "{what}: the reply comes from the address asked"
         );
     }
-    let back = udp_round_trip(&node.external, 0, socket(NODE_ADDR, NODE_PORT), b"udp")
+    let back = udp_round_trip(&node.external, 0, socket(ip(NODE_ADDR), NODE_PORT), b"udp")
         .expect("a UDP NodePort: the reply comes from the address asked (connected socket)");
     assert_eq!(back, b"udp");
     let peers: Vec<SocketAddr> = [tcp.peers(), udp.peers()].concat();

@@ -239,6 +239,11 @@ fn services_across_nodes(routing: &str, mode: Mode, cluster_cidr: bool, tag: u8)
     let back = round_trip(node1, socket(REMOTE, 80), b"from node 1")
         .unwrap_or_else(|e| panic!("{routing}, {mode:?}: node 1 -> remote ClusterIP: {e}"));
     assert_eq!(back, b"from node 1");
+    // The backend's answers reached node 1's address: its server socket is no Service
+    // client for node 1, whose pods still reach it directly past the stack.
+    let back = round_trip(&pods.a.netns, socket(pods.b.ip, TCP_PORT), b"a to b")
+        .unwrap_or_else(|e| panic!("{routing}, {mode:?}: a -> b directly after node 1: {e}"));
+    assert_eq!(back, b"a to b");
 
     // From outside: node 1's NodePort (Cluster), node 2's (Local, the client's address
     // kept).

@@ -219,11 +219,19 @@ pub fn opened_from_outside(flow: &NatKey, seg: &Segment, config: &NatConfig, now
 /// its answers do too, and the stack's conntrack (kube-proxy's KUBE-FORWARD drops what
 /// it calls invalid) and the node's firewall see the connection both ways. A fragment
 /// after the first goes where its first fragment went.
+///
+/// A function of its own (a BPF call), so that its frame is not the pod program's. A
+/// packet it cannot read goes to the stack.
+#[inline(never)]
+pub fn answers_inbound(ctx: &TcContext, ip: &Ipv4Hdr) -> bool {
+    match maps::timeouts() {
+        Some(config) => inbound_answer(ctx, ip, &config).unwrap_or(true),
+        None => false,
+    }
+}
+
 #[inline(always)]
-pub fn answers_inbound(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
-    let Some(config) = maps::timeouts() else {
-        return Ok(false);
-    };
+fn inbound_answer(ctx: &TcContext, ip: &Ipv4Hdr, config: &NatConfig) -> Result<bool, i64> {
     if fragments::is_later(ip) {
         return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
     }
@@ -240,7 +248,7 @@ pub fn answers_inbound(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some(note) = (unsafe { NAT_INBOUND.get(&flow) }).copied() else {
         return Ok(false);
     };
-    let live = !expired(&note, proto, &config, clock::now_ns());
+    let live = !expired(&note, proto, config, clock::now_ns());
     if live {
         fragments::went_to_stack(ip);
     }

@@ -99,13 +99,22 @@ pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !enabled() {
         return Ok(false);
     }
-    if !is_service_addr(ip.dst_addr) {
-        // An answer to a client outside the node on a Service connection the stack
-        // DNATed (see [`from_outside`]).
-        return for_socket_in(ctx, ip, &SERVICE_PEERS);
+    // Only clients address a Service range: every packet refreshes its socket. A node
+    // address is also where a backend's answers to a masqueraded client go (a NodePort
+    // reached from a pod, a node's own connection): there a TCP socket is remembered
+    // from its SYN alone, so that a server's listening socket is never taken for a
+    // Service client's.
+    if SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some() {
+        remember_source(ctx, ip, &SERVICE_CLIENTS, false)?;
+        return Ok(true);
     }
-    remember_source(ctx, ip, &SERVICE_CLIENTS)?;
-    Ok(true)
+    if maps::is_node_addr(ip.dst_addr) {
+        remember_source(ctx, ip, &SERVICE_CLIENTS, true)?;
+        return Ok(true);
+    }
+    // An answer to a client outside the node on a Service connection the stack DNATed
+    // (see [`from_outside`]).
+    for_socket_in(ctx, ip, &SERVICE_PEERS)
 }
 
 /// Remembers the client of `ip`, a TCP or UDP packet arriving on an uplink that no
@@ -117,7 +126,10 @@ pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
     if !enabled() || !is_service_addr(ip.dst_addr) {
         return Ok(());
     }
-    remember_source(ctx, ip, &SERVICE_PEERS)
+    // A TCP client from its SYN alone: a node address also receives the answers to
+    // the node's own connections (and to those it masqueraded), whose sources are
+    // servers, not Service clients.
+    remember_source(ctx, ip, &SERVICE_PEERS, true)
 }
 
 /// Whether `ip`, a pod's packet for the local pod at its destination, is a backend's
@@ -129,11 +141,16 @@ pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
 /// a translated connection into a local pod, so the translated flow is not recorded
 /// here as it is where the stack forwards out of the node. A UDP flow of such a socket
 /// sent directly gets its replies through the stack: conntrack takes them as new flows.)
+///
+/// A function of its own (a BPF call), so that its frame is not the caller's: see
+/// [`is_translated_reply_at`]. A packet it cannot read goes to the stack.
+#[inline(never)]
+pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> bool {
+    enabled() && reply_on_node(ctx, ip).unwrap_or(true)
+}
+
 #[inline(always)]
-pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
-    if !enabled() {
-        return Ok(false);
-    }
+fn reply_on_node(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if fragments::is_later(ip) {
         return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
     }
@@ -161,15 +178,26 @@ pub fn is_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
 }
 
 /// Adds the source socket of `ip` (TCP or UDP, a first fragment or whole) to `sockets`,
-/// writing only when it is not there yet (a full table evicts the least recently used).
+/// writing only when it is not there yet (a full table evicts the least recently used);
+/// with `tcp_openings_only`, a TCP socket only from a SYN.
 #[inline(always)]
 fn remember_source(
     ctx: &TcContext,
     ip: &Ipv4Hdr,
     sockets: &LruHashMap<ServiceClient, u8>,
+    tcp_openings_only: bool,
 ) -> Result<(), i64> {
-    if let Some((port, _)) = ports(ctx, ip)? {
-        let key = client(ip.src_addr, port, ip.proto as u8);
+    let proto = ip.proto as u8;
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+        return Ok(());
+    }
+    let l4 = EthHdr::LEN + ip.ihl() as usize;
+    let (port, _, seg) = packet::ports_and_flags(ctx, proto, l4)?;
+    if proto == TCP && tcp_openings_only && !tcp_flags::opens(seg.flags) {
+        return Ok(());
+    }
+    {
+        let key = client(ip.src_addr, port, proto);
         // SAFETY: only the presence is read.
         if unsafe { sockets.get(&key) }.is_none() {
             let _ = sockets.insert(&key, &1, 0);
@@ -207,11 +235,16 @@ fn for_socket_in(
 /// replies must come back through the stack ([`is_translated_reply`]). Written only when
 /// missing (a full table evicts the least recently used; the flow's next packet out
 /// writes it back).
-#[inline(always)]
-pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
-    if !enabled() {
-        return Ok(());
+/// A function of its own (a BPF call): see [`is_translated_reply_at`].
+#[inline(never)]
+pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) {
+    if enabled() {
+        let _ = record_translated(ctx, ip);
     }
+}
+
+#[inline(always)]
+fn record_translated(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
     let Some((source, destination)) = ports(ctx, ip)? else {
         return Ok(());
     };
@@ -232,17 +265,22 @@ pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
 /// [`left_through_stack`]): the caller hands it to the stack, which undoes the
 /// translation. A fragment after the first goes where its first fragment went.
 #[inline(always)]
-pub fn is_translated_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+pub fn is_translated_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> bool {
     is_translated_reply_at(ctx, ip, EthHdr::LEN)
 }
 
 /// [`is_translated_reply`] for an IPv4 header `ip` that starts at `ip_at` in the frame
-/// (the inner packet of a VXLAN frame).
+/// (the inner packet of a VXLAN frame). A function of its own (a BPF call, its
+/// arguments in registers): inlined, its frame joined the uplink program's, past the
+/// 512 bytes of stack Linux 6.1's verifier allows a chain of calls. A packet it cannot
+/// read goes to the stack.
+#[inline(never)]
+pub fn is_translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> bool {
+    enabled() && translated_reply_at(ctx, ip, ip_at).unwrap_or(true)
+}
+
 #[inline(always)]
-pub fn is_translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bool, i64> {
-    if !enabled() {
-        return Ok(false);
-    }
+fn translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bool, i64> {
     if fragments::is_later(ip) {
         return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
     }

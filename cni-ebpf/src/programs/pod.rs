@@ -100,7 +100,7 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
                 return deliver(ctx, eth, &ip, &destination);
             }
             // A backend's reply on a Service connection: the stack undoes the DNAT.
-            if services::is_reply(ctx, ip)? {
+            if services::is_reply(ctx, ip) {
                 return Ok(deliver::to_stack(ctx));
             }
             if eth.dst_addr == destination.pod_mac {
@@ -116,7 +116,7 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
             None => match overlay::to_remote(ctx, eth, ip, ifindex)? {
                 Some(verdict) => Ok(verdict),
                 // An answer on a connection from outside that came in through the stack.
-                None if conntrack::answers_inbound(ctx, ip)? => Ok(deliver::to_stack(ctx)),
+                None if conntrack::answers_inbound(ctx, ip) => Ok(deliver::to_stack(ctx)),
                 None => route::to_uplink(ctx, eth, ip, ifindex),
             },
         },

@@ -52,7 +52,7 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
                 return snat::later_fragment(ctx, ip);
             }
             if !redirected {
-                services::left_through_stack(ctx, ip)?;
+                services::left_through_stack(ctx, ip);
             }
             snat::egress(ctx, config, node_addr, ip)
         },

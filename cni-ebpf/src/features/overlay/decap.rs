@@ -113,7 +113,7 @@ pub fn from_uplink(ctx: &TcContext, node_addr: [u8; 4], ip: &Ipv4Hdr) -> Result<
     };
     // A reply of a Service connection the stack translated: the device's way, whose
     // ingress program hands it to the stack (read at the inner headers' place).
-    if services::is_translated_reply_at(ctx, &inner, INNER_IP_AT)? {
+    if services::is_translated_reply_at(ctx, &inner, INNER_IP_AT) {
         return Ok(None);
     }
     if ctx

@@ -93,7 +93,7 @@ pub fn egress(ctx: &TcContext, config: &OverlayConfig, ip: &Ipv4Hdr) -> Result<i
         return Ok(counters::drop_packet(DropReason::OverlayNotLocal));
     };
     if !deliver::take_redirected(ctx) {
-        services::left_through_stack(ctx, ip)?;
+        services::left_through_stack(ctx, ip);
     }
     let mut key = TunnelKey {
         tunnel_id: config.vni,
@@ -151,7 +151,7 @@ pub fn ingress(
     }
     if let Some(pod) = maps::endpoint(ip.dst_addr) {
         // A reply of a Service connection the stack translated: the stack undoes it.
-        if services::is_translated_reply(ctx, ip)? {
+        if services::is_translated_reply(ctx, ip) {
             return Ok(deliver::to_stack(ctx));
         }
         return deliver::deliver(ctx, eth, ip, &pod);

@@ -55,7 +55,7 @@ pub fn ingress(
             // A reply of a Service connection the stack translated goes back through
             // it, which undoes the translation.
             if maps::overlay_config().is_none() && maps::remote_node(ip.src_addr).is_some() {
-                if services::is_translated_reply(ctx, ip)? {
+                if services::is_translated_reply(ctx, ip) {
                     return Ok(TC_ACT_OK);
                 }
                 // The fragments after a first one follow it into the pod: the stack,
