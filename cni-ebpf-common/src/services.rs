@@ -8,9 +8,10 @@
 //! - `SERVICE_CLIENTS`: LRU hash [`ServiceClient`] -> `u8`, the pod sockets that opened a
 //!   connection to a Service;
 //! - `SERVICE_FLOWS`: LRU hash [`crate::NatKey`] -> `u8`, the connections of those sockets
-//!   as the stack translated them (the pod's socket, the backend's), seen leaving the
+//!   as the stack translated them (the pod's socket, the backend's; 1), seen leaving the
 //!   node after the stack forwarded them: their replies, from whichever way they arrive,
-//!   go back through the stack;
+//!   go back through the stack; and the TCP connections those sockets open directly to
+//!   a pod of the node (2), whose replies keep the datapath's way;
 //! - `SERVICE_PEERS`: LRU hash [`ServiceClient`] -> `u8`, the sockets of clients outside
 //!   the node whose connections arrived on an uplink for a Service (a NodePort, a
 //!   LoadBalancer or external IP) and went to the stack, which DNATs them to a pod.
