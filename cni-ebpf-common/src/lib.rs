@@ -2,7 +2,7 @@
 //! constants of the wire (protocol numbers, TCP flags), and the flow state machine with
 //! its idle-timeout rule, which the datapath and the daemon's sweep both apply.
 //!
-//! Rules (see STYLE.md): `#[repr(C)]`, fixed-width integers only, no implicit padding, and a
+//! Rules: `#[repr(C)]`, fixed-width integers only, no implicit padding, and a
 //! compile-time size assert per type so the kernel and user space cannot drift apart;
 //! functions both sides call are `const fn`s the eBPF programs can inline, with host
 //! unit tests.

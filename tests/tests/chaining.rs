@@ -158,7 +158,7 @@ fn the_reference_bandwidth_plugins_egress_limit_fails_add_and_the_chain_cleans_u
     let attachment = ("chained-egress", "eth0", &pod);
     let runtime =
         json!({"bandwidth": {"egressRate": INGRESS_RATE, "egressBurst": INGRESS_RATE / 8}});
-    // Its `ingress` qdisc cannot join the host veth's `clsact` (see README: declare
+    // Its `ingress` qdisc cannot join the host veth's `clsact` (see docs/configuration.md: declare
     // `bandwidth` on ebpf-cni for egress limits).
     let failed = chain
         .add(attachment, &runtime, &node.netns)

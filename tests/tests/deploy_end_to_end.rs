@@ -9,7 +9,7 @@
 //! daemon's container is then replaced by a new one from the same image (an upgrade)
 //! while two TCP streams into a container keep flowing, and a new container starts
 //! afterwards; last, the pods are removed and the DaemonSet's pod is run once with
-//! `uninstall`, as the README's removal says.
+//! `uninstall`, as docs/install.md's removal says.
 //!
 //! Differences from a cluster, all forced by the machine and said where they are made:
 //! - the node's pod range comes from a nodes file (`EBPF_CNID_NODES_FILE`, in a
@@ -20,7 +20,7 @@
 //!   at their own path in the container and named so in the environment (the manifests
 //!   mount every folder at its host path); bpffs and the cgroup v2 mount are the
 //!   machine's, with a per-test pin folder and cgroup (this machine's cgroup v2 is at
-//!   `/sys/fs/cgroup/unified`: the README's setting for such hosts);
+//!   `/sys/fs/cgroup/unified`: docs/install.md's setting for such hosts);
 //! - host-local keeps its allocations in the machine's `/var/lib/cni/networks/ebpf-cni`
 //!   (the installed conflist names no other): this test removes what it made there.
 
@@ -75,7 +75,7 @@ fn the_image_run_as_the_daemon_set_networks_a_runtimes_containers_across_an_upgr
 
     let node = Netns::new("node");
     let external = external_host(&node);
-    // What the README asks of a node (kubeadm's preflight too): /proc/sys is read-only
+    // What docs/install.md asks of a node (kubeadm's preflight too): /proc/sys is read-only
     // in the container, so the daemon cannot turn forwarding on itself.
     let forwarding = node.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
     assert!(forwarding.status.success(), "sysctl: {forwarding:?}");
@@ -123,7 +123,7 @@ fn the_image_run_as_the_daemon_set_networks_a_runtimes_containers_across_an_upgr
         fs::read(bins::path("ebpf-cni")).expect("the built plugin"),
         "the plugin installed into the host's bin folder is the image's"
     );
-    // `kubectl exec <pod> -- ebpf-cnid status` (the README's check): the container's
+    // `kubectl exec <pod> -- ebpf-cnid status` (docs/install.md's check): the container's
     // environment names the instance.
     let status = podman.ok(&["exec", &daemon, "ebpf-cnid", "status", "--output", "json"]);
     let status: Value = serde_json::from_str(&status).expect("status prints JSON");
@@ -174,7 +174,7 @@ fn the_image_run_as_the_daemon_set_networks_a_runtimes_containers_across_an_upgr
         .finish()
         .expect("the hostPort stream never broke");
 
-    // Removal, as the README says: the pods go (DEL, the daemon answering), then the
+    // Removal, as docs/install.md says: the pods go (DEL, the daemon answering), then the
     // DaemonSet, then its pod runs once with `uninstall`.
     for pod in [&c, &b, &a] {
         podman.remove(&pod.id);

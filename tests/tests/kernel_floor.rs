@@ -1,4 +1,4 @@
-//! The README's kernel floor, Linux 5.17 (the datapath's newest helper, `bpf_loop`):
+//! The kernel floor (docs/kernels.md), Linux 5.17 (the datapath's newest helper, `bpf_loop`):
 //! below it `ebpf-cnid run` stops with the kernel's version, the program the kernel
 //! refused and the floor, and leaves nothing behind; from it up, the daemon starts.
 //! This machine's kernel takes the second branch; `cargo xtask vm-test --kernel 5.10`

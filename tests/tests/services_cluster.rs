@@ -1,6 +1,6 @@
 //! Kubernetes Services across nodes, with kube-proxy's own rules on every node
 //! (`kube_proxy`: its iptables chains, or its nftables table) and `--service-cidr` set
-//! as the README says, in both routing modes. Three nodes: in the overlay, the third
+//! as docs/services.md says, in both routing modes. Three nodes: in the overlay, the third
 //! behind a router; natively routed, all on one segment. Pod `a` and a local backend
 //! `l` on node 1, backends `b` on node 2 and `c` on node 3. Every case gets its answer
 //! from the address it asked, and kube-proxy's KUBE-FORWARD (which drops what

@@ -79,7 +79,8 @@ pub fn host_cargo(root: &Path, object: &Path) -> Command {
     cargo
 }
 
-/// Builds `cni-ebpf` for bpfel-unknown-none with nightly's build-std (TOOLCHAIN.md).
+/// Builds `cni-ebpf` for bpfel-unknown-none with nightly's build-std (docs/architecture.md,
+/// Toolchain).
 pub fn ebpf_object(root: &Path, tools: &Toolchain) -> anyhow::Result<PathBuf> {
     let target_dir = root.join("target").join("ebpf");
     let path = env::var_os("PATH").unwrap_or_default();

@@ -1,7 +1,7 @@
 //! Project tasks: `cargo xtask setup | build | test | vm-test | demo | bench | image`.
 //!
 //! Every task that needs tools runs `setup` first, so a fresh machine needs nothing but
-//! the command itself (see README's Quick start).
+//! the command itself (see the README's Quick start).
 
 mod bench;
 mod build;

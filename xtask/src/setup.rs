@@ -1,4 +1,4 @@
-//! Makes a fresh machine of the project's kind ready, idempotently (TOOLCHAIN.md):
+//! Makes a fresh machine of the project's kind ready, idempotently (docs/architecture.md, Toolchain):
 //! Debian packages for the build, tests and demo, nightly rust-src, and bpf-linker built
 //! against rustc's own libLLVM. Nearly instant when everything is already there.
 

@@ -13,7 +13,7 @@
 //! finds there with its own (`BPF_F_REPLACE`), one device at a time, with no moment
 //! without one.
 //!
-//! aya 0.14 (pinned by TOOLCHAIN.md) attaches TCX programs but not netkit ones: the four
+//! aya 0.14 (pinned: docs/architecture.md, Toolchain) attaches TCX programs but not netkit ones: the four
 //! `bpf(2)` commands below are written here, over aya-obj's `bpf_attr`.
 
 use std::{

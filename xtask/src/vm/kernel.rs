@@ -35,7 +35,7 @@ pub enum Suite {
     /// The binaries that need netkit pairs ([`NETKIT_BINARIES`]), which the host's
     /// kernel may not make: what CI runs on 6.12.
     Netkit,
-    /// Only the kernel-floor test: the kernel is older than the README's floor, so the
+    /// Only the kernel-floor test: the kernel is older than the floor in docs/kernels.md, so the
     /// daemon must refuse it (`tests/tests/kernel_floor.rs`).
     Refusal,
 }
