@@ -344,19 +344,18 @@ fn dns_race(a: &Pod, routing: &str, mode: Mode) {
     let lost = run_in(&a.netns, move || {
         let mut lost = 0;
         for round in 0..ROUNDS {
-            let socket = UdpSocket::bind(("0.0.0.0", 0)).expect("bind");
-            socket.connect(socket_addr_dns()).expect("connect");
-            socket
-                .set_read_timeout(Some(Duration::from_secs(1)))
+            let udp = UdpSocket::bind(("0.0.0.0", 0)).expect("bind");
+            udp.connect(socket(DNS, 53)).expect("connect");
+            udp.set_read_timeout(Some(Duration::from_secs(1)))
                 .expect("timeout");
             let queries = [format!("A {round}"), format!("AAAA {round}")];
             for query in &queries {
-                socket.send(query.as_bytes()).expect("send");
+                udp.send(query.as_bytes()).expect("send");
             }
             let mut answered = BTreeSet::new();
             let mut buffer = [0u8; 64];
             while answered.len() < queries.len() {
-                match socket.recv(&mut buffer) {
+                match udp.recv(&mut buffer) {
                     Ok(n) => {
                         answered.insert(buffer[..n].to_vec());
                     }
@@ -373,10 +372,6 @@ fn dns_race(a: &Pod, routing: &str, mode: Mode) {
         "{routing}, {mode:?}: {lost} of {} queries lost",
         2 * ROUNDS
     );
-}
-
-fn socket_addr_dns() -> SocketAddr {
-    socket(DNS, 53)
 }
 
 #[test]

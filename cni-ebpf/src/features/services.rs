@@ -271,9 +271,9 @@ pub fn is_translated_reply(ctx: &TcContext, ip: &Ipv4Hdr) -> bool {
 
 /// [`is_translated_reply`] for an IPv4 header `ip` that starts at `ip_at` in the frame
 /// (the inner packet of a VXLAN frame). A function of its own (a BPF call, its
-/// arguments in registers): inlined, its frame joined the uplink program's, past the
-/// 512 bytes of stack Linux 6.1's verifier allows a chain of calls. A packet it cannot
-/// read goes to the stack.
+/// arguments in registers): inlined, its frame would join the uplink program's and take
+/// it past the 512 bytes of stack Linux 6.1's verifier allows a chain of calls (see
+/// docs/decisions.md). A packet it cannot read goes to the stack.
 #[inline(never)]
 pub fn is_translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> bool {
     enabled() && translated_reply_at(ctx, ip, ip_at).unwrap_or(true)
