@@ -27,7 +27,7 @@ use crate::{
         Datapath, DatapathError,
         gateways::Gateways,
         node_routes::{self, Via},
-        overlay::{self, OverlaySettings, RemoteNodes},
+        overlay::{self, ClusterNodes, OverlaySettings, RemoteNodes},
     },
     endpoints::{EndpointError, Endpoints},
     hostports::{self, HostPortError, HostPorts},
@@ -121,6 +121,8 @@ pub struct Node {
     /// `REMOTE_NODES`: the other nodes' ranges, each with its node (the overlay sends by
     /// it; with either routing, pods' traffic to each node is counted by it).
     remote_nodes: RemoteNodes,
+    /// `CLUSTER_NODES`: the nodes' addresses, to which pods may send no tunnel packet.
+    cluster_nodes: ClusterNodes,
     /// Told after every detach, so that the NAT sweeper forgets the pod's flows at once
     /// (see [`Self::on_detach`]).
     detached: Option<Arc<Notify>>,
@@ -202,6 +204,7 @@ impl Node {
             }
         };
         let remote_nodes = datapath.take_remote_nodes()?;
+        let cluster_nodes = datapath.take_cluster_nodes()?;
         let maps = datapath.take_hostport_maps()?;
         let host_ports = HostPorts::open(
             datapath.take_hostports_map()?,
@@ -241,6 +244,7 @@ impl Node {
             cluster,
             overlay,
             remote_nodes,
+            cluster_nodes,
             detached: None,
             prepared: BTreeSet::new(),
         };
@@ -322,6 +326,13 @@ impl Node {
             })
             .collect();
         crate::ranges::sync_values(&mut self.remote_nodes, &nodes).map_err(DatapathError::from)?;
+        let addresses = self
+            .cluster
+            .node_addresses()
+            .into_iter()
+            .map(Ipv4Net::from)
+            .collect();
+        crate::ranges::sync(&mut self.cluster_nodes, &addresses).map_err(DatapathError::from)?;
         let desired: BTreeMap<Ipv4Net, Via> = match &self.overlay {
             None => remote
                 .iter()

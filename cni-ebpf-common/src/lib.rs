@@ -102,6 +102,9 @@ pub mod map_names {
     /// LPM trie: (prefix, IPv4) -> [`crate::RemoteNode`], other nodes' pod ranges and
     /// addresses (`--routing vxlan`).
     pub const REMOTE_NODES: &str = "REMOTE_NODES";
+    /// LPM trie: (32, IPv4) -> `u8` (1), the cluster's nodes' addresses on the
+    /// underlay: pods' tunnel packets to them are dropped.
+    pub const CLUSTER_NODES: &str = "CLUSTER_NODES";
     /// Array of one [`crate::OverlayConfig`]: the tunnel device and VNI.
     pub const OVERLAY_CONFIG: &str = "OVERLAY_CONFIG";
     /// Per-CPU hash: a node's address ([u8; 4]) -> [`crate::TrafficCounters`], what the

@@ -74,11 +74,22 @@ pub enum DropReason {
     /// A pod's packet the pod program had grown to encapsulate it for another node
     /// (`--routing vxlan`) whose outer headers the kernel then refused to take.
     OverlayEncapFailed = 17,
+    /// A frame from a pod of an EtherType the datapath does not handle (IPv6 among
+    /// them, until it is a supported family): nothing but IPv4 and ARP reaches the node
+    /// from a pod, so a pod's Router Advertisement never configures it.
+    PodEtherType = 18,
+    /// A pod's tunnel packet for a node: IP-in-IP, IPv6-in-IPv4, GRE, or UDP to the
+    /// overlay's or VXLAN's port. Another node would take it out of the tunnel as if it
+    /// came from a node.
+    PodTunnel = 19,
+    /// A masqueraded pod's packet whose layer-4 header source NAT cannot read (a UDP or
+    /// TCP header cut short): it would leave with the pod's own address.
+    NatUnparsable = 20,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 21] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -97,6 +108,9 @@ impl DropReason {
         DropReason::OverlayNotLocal,
         DropReason::GatewayFromOutside,
         DropReason::OverlayEncapFailed,
+        DropReason::PodEtherType,
+        DropReason::PodTunnel,
+        DropReason::NatUnparsable,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -123,6 +137,9 @@ impl DropReason {
             DropReason::OverlayNotLocal => "overlay_not_local",
             DropReason::GatewayFromOutside => "gateway_from_outside",
             DropReason::OverlayEncapFailed => "overlay_encap_failed",
+            DropReason::PodEtherType => "pod_ethertype",
+            DropReason::PodTunnel => "pod_tunnel",
+            DropReason::NatUnparsable => "nat_unparsable",
         }
     }
 }

@@ -52,6 +52,11 @@ pub enum LinkError {
     NoNetkit,
     #[error("no link named {0}")]
     NotFound(String),
+    #[error("cannot write {path}: {source}")]
+    Sysctl {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl LinkError {
@@ -59,6 +64,25 @@ impl LinkError {
         let what = what.into();
         move |source| Self::Netlink { what, source }
     }
+}
+
+/// Keeps IPv6 off the host side `name` of a pod's pair, in the calling thread's
+/// namespace, before the link is up: no address, no Router Advertisement taken from the
+/// pod (`accept_ra` 0, then `disable_ipv6` 1). A kernel without IPv6 has nothing to
+/// turn off.
+pub fn keep_ipv6_off(name: &str) -> Result<(), LinkError> {
+    let conf = std::path::Path::new("/proc/sys/net/ipv6/conf").join(name);
+    if !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+        return Ok(());
+    }
+    for (setting, value) in [("accept_ra", "0"), ("disable_ipv6", "1")] {
+        let path = conf.join(setting);
+        std::fs::write(&path, value).map_err(|source| LinkError::Sysctl {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// What the plugin needs to know of a link.

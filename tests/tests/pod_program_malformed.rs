@@ -1,6 +1,6 @@
 //! Frames `from_pod` must not trust, run by the kernel through BPF_PROG_TEST_RUN (or, when
 //! the kernel refuses them, sent on a real veth): truncated and malformed IPv4 and ARP
-//! are dropped and counted per reason, other EtherTypes reach the stack unchanged, and a
+//! are dropped and counted per reason, so are other EtherTypes (IPv6 among them), and a
 //! seeded batch of random frames gets exactly the verdicts the reference model allows.
 
 use std::{
@@ -18,8 +18,8 @@ use ebpf_cni_tests::{
         ARP_END, ARP_HLEN, ARP_HTYPE, ARP_OPER, ARP_PLEN, ARP_PTYPE, BROADCAST, ETH_P_IP,
         ETH_P_IPV6, ETH_TYPE, GATEWAY, IP, IP_END, LOOPBACK, Lcg, Outcome, PEER, PODS, SENDER,
         TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, all_drops, arp_request, assert_dropped,
-        assert_forwarded, assert_passes_unchanged, counters, datapath, ethernet,
-        expected_arp_reply, expected_outcome, icmp_echo_request, ipv4, no_drops, random_frame,
+        assert_forwarded, counters, datapath, ethernet, expected_arp_reply, expected_outcome,
+        icmp_echo_request, ipv4, no_drops, random_frame,
     },
     netns::{Netns, run_ok},
     require_root,
@@ -171,7 +171,7 @@ fn arp_that_is_not_ethernet_ipv4_is_dropped_as_malformed() {
 }
 
 #[test]
-fn ipv6_and_other_ethertypes_go_to_the_stack_unchanged() {
+fn ipv6_and_other_ethertypes_are_dropped() {
     require_root();
     let object = datapath();
     let mut ipv6 = ethernet(SENDER.info.host_mac, SENDER.info.pod_mac, ETH_P_IPV6);
@@ -180,10 +180,27 @@ fn ipv6_and_other_ethertypes_go_to_the_stack_unchanged() {
     ipv6.extend([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0a]);
     ipv6.extend([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01]);
     ipv6.extend([128, 0, 0, 0, 0, 1, 0, 1]);
-    assert_passes_unchanged(&object, &ipv6, "an IPv6 echo request");
-    let bare = ethernet(BROADCAST, SENDER.info.pod_mac, 0x88cc);
-    assert_passes_unchanged(&object, &bare, "a bare 14-byte LLDP header");
-    assert_eq!(all_drops(&object), no_drops(), "nothing dropped");
+    assert_dropped(
+        &object,
+        &ipv6,
+        DropReason::PodEtherType,
+        "an IPv6 echo request",
+    );
+    let lldp = ethernet(BROADCAST, SENDER.info.pod_mac, 0x88cc);
+    assert_dropped(
+        &object,
+        &lldp,
+        DropReason::PodEtherType,
+        "a bare 14-byte LLDP header",
+    );
+    let mut short = ethernet(BROADCAST, SENDER.info.pod_mac, 0x8863);
+    short.extend([0x11, 0x09, 0, 0, 0, 0]);
+    assert_dropped(
+        &object,
+        &short,
+        DropReason::PodEtherType,
+        "a PPPoE discovery frame",
+    );
 }
 
 // --- Random frames ------------------------------------------------------------------------

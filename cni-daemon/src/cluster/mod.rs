@@ -176,6 +176,12 @@ impl Cluster {
         ranges
     }
 
+    /// Every node's address (this node's among them): pods may send them no tunnel
+    /// packet.
+    pub fn node_addresses(&self) -> BTreeSet<Ipv4Addr> {
+        self.nodes.iter().map(|node| node.address).collect()
+    }
+
     /// The address the node's own traffic to other nodes' pods leaves from through the
     /// overlay: the network address of this node's first pod range (no pod has it), as
     /// flannel gives its `flannel.1`. `None` while this node has no range.

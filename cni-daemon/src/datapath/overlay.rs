@@ -54,6 +54,9 @@ pub struct OverlaySettings {
 /// `REMOTE_NODES`: other nodes' pod ranges -> their node.
 pub type RemoteNodes = LpmTrie<MapData, [u8; 4], RemoteNode>;
 
+/// `CLUSTER_NODES`: the cluster's nodes' addresses, each a /32.
+pub type ClusterNodes = LpmTrie<MapData, [u8; 4], u8>;
+
 impl Datapath {
     /// Makes the overlay device (when it is missing) with `mtu`, up and without ARP,
     /// attaches its programs and names it in `OVERLAY_CONFIG`. Returns its ifindex.
@@ -121,6 +124,15 @@ impl Datapath {
             .ebpf
             .take_map(map_names::REMOTE_NODES)
             .ok_or(DatapathError::MissingMap(map_names::REMOTE_NODES))?;
+        Ok(LpmTrie::try_from(map)?)
+    }
+
+    /// `CLUSTER_NODES`, for the node to keep in step with the cluster.
+    pub fn take_cluster_nodes(&mut self) -> Result<ClusterNodes, DatapathError> {
+        let map = self
+            .ebpf
+            .take_map(map_names::CLUSTER_NODES)
+            .ok_or(DatapathError::MissingMap(map_names::CLUSTER_NODES))?;
         Ok(LpmTrie::try_from(map)?)
     }
 

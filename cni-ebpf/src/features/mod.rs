@@ -8,6 +8,7 @@
 //!   ICMP errors) back to the pods on its ingress;
 //! - [`services`]: Service traffic handed to the node's stack, where kube-proxy's DNAT
 //!   is;
+//! - [`pod_tunnel`]: no tunnel packets from a pod to a node;
 //! - [`hostport`]: connections to host ports, to the pods behind them;
 //! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
 //! - [`fragments`]: the fragments after a datagram's first one, following it;
@@ -25,6 +26,7 @@ pub mod fragments;
 pub mod hostport;
 pub mod overlay;
 pub mod pod_source;
+pub mod pod_tunnel;
 pub mod rev_nat;
 pub mod route;
 pub mod services;

@@ -98,6 +98,10 @@ static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
 #[map(name = "REMOTE_NODES")]
 static REMOTE_NODES: LpmTrie<[u8; 4], RemoteNode> = LpmTrie::pinned(MAX_REMOTE_RANGES, 0);
 
+/// The cluster's nodes' addresses on the underlay, each a /32 (with either routing).
+#[map(name = "CLUSTER_NODES")]
+static CLUSTER_NODES: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_REMOTE_RANGES, 0);
+
 #[map(name = "OVERLAY_CONFIG")]
 static OVERLAY_CONFIG: Array<OverlayConfig> = Array::pinned(1, 0);
 
@@ -239,6 +243,12 @@ pub fn overlay_config() -> Option<OverlayConfig> {
 pub fn is_gateway(addr: [u8; 4]) -> bool {
     // SAFETY: only the presence is read.
     unsafe { GATEWAYS.get(&addr) }.is_some()
+}
+
+/// Whether `addr` is the address of a node of the cluster, this one or another.
+#[inline(always)]
+pub fn is_cluster_node(addr: [u8; 4]) -> bool {
+    is_node_addr(addr) || CLUSTER_NODES.get(Key::new(32, addr)).is_some()
 }
 
 /// Whether `addr` is one of the node's own addresses.

@@ -63,6 +63,23 @@ pub fn ipv4_well_formed(ip: &Ipv4Hdr, frame_len: u32) -> bool {
     ip.version() == 4 && header >= Ipv4Hdr::LEN as u32 && total_fits
 }
 
+/// Whether the layer-4 header of `ip` (the first fragment of its datagram, or a whole
+/// one) lies within the packet's total length, as far as NAT reads and rewrites it:
+/// TCP's 20 bytes, 8 of UDP, UDP-Lite and ICMP, 12 of SCTP and DCCP; protocols NAT
+/// keys without ports have nothing to hold. A BIG TCP packet (total length 0) is longer
+/// than 64 KiB.
+#[inline(always)]
+pub fn l4_header_fits(ip: &Ipv4Hdr) -> bool {
+    let needed = match ip.proto as u8 {
+        TCP => 20,
+        UDP | UDPLITE | ICMP => 8,
+        SCTP | DCCP => 12,
+        _ => 0,
+    };
+    let total = ip.tot_len();
+    total == 0 || u32::from(total) >= u32::from(ip.ihl()) + needed
+}
+
 /// Whether `quoted`, the IPv4 header an ICMP error quotes, is one to act on: version 4,
 /// and a header length of at least 20 bytes within its total length. (The quote may be
 /// cut short of that total: only what the header says about itself is checked.)

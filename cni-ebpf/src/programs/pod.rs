@@ -1,14 +1,15 @@
 //! The TC entry on a pod's host-side veth, `from_pod`: its ingress is traffic leaving
 //! the pod. The same program runs on a netkit pair's peer hook, inside the pod's own
-//! transmit (`packet::at_tc_ingress` tells the two apart where it matters). Frames with a VLAN tag, and IPv4 or ARP not sent as the pod itself, are
-//! dropped first (`pod_source`). ARP goes to the responder (`arp`). IPv4 for another pod of this node is
+//! transmit (`packet::at_tc_ingress` tells the two apart where it matters). Frames with a VLAN tag, of any EtherType but IPv4 and ARP (IPv6 is not a
+//! supported family: a pod's Router Advertisement never reaches the node), and IPv4 or
+//! ARP not sent as the pod itself, are dropped first (`pod_source`). ARP goes to the responder (`arp`). IPv4 for another pod of this node is
 //! handed straight to it with `bpf_redirect_peer`, never crossing the node's IP stack,
 //! netfilter or a bridge: as it is when the sender addressed it to that pod's MAC (an
 //! on-link neighbour, see `arp`), routed (TTL decremented, MACs rewritten) when it was
 //! sent to the gateway. hostPort connections and their replies, Service connections,
 //! traffic for other nodes' pods (the overlay) and traffic for outside the node take
 //! their features' ways (answers on connections from outside that came in through the
-//! stack go back through it); anything else goes to the stack.
+//! stack go back through it); any other IPv4 goes to the stack.
 //!
 //! Nothing runs on the veth's egress (what the node's own stack sends to the pod; see
 //! docs/architecture.md, ADD's cost). What the datapath delivers into a pod from TC
@@ -24,7 +25,7 @@ use network_types::{
 };
 
 use crate::{
-    features::{arp, conntrack, hostport, overlay, pod_source, route, services},
+    features::{arp, conntrack, hostport, overlay, pod_source, pod_tunnel, route, services},
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
@@ -63,12 +64,12 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i64> {
     } else if eth.ether_type == EtherType::Arp as u16 {
         arp::from_pod(ctx, &eth, ifindex)
     } else {
-        Ok(TC_ACT_OK)
+        Ok(counters::drop_packet(DropReason::PodEtherType))
     }
 }
 
-/// A frame too short for an IPv4 header (an ARP packet is longer still): dropped when
-/// tagged or when it claims IPv4 or ARP; any other protocol goes to the stack. Its own
+/// A frame too short for an IPv4 header (an ARP packet is longer still): dropped, as
+/// tagged, truncated IPv4 or ARP, or of an EtherType the datapath does not handle. Its own
 /// path, so that every other frame reads both headers in one load (an `Option` for the
 /// IPv4 header instead has LLVM read an unset register, which 6.1's verifier refuses).
 #[inline(always)]
@@ -80,7 +81,7 @@ fn short_frame(ctx: &TcContext) -> Result<i32, i64> {
     if eth.ether_type == EtherType::Ipv4 as u16 || eth.ether_type == EtherType::Arp as u16 {
         return Ok(counters::drop_packet(DropReason::TruncatedFrame));
     }
-    Ok(TC_ACT_OK)
+    Ok(counters::drop_packet(DropReason::PodEtherType))
 }
 
 /// An IPv4 frame (headers `eth`, `ip`) that left the pod behind the host veth `ifindex`.
@@ -91,6 +92,9 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
     }
     if let Err(reason) = pod_source::ipv4(ifindex, eth, ip.src_addr) {
         return Ok(counters::drop_packet(reason));
+    }
+    if pod_tunnel::into_node(ctx, ip) {
+        return Ok(counters::drop_packet(DropReason::PodTunnel));
     }
     match maps::endpoint(ip.dst_addr) {
         Some(destination) => {

@@ -183,6 +183,8 @@ fn apply(
     let host = block_on(async {
         let netlink = Netlink::connect()?;
         let host = netlink.require(host_veth).await?;
+        // IPv4 is the pods' only family: the node takes no IPv6 from a pod.
+        crate::link::keep_ipv6_off(host_veth)?;
         // Before the daemon's hand-off, which sends the pod's frames through this qdisc.
         if let Some(ingress) = shaping.ingress {
             netlink.set_tbf(host.index, &Tbf::from(ingress)).await?;

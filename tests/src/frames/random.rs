@@ -208,6 +208,6 @@ pub fn expected_outcome(frame: &[u8]) -> Outcome {
             Outcome::Stack
         }
     } else {
-        Outcome::Stack
+        Outcome::Drop(DropReason::PodEtherType)
     }
 }

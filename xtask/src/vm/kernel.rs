@@ -86,6 +86,7 @@ pub const KERNEL_BINARIES: &[&str] = &[
     "nat_program_replies",
     "nat_program_sweep",
     "nat_program_tcp_window",
+    "pod_boundaries",
     "pod_isolation",
     "pod_program_arp",
     "pod_program_ipv4",

@@ -36,8 +36,29 @@ use crate::{
 };
 
 /// Translates `ip`, a packet (no later fragment) leaving by an uplink whose address is
-/// `node_addr`, under NAT's `config`.
+/// `node_addr`, under NAT's `config`. Fails closed: a masqueraded pod's packet whose
+/// layer-4 header is cut short of what source NAT reads, or that a helper could not
+/// rewrite, is dropped (`NatUnparsable`), never let out with the pod's address.
+#[inline(always)]
 pub fn egress(
+    ctx: &TcContext,
+    config: &NatConfig,
+    node_addr: [u8; 4],
+    ip: &Ipv4Hdr,
+) -> Result<i32, i64> {
+    let translated = if packet::l4_header_fits(ip) {
+        translate(ctx, config, node_addr, ip)
+    } else {
+        Err(0)
+    };
+    match translated {
+        Ok(verdict) => Ok(verdict),
+        Err(_) if to_translate(ip) => Ok(counters::drop_packet(DropReason::NatUnparsable)),
+        Err(error) => Err(error),
+    }
+}
+
+fn translate(
     ctx: &TcContext,
     config: &NatConfig,
     node_addr: [u8; 4],
