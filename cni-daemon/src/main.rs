@@ -122,6 +122,15 @@ enum Command {
             default_value = metrics::DEFAULT_ADDRESS
         )]
         metrics_address: std::net::SocketAddr,
+        /// Address and port of the HTTP listener serving `/healthz` and `/readyz` alone,
+        /// for kubelet's probes: on loopback, no client of the metrics port (which pods
+        /// may reach) can keep the probes out. Always on.
+        #[arg(
+            long,
+            env = "EBPF_CNID_HEALTH_ADDRESS",
+            default_value = metrics::DEFAULT_HEALTH_ADDRESS
+        )]
+        health_address: std::net::SocketAddr,
         #[command(flatten)]
         install: InstallArgs,
         #[command(flatten)]
@@ -187,6 +196,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             host_firewall_cidrs,
             enable_tcx,
             metrics_address,
+            health_address,
             install,
             nat,
             cluster,
@@ -203,6 +213,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 cgroup: cli.cgroup,
                 cluster,
                 metrics_address,
+                health_address,
                 install,
             };
             tokio::runtime::Builder::new_multi_thread()

@@ -47,6 +47,8 @@ pub struct RunConfig {
     pub cluster: ClusterArgs,
     /// `--metrics-address`: where `/healthz`, `/readyz` and `/metrics` are served.
     pub metrics_address: SocketAddr,
+    /// `--health-address`: where `/healthz` and `/readyz` are served for the probes.
+    pub health_address: SocketAddr,
     /// Where the CNI configuration is installed once the daemon serves.
     pub install: InstallArgs,
 }
@@ -81,12 +83,25 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
                 config.metrics_address
             )
         })?;
+    let health_listener = metrics::http::bind(config.health_address)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on --health-address {}",
+                config.health_address
+            )
+        })?;
     tracing::info!(
         address = %metrics_listener.local_addr()?,
-        "serving /healthz, /readyz and /metrics"
+        health = %health_listener.local_addr()?,
+        "serving /healthz, /readyz and /metrics, and the probes' /healthz and /readyz"
     );
     let metrics_server = tokio::spawn(metrics::http::serve(
         metrics_listener,
+        Arc::clone(&telemetry),
+    ));
+    let health_server = tokio::spawn(metrics::http::serve_health(
+        health_listener,
         Arc::clone(&telemetry),
     ));
     // A nodes file that cannot be read, or a kubeconfig that does not load, stops the
@@ -200,6 +215,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     address_watch.abort();
     qdisc_watch.abort();
     metrics_server.abort();
+    health_server.abort();
     if let Some(installer) = installer {
         installer.abort();
     }

@@ -10,6 +10,9 @@ use crate::netns::Netns;
 /// The daemon's default `--metrics-address`, inside its namespace.
 pub const METRICS_ADDRESS: &str = "127.0.0.1:9876";
 
+/// The daemon's default `--health-address` (the probes'), inside its namespace.
+pub const HEALTH_ADDRESS: &str = "127.0.0.1:9877";
+
 /// An answer: status code and body.
 #[derive(Debug, Clone)]
 pub struct Answer {

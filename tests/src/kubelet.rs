@@ -305,9 +305,10 @@ fn volume_args(spec: &PodSpec, container: &Container, host: &NodeHost) -> Vec<St
     out
 }
 
-/// The path and port of an HTTP probe (a named port resolved through the container's
-/// ports).
-pub fn probe_target(container: &Container, probe: &Probe) -> (String, u16) {
+/// Where kubelet sends an HTTP probe: the address (the probe's `host`; `None`: the
+/// pod's IP, a hostNetwork pod's being the node's address), the path, and the port (a
+/// named port resolved through the container's ports).
+pub fn probe_target(container: &Container, probe: &Probe) -> (Option<String>, String, u16) {
     let action = probe.http_get.as_ref().expect("an HTTP probe");
     let port = match &action.port {
         IntOrString::Int(port) => *port,
@@ -322,6 +323,7 @@ pub fn probe_target(container: &Container, probe: &Probe) -> (String, u16) {
         }
     };
     (
+        action.host.clone(),
         action.path.clone().unwrap_or_else(|| "/".into()),
         u16::try_from(port).expect("a TCP port"),
     )
@@ -402,13 +404,16 @@ mod tests {
     }
 
     #[test]
-    fn the_readiness_probe_names_its_port() {
+    fn the_readiness_probe_asks_loopback() {
         let manifests = crate::deploy::load();
         let container = manifests.container();
         let probe = container
             .readiness_probe
             .as_ref()
             .expect("a readiness probe");
-        assert_eq!(probe_target(container, probe), ("/readyz".to_owned(), 9876));
+        assert_eq!(
+            probe_target(container, probe),
+            (Some("127.0.0.1".to_owned()), "/readyz".to_owned(), 9877)
+        );
     }
 }

@@ -430,8 +430,8 @@ impl Kubelet<'_> {
     }
 
     /// The readiness (or liveness) probe's answer, as kubelet sends it to a
-    /// hostNetwork pod: to the node's address, at the probe's port and path; `None`
-    /// when nothing answers.
+    /// hostNetwork pod: to the probe's host (else the node's address), at its port and
+    /// path, from the node's namespace; `None` when nothing answers.
     fn probe(&self, readiness: bool) -> Option<u16> {
         let container = self.manifests.container();
         let probe = if readiness {
@@ -439,10 +439,11 @@ impl Kubelet<'_> {
         } else {
             container.liveness_probe.as_ref()
         };
-        let (path, port) = kubelet::probe_target(container, probe.expect("a probe"));
+        let (host, path, port) = kubelet::probe_target(container, probe.expect("a probe"));
+        let host = host.unwrap_or_else(|| NODE_ADDR.to_owned());
         http::get_at(
             self.node,
-            &format!("{NODE_ADDR}:{port}"),
+            &format!("{host}:{port}"),
             &path,
             Duration::from_secs(2),
         )

@@ -163,35 +163,46 @@ fn every_host_folder_the_daemon_uses_is_mounted_at_the_hosts_path() {
 }
 
 #[test]
-fn the_probes_ask_the_daemons_health_address() {
+fn the_probes_ask_the_daemons_health_address_on_loopback() {
     let manifests = deploy::load();
-    let address: SocketAddr = settings(&manifests)
-        .get("EBPF_CNID_METRICS_ADDRESS")
-        .expect("the ConfigMap sets the metrics address")
-        .parse()
-        .expect("the metrics address is ADDR:PORT");
+    let settings = settings(&manifests);
+    let address = |name: &str| -> SocketAddr {
+        settings
+            .get(name)
+            .unwrap_or_else(|| panic!("the ConfigMap sets {name}"))
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} is ADDR:PORT"))
+    };
+    let metrics = address("EBPF_CNID_METRICS_ADDRESS");
     assert!(
-        address.ip().is_unspecified(),
-        "kubelet probes a hostNetwork pod at the node's address and Prometheus scrapes it \
-         there: {address} does not listen on it"
+        metrics.ip().is_unspecified(),
+        "Prometheus scrapes a hostNetwork pod at the node's address: {metrics} does not \
+         listen on it"
+    );
+    let health = address("EBPF_CNID_HEALTH_ADDRESS");
+    assert!(
+        health.ip().is_loopback(),
+        "the probes' listener must be out of the pods' reach: {health}"
     );
     let container = manifests.container();
-    let port_of = |probe: Option<&Probe>, path: &str| {
+    let target_of = |probe: Option<&Probe>, path: &str| {
         let get = probe
             .and_then(|probe| probe.http_get.as_ref())
             .unwrap_or_else(|| panic!("no HTTP probe for {path}"));
         assert_eq!(get.path.as_deref(), Some(path));
-        assert_eq!(
-            get.host, None,
-            "the probe asks the pod's (the node's) address"
-        );
-        let (_, port) = kubelet::probe_target(container, probe.expect("a probe"));
-        i32::from(port)
+        let (host, _, port) = kubelet::probe_target(container, probe.expect("a probe"));
+        (host, port)
     };
-    let port = i32::from(address.port());
-    assert_eq!(port_of(container.readiness_probe.as_ref(), "/readyz"), port);
-    assert_eq!(port_of(container.liveness_probe.as_ref(), "/healthz"), port);
-    // Scrapers that follow the prometheus.io annotations find the same port.
+    let expected = (Some(health.ip().to_string()), health.port());
+    assert_eq!(
+        target_of(container.readiness_probe.as_ref(), "/readyz"),
+        expected
+    );
+    assert_eq!(
+        target_of(container.liveness_probe.as_ref(), "/healthz"),
+        expected
+    );
+    // Scrapers that follow the prometheus.io annotations find the metrics port.
     let annotations = manifests
         .daemon_set
         .spec
@@ -200,7 +211,7 @@ fn the_probes_ask_the_daemons_health_address() {
         .and_then(|metadata| metadata.annotations.as_ref());
     if let Some(scraped) = annotations.and_then(|annotations| annotations.get("prometheus.io/port"))
     {
-        assert_eq!(scraped, &port.to_string(), "prometheus.io/port");
+        assert_eq!(scraped, &metrics.port().to_string(), "prometheus.io/port");
     }
 }
 

@@ -1,10 +1,14 @@
-//! The health and metrics listener: axum on the daemon's tokio runtime.
+//! The health and metrics listeners: axum on the daemon's tokio runtime.
 //!
 //! - `GET /healthz`: 200 while the process serves;
 //! - `GET /readyz`: 200 when ready, else 503 with one reason per line
 //!   ([`super::view::not_ready`]);
 //! - `GET /metrics`: the Prometheus text format ([`super::collect`]), read on a blocking
 //!   thread.
+//!
+//! The metrics listener serves all three; the health listener (on loopback, for
+//! kubelet's probes) the first two, so that no client of the metrics port can fail the
+//! probes.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -18,24 +22,37 @@ use axum::{
 use prometheus_client::encoding::prometheus_text;
 use tokio::net::TcpListener;
 
-use super::{Telemetry, collect, listener::BoundedListener, view};
+use super::{
+    Telemetry, collect,
+    listener::{self, Limits},
+    view,
+};
 
 /// Binds `address`; an address in use stops the daemon before it loads anything.
 pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(address).await
 }
 
-/// Serves the endpoints on `listener` until the task is dropped, its connections
-/// bounded in number and time ([`super::listener`]).
+/// Serves the three endpoints on `listener` until the task is dropped, its connections
+/// bounded ([`Limits::METRICS`]).
 pub async fn serve(listener: TcpListener, telemetry: Arc<Telemetry>) {
-    let app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    let app = health(Router::new())
         .route("/metrics", get(metrics))
         .with_state(telemetry);
-    if let Err(error) = axum::serve(BoundedListener::new(listener), app).await {
-        tracing::error!(%error, "the health and metrics listener stopped");
-    }
+    let _ = listener::serve(listener, app, Limits::METRICS).await;
+}
+
+/// Serves `/healthz` and `/readyz` on `listener` until the task is dropped
+/// ([`Limits::HEALTH`]).
+pub async fn serve_health(listener: TcpListener, telemetry: Arc<Telemetry>) {
+    let app = health(Router::new()).with_state(telemetry);
+    let _ = listener::serve(listener, app, Limits::HEALTH).await;
+}
+
+fn health(router: Router<Arc<Telemetry>>) -> Router<Arc<Telemetry>> {
+    router
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
 }
 
 async fn healthz() -> &'static str {

@@ -1,5 +1,6 @@
-//! Health and metrics over HTTP (`ebpf-cnid run --metrics-address`): `/healthz`,
-//! `/readyz` and `/metrics` in the Prometheus text format.
+//! Health and metrics over HTTP: `/healthz`, `/readyz` and `/metrics` in the Prometheus
+//! text format on `ebpf-cnid run --metrics-address`, the first two also on
+//! `--health-address` (loopback, for kubelet's probes).
 //!
 //! Nothing here holds the node (`Arc<Mutex<Node>>`), so serving never waits for the lock
 //! ADD and DEL take: counters come from the pinned maps ([`crate::inspect::read`]), and
@@ -11,7 +12,7 @@
 //! - [`view`]: the published node view and the readiness it gives;
 //! - [`collect`]: the metrics, read and encoded at each scrape;
 //! - [`http`]: the endpoints (axum), on a [`listener`] whose connections are bounded in
-//!   number and time.
+//!   number, per client and in time.
 
 pub mod collect;
 pub mod http;
@@ -38,9 +39,13 @@ use prometheus_client::{
 
 pub use view::{Install, NodeView};
 
-/// Where the listener binds unless told otherwise: loopback, so that only the node
-/// (and a DaemonSet's probes, which kubelet runs from the node) reach it.
+/// Where the metrics listener binds unless told otherwise: loopback, so that only the
+/// node reaches it (the DaemonSet opens it to Prometheus).
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9876";
+
+/// Where the health listener binds unless told otherwise: loopback, where kubelet's
+/// probes of a host-network pod reach it and no pod does.
+pub const DEFAULT_HEALTH_ADDRESS: &str = "127.0.0.1:9877";
 
 /// The label of the request histogram: which request of the plugin.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
