@@ -89,6 +89,22 @@ pub struct EndpointId {
     pub ifname: String,
 }
 
+impl EndpointId {
+    /// Why this id is not one the CNI spec allows, if it is not: the daemon names its
+    /// records after it, so nothing else may reach a file name.
+    pub fn problem(&self) -> Option<String> {
+        if !crate::naming::is_spec_identifier(&self.container_id) {
+            return Some(format!(
+                "container id {:?} is not one the CNI spec allows (letters, digits, '_', \
+                 '.', '-', starting with a letter or digit)",
+                self.container_id
+            ));
+        }
+        crate::naming::ifname_problem(&self.ifname)
+            .map(|reason| format!("interface name {:?}: {reason}", self.ifname))
+    }
+}
+
 /// A pod's interface as the daemon records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Endpoint {

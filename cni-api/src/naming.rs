@@ -4,6 +4,36 @@
 
 use sha2::{Digest, Sha256};
 
+/// Whether `text` is a CNI spec identifier (a container id, a network name): letters,
+/// digits, '_', '.' and '-', starting with a letter or digit (ASCII, as libcni's regex).
+pub fn is_spec_identifier(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// Linux `IFNAMSIZ` is 16 including the terminating NUL.
+const IFNAME_MAX_BYTES: usize = 15;
+
+/// Why `name` cannot be an interface name, if it cannot: the kernel's `dev_valid_name`
+/// rules, which the spec repeats (1..=15 bytes, not "." or "..", no '/', ':' or
+/// whitespace).
+pub fn ifname_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("empty")
+    } else if name.len() > IFNAME_MAX_BYTES {
+        Some("longer than 15 bytes")
+    } else if name == "." || name == ".." {
+        Some("\".\" and \"..\" are reserved")
+    } else if name.contains(['/', ':']) {
+        Some("contains '/' or ':'")
+    } else if name.chars().any(char::is_whitespace) {
+        Some("contains whitespace")
+    } else {
+        None
+    }
+}
+
 /// Prefix of every host-side veth this plugin creates.
 pub const HOST_VETH_PREFIX: &str = "veb";
 

@@ -49,6 +49,8 @@ pub enum NodeError {
     NodeAddr(#[from] NodeAddrError),
     #[error("cannot read this namespace's cookie: {0}")]
     NetnsCookie(std::io::Error),
+    #[error("{0} is an address of this node: no pod may have it")]
+    NodeAddressForPod(std::net::IpAddr),
     #[error("cannot write {path}: {source}")]
     State {
         path: String,
@@ -462,11 +464,19 @@ impl Node {
         }
         hostports::entries(&endpoint)?;
         self.endpoints.check(&endpoint)?;
+        if let Some(addr) = endpoint.ips.iter().map(ipnet::IpNet::addr).find(|addr| {
+            matches!(addr, std::net::IpAddr::V4(v4) if self.node_addrs.current().contains(v4))
+        }) {
+            return Err(NodeError::NodeAddressForPod(addr));
+        }
         let veth = endpoint.host_veth.clone();
         let prepared = self.prepared.contains(&veth);
         if !prepared {
             self.datapath.check_pod_veth(&veth)?;
         }
+        let host_mac = crate::endpoints::parse_mac(&endpoint.host_mac)?;
+        self.datapath
+            .check_pod_link(&veth, endpoint.host_ifindex, host_mac)?;
         let id = endpoint.id.clone();
         let previous = self.endpoints.get(&id).cloned();
         // Bound already: prepared, or the live endpoint's own veth (a re-ADD).

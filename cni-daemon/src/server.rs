@@ -8,7 +8,7 @@
 
 use std::{
     fs, io,
-    os::unix::fs::PermissionsExt,
+    os::unix::fs::DirBuilderExt,
     path::Path,
     sync::{Arc, Mutex},
     time::Duration,
@@ -51,20 +51,35 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Binds `path`, replacing a stale socket left by a killed daemon, with mode 0600. A
 /// folder it has to create is made 0700; an existing one is left as it is (it may be
-/// `/run`).
+/// `/run`). Both are created with their modes (the umask is narrowed around the calls),
+/// never readable by others for a moment before a chmod.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
     if let Some(parent) = path
         .parent()
         .filter(|parent| !parent.as_os_str().is_empty())
         && !parent.exists()
     {
-        fs::create_dir_all(parent)?;
-        fs::set_permissions(parent, fs::Permissions::from_mode(0o700))?;
+        with_umask(0o077, || {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+        })?;
     }
     crate::files::remove_file(path)?;
-    let listener = UnixListener::bind(path)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    // A socket is made with mode 0777 less the umask.
+    with_umask(0o177, || UnixListener::bind(path))
+}
+
+/// Runs `make` under the umask `mask`, then puts the previous one back. The umask is
+/// the process's: a file another thread made meanwhile could only come out less
+/// readable, and the installer (which writes the plugin's executable) starts after.
+fn with_umask<T>(mask: u32, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    use nix::sys::stat::{Mode, umask};
+    let previous = umask(Mode::from_bits_truncate(mask));
+    let made = make();
+    umask(previous);
+    made
 }
 
 /// Accepts connections for as long as the daemon runs, [`MAX_CONNECTIONS`] at a time.
@@ -175,6 +190,17 @@ async fn handle(
     Ok(())
 }
 
+/// Why an endpoint id of `request` is refused, if one is: ids name the records' files,
+/// so only what the CNI spec allows gets that far.
+fn id_problem(request: &Request) -> Option<String> {
+    match request {
+        Request::Attach(endpoint) => endpoint.id.problem(),
+        Request::Detach(id) | Request::Get(id) => id.problem(),
+        Request::Gc { keep, .. } => keep.iter().find_map(api::EndpointId::problem),
+        _ => None,
+    }
+}
+
 /// Requests are short map, netlink and file operations on one [`Node`] behind one
 /// mutex: serializing them is simpler than finer locks and fast enough. One that can
 /// change the endpoints publishes the node's view to `telemetry` before the lock goes.
@@ -183,6 +209,9 @@ fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Respon
         Ok(node) => node,
         Err(poisoned) => poisoned.into_inner(),
     };
+    if let Some(message) = id_problem(&request) {
+        return Response::Error { message };
+    }
     let changes = matches!(
         request,
         Request::Attach(_) | Request::Detach(_) | Request::Gc { .. }

@@ -62,7 +62,10 @@ pub const CLUSTER: [u8; 4] = [10, 244, 0, 0];
 pub const CLUSTER_PREFIX: u32 = 16;
 /// A pod of another node, inside the cluster range.
 pub const OTHER_NODE_POD: [u8; 4] = [10, 244, 9, 7];
-pub const UPLINK_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+/// The uplink's MAC: the loopback's, which a test run's skb sits on. The kernel marks a
+/// frame to any other unicast MAC as for another host (`PACKET_OTHERHOST`), which the
+/// uplink's ingress program never translates nor delivers.
+pub const UPLINK_MAC: [u8; 6] = [0; 6];
 pub const NEXT_HOP_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 1];
 
 pub const PORT_MIN: u16 = 40000;

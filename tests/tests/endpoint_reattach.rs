@@ -132,3 +132,79 @@ fn a_re_add_past_the_endpoints_map_size_leaves_no_stale_record() {
         "the pod is still reachable at its address"
     );
 }
+
+#[test]
+fn an_attach_that_misnames_its_veth_takes_a_node_address_or_a_path_is_refused() {
+    require_root();
+    let node = Node::start("10.244.99.0/24");
+    let live = node.add_pod("attach-checked");
+    let id = EndpointId {
+        container_id: live.container_id.clone(),
+        ifname: "eth0".into(),
+    };
+    let Response::Endpoint {
+        endpoint: Some(record),
+    } = node.instance.request(&Request::Get(id.clone()))
+    else {
+        panic!("the endpoint is known");
+    };
+    let file = node
+        .instance
+        .state_dir
+        .join(format!("{}@eth0.json", id.container_id));
+    let bytes = std::fs::read(&file).expect("the record");
+
+    let mut other_index = record.clone();
+    other_index.host_ifindex = record.host_ifindex + 1000;
+    let mut other_mac = record.clone();
+    other_mac.host_mac = "02:00:00:00:00:01".into();
+    let mut node_address = record.clone();
+    node_address.ips = vec![format!("{NODE_ADDR}/24").parse().expect("a prefix")];
+    let mut path = record.clone();
+    path.id.container_id = "../../escaped".into();
+    let mut ifname = record.clone();
+    ifname.id.ifname = "../eth0".into();
+    for (endpoint, expected) in [
+        (other_index, "index"),
+        (other_mac, "MAC"),
+        (node_address, "address of this node"),
+        (path, "container id"),
+        (ifname, "interface name"),
+    ] {
+        match node.instance.request(&Request::Attach(Box::new(endpoint))) {
+            Response::Error { message } => {
+                assert!(message.contains(expected), "{expected}: {message}");
+            }
+            other => panic!("{expected}: must be refused, the daemon answered {other:?}"),
+        }
+    }
+    let escaped = EndpointId {
+        container_id: "../escaped".into(),
+        ifname: "eth0".into(),
+    };
+    assert!(
+        matches!(
+            node.instance.request(&Request::Detach(escaped)),
+            Response::Error { .. }
+        ),
+        "a Detach naming a path is refused"
+    );
+    let parent = node.instance.state_dir.parent().expect("a parent folder");
+    assert!(
+        !parent.join("escaped@eth0.json").exists()
+            && !parent
+                .parent()
+                .expect("a grandparent")
+                .join("escaped@eth0.json")
+                .exists(),
+        "no record outside the state folder"
+    );
+    assert_eq!(
+        node.instance.request(&Request::Get(id)),
+        Response::Endpoint {
+            endpoint: Some(record)
+        },
+        "the record is as it was"
+    );
+    assert_eq!(std::fs::read(&file).expect("the record"), bytes);
+}

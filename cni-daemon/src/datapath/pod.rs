@@ -92,6 +92,30 @@ impl Datapath {
         Ok(())
     }
 
+    /// Refuses an endpoint whose host side is not the link it names: the link
+    /// `host_veth` must have the index `ifindex` and the MAC `mac` the plugin sent (the
+    /// pod program checks frames against both).
+    pub fn check_pod_link(
+        &self,
+        host_veth: &str,
+        ifindex: u32,
+        mac: [u8; 6],
+    ) -> Result<(), DatapathError> {
+        let facts = tc_block::link_facts(host_veth)?
+            .ok_or_else(|| DatapathError::NoInterface(host_veth.to_owned()))?;
+        let refuse = |reason: &'static str| DatapathError::NotPodVeth {
+            name: host_veth.to_owned(),
+            reason,
+        };
+        if facts.index != ifindex {
+            return Err(refuse("its index is not the one given"));
+        }
+        if facts.mac != Some(mac) {
+            return Err(refuse("its MAC is not the one given"));
+        }
+        Ok(())
+    }
+
     /// Binds `host_veth`'s ingress to the pods' block (already bound is fine; a block
     /// whose anchor was deleted is installed again first), and removes the per-veth
     /// links an earlier daemon left. A netkit primary gets this daemon's `from_pod` on

@@ -301,6 +301,7 @@ pub struct LinkFacts {
     pub index: u32,
     pub kind: DeviceKind,
     pub alias: Option<String>,
+    pub mac: Option<[u8; 6]>,
 }
 
 /// The kinds of device a pod's host side can be.
@@ -329,10 +330,12 @@ pub fn link_facts(name: &str) -> Result<Option<LinkFacts>, TcBlockError> {
             index: message.header.index,
             kind: DeviceKind::Other,
             alias: None,
+            mac: None,
         };
         for attribute in &message.attributes {
             match attribute {
                 LinkAttribute::IfAlias(alias) => facts.alias = Some(alias.clone()),
+                LinkAttribute::Address(mac) => facts.mac = <[u8; 6]>::try_from(mac.as_slice()).ok(),
                 LinkAttribute::LinkInfo(infos) => {
                     let primary = infos.iter().any(|info| {
                         matches!(info, LinkInfo::Data(InfoData::Netkit(data))

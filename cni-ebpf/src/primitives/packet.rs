@@ -46,6 +46,17 @@ pub fn vlan_tagged(ctx: &TcContext, eth: &EthHdr) -> bool {
         || eth.ether_type == EtherType::Ieee8021QinQ3 as u16
 }
 
+/// `PACKET_OTHERHOST`: a frame for another host's MAC (a promiscuous device, a flooded
+/// unicast), which the stack drops.
+const PACKET_OTHERHOST: u32 = 3;
+
+/// Whether the frame arrived for another host's MAC: nothing is delivered from it.
+#[inline(always)]
+pub fn for_other_host(ctx: &TcContext) -> bool {
+    // SAFETY: `skb` is the program's context; pkt_type is a readable field of it.
+    unsafe { (*ctx.skb.skb).pkt_type == PACKET_OTHERHOST }
+}
+
 /// Whether `ip`, the IPv4 header of a frame of `frame_len` bytes, is one to act on:
 /// version 4, a header length of at least 20 bytes that fits in the packet's total
 /// length, and a total length the frame holds (Ethernet padding may follow it). A total

@@ -1,6 +1,7 @@
 //! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`, which
 //! first records the Service connections the stack translated: `services`),
-//! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`),
+//! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`,
+//! for frames to this host's MAC),
 //! where ARP requests and packets for the pods' gateways are dropped (they are the
 //! node's addresses for its pods only, see `rev_nat`), and the overlay's single packets
 //! for this node's pods are taken out of the tunnel (`overlay::decap`).
@@ -61,6 +62,11 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
 }
 
 fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
+    // A frame for another host's MAC is the stack's to drop: never translated nor
+    // delivered into a pod.
+    if packet::for_other_host(ctx) {
+        return Ok(TC_ACT_OK);
+    }
     // Inlined: its arguments and result would not fit the registers of a BPF call.
     on_uplink(
         ctx,

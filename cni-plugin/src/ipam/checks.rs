@@ -9,7 +9,7 @@
 //! pod's subnet is, by default, the range source NAT leaves alone: a /0 would turn
 //! translation off for every pod of the node, and no pod network is wider than a /8), and
 //! a gateway outside the address's subnet or equal to it. Addresses that are the node's
-//! own are the daemon's to refuse: it knows them.
+//! own are the daemon's to refuse (`NodeError::NodeAddressForPod`): it knows them.
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -186,13 +186,7 @@ fn absolute(var: &'static str, value: &str) -> Result<PathBuf, EnvError> {
     }
 }
 
-/// The spec's shape for container ids and network names: `[A-Za-z0-9][A-Za-z0-9_.-]*`
-/// (ASCII, as libcni's regex).
-pub(crate) fn is_spec_identifier(text: &str) -> bool {
-    let mut chars = text.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
+pub(crate) use cni_api::naming::is_spec_identifier;
 
 fn validate_container_id(id: &str) -> Result<String, EnvError> {
     if is_spec_identifier(id) {
@@ -202,24 +196,9 @@ fn validate_container_id(id: &str) -> Result<String, EnvError> {
     }
 }
 
-/// Linux `IFNAMSIZ` is 16 including the terminating NUL.
-const IFNAME_MAX_BYTES: usize = 15;
-
-/// The kernel's `dev_valid_name` rules, which the spec repeats: 1..=15 bytes, not "." or
-/// "..", no '/', ':' or whitespace.
+/// The kernel's `dev_valid_name` rules, which the spec repeats.
 fn validate_ifname(name: &str) -> Result<String, EnvError> {
-    let reason = if name.len() > IFNAME_MAX_BYTES {
-        Some("longer than 15 bytes")
-    } else if name == "." || name == ".." {
-        Some("\".\" and \"..\" are reserved")
-    } else if name.contains(['/', ':']) {
-        Some("contains '/' or ':'")
-    } else if name.chars().any(char::is_whitespace) {
-        Some("contains whitespace")
-    } else {
-        None
-    };
-    match reason {
+    match cni_api::naming::ifname_problem(name) {
         Some(reason) => Err(EnvError::InvalidIfname {
             name: name.to_owned(),
             reason,

@@ -96,6 +96,7 @@ pub const KERNEL_BINARIES: &[&str] = &[
     "services_cluster",
     "snat",
     "tcp_blind_rst",
+    "underlay_boundaries",
     "uplink_attach",
     "uplink_lifecycle",
 ];
