@@ -237,6 +237,18 @@ pub struct NodesView {
     pub routing: Option<String>,
     /// Every node, in name order.
     pub nodes: Vec<NodeInfo>,
+    /// What is refused of the other nodes (their address or a pod range), with why.
+    #[serde(default)]
+    pub refused: Vec<RefusedInfo>,
+}
+
+/// A node's address or pod range the daemon does not take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedInfo {
+    pub node: String,
+    /// The range, or the node's address when the whole node is refused.
+    pub item: String,
+    pub reason: String,
 }
 
 /// One node of the cluster.

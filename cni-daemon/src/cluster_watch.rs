@@ -1,4 +1,5 @@
-//! Applies each change of the cluster's nodes to the running node, and keeps this
+//! Applies each change of the cluster's nodes to the running node (and publishes the
+//! node's view, whose refusals of other nodes `/metrics` counts), and keeps this
 //! node's pod ranges in the file beside the socket that the plugin reads when the
 //! daemon does not answer (`cni_api::NODE_POD_CIDRS_FILE`).
 
@@ -12,7 +13,10 @@ use tokio::sync::watch;
 
 use cni_nodes::NodeSet;
 
-use crate::node::Node;
+use crate::{
+    metrics::{NodeView, Telemetry},
+    node::Node,
+};
 
 /// Runs until the node source ends (it does not: both sources retry on their own), applying
 /// every new set of nodes to `node`, and writing this node's pod ranges to
@@ -20,12 +24,14 @@ use crate::node::Node;
 pub async fn run(
     mut nodes: watch::Receiver<NodeSet>,
     node: Arc<Mutex<Node>>,
+    telemetry: Arc<Telemetry>,
     pod_cidrs_file: PathBuf,
 ) {
     let mut written: Option<Vec<Ipv4Net>> = None;
     loop {
         let set = nodes.borrow_and_update().clone();
         let node = Arc::clone(&node);
+        let telemetry = Arc::clone(&telemetry);
         // Map writes and the node's lock: on a blocking thread.
         let applied = tokio::task::spawn_blocking(move || {
             let mut node = match node.lock() {
@@ -33,6 +39,8 @@ pub async fn run(
                 Err(poisoned) => poisoned.into_inner(),
             };
             let outcome = node.set_nodes(set);
+            // What is refused of the nodes shows in /metrics.
+            telemetry.publish(NodeView::of(&node));
             (
                 outcome,
                 node.cluster().pod_cidrs(),

@@ -13,7 +13,7 @@ use std::{
     sync::Arc,
 };
 
-use cni_ebpf_common::RemoteNode;
+use cni_ebpf_common::{RemoteNode, map_names};
 use ipnet::Ipv4Net;
 
 use cni_ebpf_common::SockConfig;
@@ -128,6 +128,8 @@ pub struct Node {
     /// Told after every detach, so that the NAT sweeper forgets the pod's flows at once
     /// (see [`Self::on_detach`]).
     detached: Option<Arc<Notify>>,
+    /// Entries of each full map (by name) that did not fit at its last sync.
+    left_out: BTreeMap<&'static str, usize>,
     /// Host veths [`Self::prepare`] bound to the pods' block that no endpoint uses yet.
     /// A plugin that dies in between leaves the name here until the daemon stops, and
     /// the veth bound until it is deleted (a binding goes with its device).
@@ -248,8 +250,11 @@ impl Node {
             remote_nodes,
             cluster_nodes,
             detached: None,
+            left_out: BTreeMap::new(),
             prepared: BTreeSet::new(),
         };
+        node.cluster
+            .set_bounds(node.reserved_ranges(), node.node_addrs.current().clone());
         // Pods an earlier release added are reached from their gateway too.
         for endpoint in node.endpoints.list() {
             node.route_from_gateway(endpoint);
@@ -327,14 +332,27 @@ impl Node {
                 (*net, node)
             })
             .collect();
-        crate::ranges::sync_values(&mut self.remote_nodes, &nodes).map_err(DatapathError::from)?;
+        let synced = crate::ranges::sync_values(&mut self.remote_nodes, &nodes)
+            .map_err(DatapathError::from)?;
+        self.left_out(
+            map_names::REMOTE_NODES,
+            synced.left_out,
+            "other nodes' pod ranges left out are not counted per node nor reached through \
+             the overlay by the pods' program",
+        );
         let addresses = self
             .cluster
             .node_addresses()
             .into_iter()
             .map(Ipv4Net::from)
             .collect();
-        crate::ranges::sync(&mut self.cluster_nodes, &addresses).map_err(DatapathError::from)?;
+        let synced = crate::ranges::sync(&mut self.cluster_nodes, &addresses)
+            .map_err(DatapathError::from)?;
+        self.left_out(
+            map_names::CLUSTER_NODES,
+            synced.left_out,
+            "pods' tunnel packets to the node addresses left out are not dropped",
+        );
         let desired: BTreeMap<Ipv4Net, Via> = match &self.overlay {
             None => remote
                 .iter()
@@ -385,7 +403,36 @@ impl Node {
     pub fn sync_node_addrs(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeError> {
         let addrs = self.node_addrs.sync();
         self.follow_uplink()?;
+        // Other nodes' ranges are checked against the node's addresses and networks.
+        let local = self.node_addrs.current().clone();
+        if self.cluster.set_bounds(self.reserved_ranges(), local) && self.cluster.known() {
+            self.sync_cluster_cidrs()?;
+            self.sync_node_routes()?;
+        }
         Ok(addrs?)
+    }
+
+    /// What no other node's pod range may overlap (with link-local, see
+    /// [`crate::cluster::vet::Bounds`]): the Service ranges, the host-firewall ranges
+    /// and the networks the node reaches directly.
+    fn reserved_ranges(&self) -> Vec<(Ipv4Net, String)> {
+        let named = |nets: &[Ipv4Net], what: &str| {
+            nets.iter()
+                .map(|net| (*net, what.to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let mut reserved = named(self.datapath.service_cidrs(), "the Service range");
+        reserved.extend(named(
+            self.datapath.host_firewall_cidrs(),
+            "the host-firewall range",
+        ));
+        reserved.extend(
+            self.node_addrs
+                .networks()
+                .iter()
+                .map(|net| (*net, "a network this node reaches directly,".to_owned())),
+        );
+        reserved
     }
 
     /// Has source NAT follow the uplink's address, its device and, when the uplink is
@@ -613,9 +660,31 @@ impl Node {
     }
 
     fn sync_cluster_cidrs(&mut self) -> Result<(), NodeError> {
-        Ok(self
+        let synced = self
             .nat
             .sync_cluster_cidrs(self.endpoints.list(), self.cluster.all_pod_cidrs())
-            .map_err(NatError::from)?)
+            .map_err(NatError::from)?;
+        self.left_out(
+            map_names::CLUSTER_CIDRS,
+            synced.left_out,
+            "pods' traffic to the cluster ranges left out is translated",
+        );
+        Ok(())
+    }
+
+    /// Notes that `count` entries did not fit in the full `map` (0: all fit again):
+    /// warned once per change, with what they miss (`what`), and counted in `/metrics`.
+    fn left_out(&mut self, map: &'static str, count: usize, what: &str) {
+        let before = self.left_out.insert(map, count).unwrap_or(0);
+        if count > 0 && count != before {
+            tracing::warn!(map, left_out = count, "{map} is full: {what}");
+        } else if count == 0 && before > 0 {
+            tracing::info!(map, "{map} holds every entry again");
+        }
+    }
+
+    /// Entries of each full map that did not fit, as of its last sync.
+    pub fn maps_left_out(&self) -> &BTreeMap<&'static str, usize> {
+        &self.left_out
     }
 }

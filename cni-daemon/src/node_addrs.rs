@@ -7,6 +7,8 @@
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
+use ipnet::Ipv4Net;
+
 use aya::maps::{HashMap, MapData, MapError};
 use cni_ebpf_common::NODE_ADDRS_MAX;
 
@@ -21,6 +23,7 @@ pub enum NodeAddrError {
 pub struct NodeAddrs {
     map: HashMap<MapData, [u8; 4], u8>,
     current: BTreeSet<Ipv4Addr>,
+    networks: BTreeSet<Ipv4Net>,
 }
 
 impl NodeAddrs {
@@ -28,7 +31,14 @@ impl NodeAddrs {
         Self {
             map,
             current: BTreeSet::new(),
+            networks: BTreeSet::new(),
         }
+    }
+
+    /// The networks the node reaches directly, as of the last [`Self::sync`]: those of
+    /// its addresses with a prefix shorter than /32 (an uplink's subnet).
+    pub fn networks(&self) -> &BTreeSet<Ipv4Net> {
+        &self.networks
     }
 
     /// The addresses of the last [`Self::sync`].
@@ -41,13 +51,20 @@ impl NodeAddrs {
     /// those with a prefix shorter than /32 (an interface's own address, the uplink's)
     /// before the /32 ones (IPVS ClusterIPs). Returns those in the map.
     pub fn sync(&mut self) -> Result<BTreeSet<Ipv4Addr>, NodeAddrError> {
+        let mut networks = BTreeSet::new();
         let mut found: Vec<(bool, Ipv4Addr)> = nix::ifaddrs::getifaddrs()?
             .filter_map(|entry| {
                 let addr = entry.address?.as_sockaddr_in()?.ip();
-                let host_route = entry
+                let mask = entry
                     .netmask
-                    .and_then(|mask| mask.as_sockaddr_in().map(|sin| sin.ip()))
-                    .is_none_or(|mask| mask == Ipv4Addr::BROADCAST);
+                    .and_then(|mask| mask.as_sockaddr_in().map(|sin| sin.ip()));
+                let host_route = mask.is_none_or(|mask| mask == Ipv4Addr::BROADCAST);
+                if let Some(network) = mask
+                    .filter(|_| !host_route && !addr.is_loopback())
+                    .and_then(|mask| Ipv4Net::with_netmask(addr, mask).ok())
+                {
+                    networks.insert(network.trunc());
+                }
                 Some((host_route, addr))
             })
             .filter(|(_, addr)| !addr.is_loopback())
@@ -76,6 +93,7 @@ impl NodeAddrs {
             );
         }
         self.current.clone_from(&current);
+        self.networks = networks;
         Ok(current)
     }
 }

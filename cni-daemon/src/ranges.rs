@@ -1,6 +1,10 @@
-//! LPM tries of IPv4 ranges (`CLUSTER_CIDRS`, `SERVICE_CIDRS`: (prefix length, address in
-//! network order) -> 1) kept equal to a set of ranges, and those whose ranges carry a
-//! value (`REMOTE_NODES`) kept equal to a map.
+//! LPM tries of IPv4 ranges (`CLUSTER_CIDRS`, `SERVICE_CIDRS`, `CLUSTER_NODES`: (prefix
+//! length, address in network order) -> 1) kept equal to a set of ranges, and those
+//! whose ranges carry a value (`REMOTE_NODES`) kept equal to a map.
+//!
+//! A full trie degrades one thing, never the whole sync: what does not fit is left out
+//! and counted ([`Synced::left_out`]), everything else is written, and the caller says
+//! what the ranges left out miss.
 
 use std::{
     borrow::BorrowMut,
@@ -9,6 +13,34 @@ use std::{
 
 use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
 use ipnet::Ipv4Net;
+
+/// What a sync did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Synced {
+    /// Whether anything changed.
+    pub changed: bool,
+    /// Ranges that did not fit in the full trie.
+    pub left_out: usize,
+}
+
+/// Whether `error` is the kernel's answer to an insert into a full trie.
+fn is_full(error: &aya::maps::MapError) -> bool {
+    matches!(error, aya::maps::MapError::SyscallError(error)
+        if matches!(error.io_error.raw_os_error(), Some(libc::ENOSPC | libc::E2BIG)))
+}
+
+/// Inserts `value` at `net`; `Ok(false)` when the trie is full.
+fn insert<T: BorrowMut<MapData>, V: aya::Pod>(
+    trie: &mut LpmTrie<T, [u8; 4], V>,
+    net: &Ipv4Net,
+    value: V,
+) -> Result<bool, aya::maps::MapError> {
+    match trie.insert(&key(net), value, 0) {
+        Ok(()) => Ok(true),
+        Err(error) if is_full(&error) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
 
 /// What to insert and what to remove so that `current` becomes `desired`.
 fn changes(
@@ -21,12 +53,13 @@ fn changes(
     )
 }
 
-/// Makes `trie` hold exactly `desired`. New ranges go in before old ones leave, so a
-/// range present in both never disappears, even for a moment. Whether anything changed.
+/// Makes `trie` hold exactly `desired`, as much of it as fits. New ranges go in before
+/// old ones leave, so a range present in both never disappears, even for a moment;
+/// those that found the trie full are tried again once the old ones are out.
 pub fn sync<T: BorrowMut<MapData>>(
     trie: &mut LpmTrie<T, [u8; 4], u8>,
     desired: &BTreeSet<Ipv4Net>,
-) -> Result<bool, aya::maps::MapError> {
+) -> Result<Synced, aya::maps::MapError> {
     let keys: Vec<Key<[u8; 4]>> = trie.keys().collect::<Result<_, _>>()?;
     let mut current = BTreeSet::new();
     for key in keys {
@@ -39,42 +72,58 @@ pub fn sync<T: BorrowMut<MapData>>(
         }
     }
     let (add, remove) = changes(&current, desired);
+    let mut full = Vec::new();
     for net in &add {
-        trie.insert(&key(net), 1, 0)?;
+        if !insert(trie, net, 1)? {
+            full.push(*net);
+        }
     }
     for net in &remove {
         crate::maps::removed(trie.remove(&key(net)))?;
     }
-    Ok(!add.is_empty() || !remove.is_empty())
+    let mut left_out = 0;
+    for net in &full {
+        if !insert(trie, net, 1)? {
+            left_out += 1;
+        }
+    }
+    Ok(Synced {
+        changed: add.len() > left_out || !remove.is_empty(),
+        left_out,
+    })
 }
 
-/// Adds to `trie` the ranges of `ranges` it lacks, removing none; whether any was added.
+/// Adds to `trie` the ranges of `ranges` it lacks, removing none, as many as fit.
 /// (Compared by key: a lookup would find a range inside a wider one.)
 pub fn extend<T: BorrowMut<MapData>>(
     trie: &mut LpmTrie<T, [u8; 4], u8>,
     ranges: &BTreeSet<Ipv4Net>,
-) -> Result<bool, aya::maps::MapError> {
+) -> Result<Synced, aya::maps::MapError> {
     let present: BTreeSet<(u32, [u8; 4])> = trie
         .keys()
         .map(|key| key.map(|key| (key.prefix_len(), key.data())))
         .collect::<Result<_, _>>()?;
-    let mut added = false;
+    let mut synced = Synced::default();
     for net in ranges {
         let key = key(net);
         if !present.contains(&(key.prefix_len(), key.data())) {
-            trie.insert(&key, 1, 0)?;
-            added = true;
+            if insert(trie, net, 1)? {
+                synced.changed = true;
+            } else {
+                synced.left_out += 1;
+            }
         }
     }
-    Ok(added)
+    Ok(synced)
 }
 
-/// Makes `trie` hold exactly `desired`, each range with its value. New and changed
-/// ranges are written before old ones leave. Whether anything changed.
+/// Makes `trie` hold exactly `desired`, each range with its value, as much of it as
+/// fits. New and changed ranges are written before old ones leave; those that found
+/// the trie full are tried again once the old ones are out.
 pub fn sync_values<T: BorrowMut<MapData>, V: aya::Pod + PartialEq>(
     trie: &mut LpmTrie<T, [u8; 4], V>,
     desired: &BTreeMap<Ipv4Net, V>,
-) -> Result<bool, aya::maps::MapError> {
+) -> Result<Synced, aya::maps::MapError> {
     let mut current = BTreeMap::new();
     let mut stray = Vec::new();
     for entry in trie.iter() {
@@ -87,10 +136,14 @@ pub fn sync_values<T: BorrowMut<MapData>, V: aya::Pod + PartialEq>(
         }
     }
     let mut changed = !stray.is_empty();
+    let mut full = Vec::new();
     for (net, value) in desired {
         if current.get(net) != Some(value) {
-            trie.insert(&key(net), *value, 0)?;
-            changed = true;
+            if insert(trie, net, *value)? {
+                changed = true;
+            } else {
+                full.push((*net, *value));
+            }
         }
     }
     for net in current.keys().filter(|net| !desired.contains_key(net)) {
@@ -100,7 +153,15 @@ pub fn sync_values<T: BorrowMut<MapData>, V: aya::Pod + PartialEq>(
     for key in stray {
         crate::maps::removed(trie.remove(&key))?;
     }
-    Ok(changed)
+    let mut left_out = 0;
+    for (net, value) in full {
+        if insert(trie, &net, value)? {
+            changed = true;
+        } else {
+            left_out += 1;
+        }
+    }
+    Ok(Synced { changed, left_out })
 }
 
 fn key(net: &Ipv4Net) -> Key<[u8; 4]> {

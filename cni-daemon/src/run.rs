@@ -115,6 +115,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         source = %node_source.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
         "this node in its cluster"
     );
+    if node_source.is_some() && config.cluster.cluster_cidrs.is_empty() {
+        tracing::warn!(
+            "no --cluster-cidr: other nodes' pod ranges are taken anywhere but over an \
+             address of this node, the Service and host-firewall ranges, link-local and \
+             the networks this node reaches directly; name the cluster's pod ranges to \
+             take them only there"
+        );
+    }
     bpffs::prepare(&config.bpf_dir)?;
     let tcx = crate::datapath::tcx_in_use(config.enable_tcx);
     tracing::info!(
@@ -142,7 +150,17 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         &config.state_dir,
         nat_settings,
         cgroup.as_deref(),
-        Cluster::new(node_name, node_source, config.cluster.routing),
+        Cluster::new(
+            node_name,
+            node_source,
+            config.cluster.routing,
+            config
+                .cluster
+                .cluster_cidrs
+                .iter()
+                .map(ipnet::Ipv4Net::trunc)
+                .collect(),
+        ),
         OverlaySettings {
             port: config.cluster.vxlan_port,
             vni: config.cluster.vxlan_vni,
@@ -185,8 +203,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         .parent()
         .unwrap_or_else(|| std::path::Path::new("/"))
         .join(cni_api::NODE_POD_CIDRS_FILE);
-    let cluster_watch = nodes
-        .map(|nodes| tokio::spawn(cluster_watch::run(nodes, Arc::clone(&node), pod_cidrs_file)));
+    let cluster_watch = nodes.map(|nodes| {
+        tokio::spawn(cluster_watch::run(
+            nodes,
+            Arc::clone(&node),
+            Arc::clone(&telemetry),
+            pod_cidrs_file,
+        ))
+    });
     tracing::info!(
         socket = %config.socket.display(),
         bpf_dir = %config.bpf_dir.display(),

@@ -1,12 +1,13 @@
 //! The overlay between nodes (`ebpf-cnid run --routing vxlan`): which node holds which
 //! pod range, and the tunnel device pods' traffic for other nodes leaves by.
 
-/// Pod ranges of other nodes `REMOTE_NODES` holds at most.
-pub const MAX_REMOTE_RANGES: u32 = 16_384;
-
-/// Nodes `NODE_STATS` counts at most (a full map stops counting new nodes, never a
-/// packet).
+/// Nodes the tables are sized for: Kubernetes tests clusters of 5,000 nodes; these
+/// leave room beyond.
 pub const MAX_NODES: u32 = 8_192;
+
+/// Pod ranges of other nodes `REMOTE_NODES` holds at most, and cluster ranges
+/// `CLUSTER_CIDRS` holds, and node addresses `CLUSTER_NODES` holds: two per node.
+pub const MAX_REMOTE_RANGES: u32 = 2 * MAX_NODES;
 
 /// Value of `REMOTE_NODES`, an LPM trie keyed by (prefix length, IPv4 in network
 /// order): the node another node's pod range belongs to. Kept with either routing: the

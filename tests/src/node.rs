@@ -103,6 +103,40 @@ impl Node {
         assert!(created.status.success(), "bpftool: {created:?}");
     }
 
+    /// Replaces the LPM trie pinned at `pin` (the daemon stopped) with an earlier
+    /// release's of `entries` ranges, holding `ranges` ((prefix length, network) -> 1).
+    pub fn pin_earlier_trie(&self, pin: &std::path::Path, entries: u32, ranges: &[(u32, [u8; 4])]) {
+        std::fs::remove_file(pin).expect("unpin");
+        let path = pin.to_str().expect("a UTF-8 path");
+        let name = pin
+            .file_name()
+            .and_then(|name| name.to_str())
+            .expect("a map name");
+        let entries = entries.to_string();
+        // An LPM trie must be made without preallocation (flags 1).
+        let created = self.netns.run(
+            "bpftool",
+            &[
+                "map", "create", path, "type", "lpm_trie", "key", "8", "value", "1", "entries",
+                &entries, "name", name, "flags", "1",
+            ],
+        );
+        assert!(created.status.success(), "bpftool: {created:?}");
+        for (prefix_len, network) in ranges {
+            let mut args = vec!["map", "update", "pinned", path, "key", "hex"];
+            let key: Vec<String> = prefix_len
+                .to_ne_bytes()
+                .iter()
+                .chain(network)
+                .map(|byte| format!("{byte:02x}"))
+                .collect();
+            args.extend(key.iter().map(String::as_str));
+            args.extend(["value", "hex", "01"]);
+            let updated = self.netns.run("bpftool", &args);
+            assert!(updated.status.success(), "bpftool: {updated:?}");
+        }
+    }
+
     /// Replaces the flow table pinned as `name` (the daemon stopped) with an earlier
     /// release's: an LRU hash of `entries` with `V` values, holding `flows`.
     pub fn pin_earlier_flows<V: aya::Pod>(&self, name: &str, entries: u32, flows: &[(NatKey, V)]) {

@@ -296,3 +296,35 @@ fn a_nat_config_and_cursors_pinned_by_an_earlier_release_are_replaced_and_flows_
     let ports: BTreeSet<u16> = udp.peers().iter().map(SocketAddr::port).collect();
     assert_eq!(ports.len(), 2, "the old flow kept its node port: {ports:?}");
 }
+
+#[test]
+fn cluster_ranges_pinned_by_an_earlier_release_are_carried_into_the_larger_table() {
+    require_root();
+    let mut node = Node::start("10.244.80.0/24");
+    let pod = node.add_pod("old-ranges");
+    let _udp = UdpEcho::start(&node.external, UDP_PORT);
+    let pin = node.instance.bpf_dir.join(map_names::CLUSTER_CIDRS);
+    let entries = |pin: &std::path::Path| {
+        aya::maps::MapInfo::from_pin(pin)
+            .expect("a pinned CLUSTER_CIDRS")
+            .max_entries()
+    };
+    assert_eq!(entries(&pin), cni_ebpf_common::MAX_REMOTE_RANGES);
+
+    // An earlier release's CLUSTER_CIDRS held 256 ranges.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.pin_earlier_trie(&pin, 256, &[(24, [10, 244, 80, 0]), (16, [10, 77, 0, 0])]);
+    assert_eq!(entries(&pin), 256, "test bug: the old size");
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    assert_eq!(
+        entries(&pin),
+        cni_ebpf_common::MAX_REMOTE_RANGES,
+        "created anew at this release's size"
+    );
+    let log = node.instance.log();
+    assert!(
+        log.contains("CLUSTER_CIDRS pinned by an earlier release") && log.contains("ranges=2"),
+        "carried, said in the log: {log}"
+    );
+    udp_round_trip(&pod.netns, 0, external(UDP_PORT), b"after").expect("UDP through NAT");
+}

@@ -33,6 +33,17 @@ pub struct ClusterArgs {
     /// via that node's address, and pods' packets follow those routes.
     #[arg(long, env = "EBPF_CNID_ROUTING", value_enum, default_value_t = Routing::Vxlan)]
     pub routing: Routing,
+    /// The cluster's pod ranges (kube-controller-manager's `--cluster-cidr`; flannel's
+    /// Network, Calico's IP pools): another node's pod range is taken only inside one of
+    /// them. Repeatable, or comma-separated. Without it, another node's range is
+    /// refused when it covers an address of this node or overlaps the Service ranges,
+    /// the host-firewall ranges, link-local, or a network this node reaches directly.
+    #[arg(
+        long = "cluster-cidr",
+        env = "EBPF_CNID_CLUSTER_CIDRS",
+        value_delimiter = ','
+    )]
+    pub cluster_cidrs: Vec<ipnet::Ipv4Net>,
     /// UDP port of the overlay (`--routing vxlan`), the same on every node: 8472, as
     /// flannel and Cilium use (Linux's own VXLAN default), not IANA's 4789.
     #[arg(long, env = "EBPF_CNID_VXLAN_PORT", default_value_t = 8472)]
@@ -170,6 +181,7 @@ mod tests {
             nodes_file: None,
             kubeconfig: None,
             routing: Routing::Native,
+            cluster_cidrs: Vec::new(),
             vxlan_port: 8472,
             vxlan_vni: 1,
         };

@@ -2,10 +2,12 @@
 //! ([`NodeSource`]: a nodes file or the Kubernetes API, read by `cni-nodes`), and what
 //! the node keeps of them ([`Cluster`]): this node's pod ranges (`ebpf-cnid status`, what
 //! a `usePodCidr` IPAM range becomes) and every node's, which source NAT leaves
-//! untranslated, and the routes to other nodes' pod ranges ([`Cluster::routes`]).
-//! `cluster_watch` applies each change of the nodes to the running node.
+//! untranslated, and the other nodes' pod ranges the routes and the tunnel lead to,
+//! once checked ([`vet`]). `cluster_watch` applies each change of the nodes to the
+//! running node.
 
 mod args;
+pub mod vet;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,25 +16,11 @@ use std::{
 
 use ipnet::Ipv4Net;
 
-use cni_api::{NodeInfo, NodesView};
+use cni_api::{NodeInfo, NodesView, RefusedInfo};
 use cni_nodes::NodeSet;
 
 pub use args::{ClusterArgs, NodeSource, Routing, in_cluster};
-
-/// The shortest pod range taken from a node source, as the plugin's checks of IPAM
-/// answers (`checks::MIN_PREFIX` in the plugin).
-const MIN_PREFIX: u8 = 8;
-
-/// Whether two ranges share an address.
-fn overlap(a: &Ipv4Net, b: &Ipv4Net) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
-}
-
-/// Whether a node's address can be a next hop or a tunnel's end: a unicast address
-/// off this host.
-fn usable_address(addr: Ipv4Addr) -> bool {
-    !(addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() || addr.is_broadcast())
-}
+use vet::{Bounds, MIN_PREFIX, Refusal, Vetted};
 
 /// The cluster as this node knows it.
 #[derive(Debug, Clone)]
@@ -45,17 +33,35 @@ pub struct Cluster {
     nodes: NodeSet,
     /// The source has given its first set of nodes (always, without a source).
     known: bool,
+    /// What the other nodes' ranges are checked against.
+    bounds: Bounds,
+    /// The other nodes as checked, after every change of the nodes or the bounds.
+    vetted: Vetted,
 }
 
 impl Cluster {
-    pub fn new(name: String, source: Option<NodeSource>, routing: Routing) -> Self {
+    /// `cluster_cidrs`: `--cluster-cidr`, inside which every node's pod ranges lie
+    /// (empty: not configured, see [`vet`]).
+    pub fn new(
+        name: String,
+        source: Option<NodeSource>,
+        routing: Routing,
+        cluster_cidrs: Vec<Ipv4Net>,
+    ) -> Self {
         Self {
             name,
             known: source.is_none(),
             source,
             routing,
             nodes: NodeSet::new(),
+            bounds: Bounds::new(cluster_cidrs, Vec::new(), BTreeSet::new()),
+            vetted: Vetted::default(),
         }
+    }
+
+    /// `--cluster-cidr`.
+    pub fn cluster_cidrs(&self) -> &[Ipv4Net] {
+        &self.bounds.cluster_cidrs
     }
 
     pub fn routing(&self) -> Routing {
@@ -82,7 +88,66 @@ impl Cluster {
         }
         self.nodes = nodes;
         self.known = true;
+        self.revet();
         true
+    }
+
+    /// Replaces what the other nodes are checked against besides the cluster CIDRs:
+    /// the `reserved` ranges (each with what it is) and this node's `local` addresses.
+    /// Whether what is taken of the other nodes changed.
+    pub fn set_bounds(
+        &mut self,
+        reserved: Vec<(Ipv4Net, String)>,
+        local: BTreeSet<Ipv4Addr>,
+    ) -> bool {
+        let bounds = Bounds::new(self.bounds.cluster_cidrs.clone(), reserved, local);
+        if self.bounds == bounds {
+            return false;
+        }
+        self.bounds = bounds;
+        let before = self.vetted.ranges.clone();
+        self.revet();
+        self.vetted.ranges != before
+    }
+
+    /// Checks the nodes again; each refusal not refused before is logged.
+    fn revet(&mut self) {
+        let vetted = vet::vet(&self.nodes, &self.name, &self.bounds);
+        for refusal in &vetted.refused {
+            if !self.vetted.refused.contains(refusal) {
+                tracing::warn!(
+                    node = %refusal.node,
+                    refused = %refusal.item,
+                    kind = refusal.kind,
+                    "another node's {} is refused: {}",
+                    if refusal.kind.starts_with("node_") { "address" } else { "pod range" },
+                    refusal.reason
+                );
+            }
+        }
+        self.vetted = vetted;
+    }
+
+    /// What is refused of the other nodes, with why.
+    pub fn refused(&self) -> &[Refusal] {
+        &self.vetted.refused
+    }
+
+    /// Every node's address (this node's among them): pods may send them no tunnel
+    /// packet. Nodes refused for their address are left out.
+    pub fn node_addresses(&self) -> BTreeSet<Ipv4Addr> {
+        let refused: BTreeSet<&str> = self
+            .vetted
+            .refused
+            .iter()
+            .filter(|refusal| refusal.kind.starts_with("node_"))
+            .map(|refusal| refusal.node.as_str())
+            .collect();
+        self.nodes
+            .iter()
+            .filter(|node| !refused.contains(node.name.as_str()))
+            .map(|node| node.address)
+            .collect()
     }
 
     /// This node's pod ranges; empty while the source has not named this node, or gave
@@ -95,14 +160,15 @@ impl Cluster {
     }
 
     /// Every node's pod ranges this node takes (see [`Self::remote_ranges`]), this
-    /// node's included: the cluster's pods, whose addresses pods' traffic keeps. `None`
-    /// until the source has given its first set of nodes (see
+    /// node's included, and the cluster CIDRs: the cluster's pods, whose addresses pods'
+    /// traffic keeps. `None` until the source has given its first set of nodes (see
     /// `Nat::sync_cluster_cidrs`).
     pub fn all_pod_cidrs(&self) -> Option<BTreeSet<Ipv4Net>> {
         self.known.then(|| {
             self.own_ranges()
                 .into_iter()
-                .chain(self.checked_remote_ranges(false).into_keys())
+                .chain(self.vetted.ranges.keys().copied())
+                .chain(self.bounds.cluster_cidrs.iter().copied())
                 .collect()
         })
     }
@@ -117,69 +183,9 @@ impl Cluster {
 
     /// The other nodes' pod ranges, each with that node's address: where the routes
     /// (native) or the tunnel (vxlan) send them. What a node source says is checked
-    /// first, since a route or a tunnel is made of it: a node at this node's own
-    /// address, or at no usable unicast address, gets nothing; a range shorter than /8
-    /// (a node claiming the Internet), or one overlapping this node's ranges or another
-    /// node's, is left out, with a warning.
+    /// first ([`vet::vet`]), since a route or a tunnel is made of it.
     pub fn remote_ranges(&self) -> BTreeMap<Ipv4Net, Ipv4Addr> {
-        self.checked_remote_ranges(true)
-    }
-
-    /// [`Self::remote_ranges`], warning of those left out when `warn` (once per set of
-    /// nodes is enough: the routes' sync warns, the cluster ranges' does not).
-    fn checked_remote_ranges(&self, warn: bool) -> BTreeMap<Ipv4Net, Ipv4Addr> {
-        let this = self.nodes.get(&self.name);
-        let own: Vec<Ipv4Net> = this.map(|node| node.pod_cidrs.clone()).unwrap_or_default();
-        let this_addr = this.map(|node| node.address);
-        let candidates: Vec<(Ipv4Net, Ipv4Addr, &str)> = self
-            .nodes
-            .iter()
-            .filter(|node| node.name != self.name && Some(node.address) != this_addr)
-            .filter(|node| usable_address(node.address))
-            .flat_map(|node| {
-                node.pod_cidrs
-                    .iter()
-                    .map(|net| (*net, node.address, node.name.as_str()))
-            })
-            .collect();
-        let refuse = |name: &str, net: &Ipv4Net, why: &str| {
-            if warn {
-                tracing::warn!(node = %name, range = %net, "another node's pod range left out: {why}");
-            }
-        };
-        // Each range on its own first; then, among those left, conflicts between nodes.
-        let candidates: Vec<_> = candidates
-            .into_iter()
-            .filter(|(net, _, name)| {
-                let why = if net.prefix_len() < MIN_PREFIX {
-                    "shorter than /8"
-                } else if own.iter().any(|mine| overlap(mine, net)) {
-                    "it overlaps this node's pod range"
-                } else {
-                    return true;
-                };
-                refuse(name, net, why);
-                false
-            })
-            .collect();
-        let mut ranges = BTreeMap::new();
-        for (net, addr, name) in &candidates {
-            if candidates
-                .iter()
-                .any(|(other, _, other_name)| other_name != name && overlap(other, net))
-            {
-                refuse(name, net, "it overlaps another node's pod range");
-            } else {
-                ranges.insert(*net, *addr);
-            }
-        }
-        ranges
-    }
-
-    /// Every node's address (this node's among them): pods may send them no tunnel
-    /// packet.
-    pub fn node_addresses(&self) -> BTreeSet<Ipv4Addr> {
-        self.nodes.iter().map(|node| node.address).collect()
+        self.vetted.ranges.clone()
     }
 
     /// The address the node's own traffic to other nodes' pods leaves from through the
@@ -204,6 +210,16 @@ impl Cluster {
                     pod_cidrs: node.pod_cidrs.clone(),
                 })
                 .collect(),
+            refused: self
+                .vetted
+                .refused
+                .iter()
+                .map(|refusal| RefusedInfo {
+                    node: refusal.node.clone(),
+                    item: refusal.item.clone(),
+                    reason: refusal.reason.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -222,7 +238,7 @@ mod tests {
     }
 
     fn cluster(nodes: &[ClusterNode]) -> Cluster {
-        let mut cluster = Cluster::new("node-a".to_owned(), None, Routing::Native);
+        let mut cluster = Cluster::new("node-a".to_owned(), None, Routing::Native, Vec::new());
         let mut set = NodeSet::new();
         for node in nodes {
             set.insert(node.clone());
@@ -312,14 +328,19 @@ mod tests {
     #[test]
     fn the_nodes_are_unknown_until_the_source_gives_the_first_set() {
         let source = NodeSource::File("/etc/nodes.yaml".into());
-        let mut cluster = Cluster::new("node-a".to_owned(), Some(source), Routing::Native);
+        let mut cluster = Cluster::new(
+            "node-a".to_owned(),
+            Some(source),
+            Routing::Native,
+            Vec::new(),
+        );
         assert_eq!(cluster.all_pod_cidrs(), None);
         assert!(
             cluster.set_nodes(NodeSet::new()),
             "the first set, even empty"
         );
         assert_eq!(cluster.all_pod_cidrs(), Some(BTreeSet::new()));
-        let alone = Cluster::new("node-a".to_owned(), None, Routing::Native);
+        let alone = Cluster::new("node-a".to_owned(), None, Routing::Native, Vec::new());
         assert_eq!(
             alone.all_pod_cidrs(),
             Some(BTreeSet::new()),

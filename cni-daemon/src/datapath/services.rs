@@ -39,7 +39,8 @@ impl Datapath {
             .map_mut(name)
             .ok_or(DatapathError::MissingMap(name))?;
         let mut trie: LpmTrie<_, [u8; 4], u8> = LpmTrie::try_from(map)?;
-        let changed = ranges::sync(&mut trie, &desired)?;
+        // No more ranges than the trie holds (checked above): none is left out.
+        let changed = ranges::sync(&mut trie, &desired)?.changed;
         let name = map_names::SERVICE_RANGES;
         let map = self
             .ebpf

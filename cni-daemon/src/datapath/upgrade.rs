@@ -8,6 +8,9 @@
 //! - a `NAT_CONFIG` or `OVERLAY_CONFIG` an earlier release pinned with a shorter value
 //!   is unpinned;
 //! - a `NODE_ADDRS` of another size (an earlier release's 256) is unpinned;
+//! - a `CLUSTER_CIDRS` of another size (an earlier release's 256) is read and unpinned,
+//!   and its ranges written into the trie the load creates: pods' traffic to other
+//!   nodes' pods keeps its source across the upgrade, before the node source answers;
 //! - `NAT_INBOUND` and `HOSTPORT_FLOWS` of another size, or of an earlier release's 8
 //!   or 24 bytes a flow, are read and unpinned, and their flows carried likewise;
 //! - flow tables an earlier release pinned as LRU hashes (which evicted the least
@@ -27,11 +30,11 @@ use std::{fs, path::Path};
 
 use aya::{
     Ebpf, Pod,
-    maps::{HashMap, Map, MapData, MapInfo, MapType},
+    maps::{HashMap, LpmTrie, Map, MapData, MapInfo, MapType, lpm_trie::Key},
 };
 use cni_ebpf_common::{
-    DropReason, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
-    OverlayConfig, RefusedFlows, ip_proto, map_names, tcp_state, udp_state,
+    DropReason, MAX_REMOTE_RANGES, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey,
+    NatReverseKey, OverlayConfig, RefusedFlows, ip_proto, map_names, tcp_state, udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
@@ -43,6 +46,8 @@ pub(super) struct Carried {
     flows: Vec<(&'static str, Vec<(NatKey, NatEntry)>)>,
     /// `NAT_IN`.
     replies: Vec<(NatReverseKey, NatEntry)>,
+    /// `CLUSTER_CIDRS`: (prefix length, network) of each range.
+    cluster_cidrs: Vec<(u32, [u8; 4])>,
 }
 
 impl Carried {
@@ -51,7 +56,16 @@ impl Carried {
         for (name, flows) in &self.flows {
             write_carried(ebpf, name, flows)?;
         }
-        write_carried(ebpf, map_names::NAT_IN, &self.replies)
+        write_carried(ebpf, map_names::NAT_IN, &self.replies)?;
+        if !self.cluster_cidrs.is_empty() {
+            let name = map_names::CLUSTER_CIDRS;
+            let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
+            let mut trie: LpmTrie<_, [u8; 4], u8> = LpmTrie::try_from(map)?;
+            for (prefix_len, network) in &self.cluster_cidrs {
+                trie.insert(&Key::new(*prefix_len, *network), 1, 0)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -105,6 +119,7 @@ pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried,
         size_of::<OverlayConfig>(),
     )?;
     replace_resized_node_addrs(bpf_dir)?;
+    let cluster_cidrs = take_resized_cluster_cidrs(bpf_dir)?;
     replace_counters(bpf_dir, nat_max_flows)?;
     let mut flows = [
         (map_names::NAT_INBOUND, earlier_note as fn(&_, _) -> _),
@@ -116,7 +131,31 @@ pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried,
     })
     .collect::<Result<Vec<_>, _>>()?;
     flows.push((map_names::NAT_OUT, out));
-    Ok(Carried { flows, replies })
+    Ok(Carried {
+        flows,
+        replies,
+        cluster_cidrs,
+    })
+}
+
+/// The ranges of a `CLUSTER_CIDRS` pinned at another size than this release's
+/// ([`MAX_REMOTE_RANGES`]), its pin removed; nothing otherwise.
+fn take_resized_cluster_cidrs(bpf_dir: &Path) -> Result<Vec<(u32, [u8; 4])>, DatapathError> {
+    let pin = bpf_dir.join(map_names::CLUSTER_CIDRS);
+    if !pin.exists() || MapInfo::from_pin(&pin)?.max_entries() == MAX_REMOTE_RANGES {
+        return Ok(Vec::new());
+    }
+    let trie: LpmTrie<_, [u8; 4], u8> = LpmTrie::try_from(Map::LpmTrie(MapData::from_pin(&pin)?))?;
+    let ranges = trie
+        .keys()
+        .map(|key| key.map(|key| (key.prefix_len(), key.data())))
+        .collect::<Result<Vec<_>, _>>()?;
+    tracing::info!(
+        ranges = ranges.len(),
+        "CLUSTER_CIDRS pinned by an earlier release is created anew at {MAX_REMOTE_RANGES}, its ranges carried"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
+    Ok(ranges)
 }
 
 /// Makes room for `NAT_OUT` and `NAT_IN` of this release's value: pins of an earlier

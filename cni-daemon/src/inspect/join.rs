@@ -89,6 +89,8 @@ pub struct NodesTable {
     pub node_source: Option<String>,
     pub routing: Option<String>,
     pub nodes: Vec<NodeRow>,
+    /// What is refused of the other nodes, with why.
+    pub refused: Vec<cni_api::RefusedInfo>,
 }
 
 /// One node of [`NodesTable`].
@@ -129,6 +131,7 @@ pub fn nodes_table(
         node_source: view.node_source,
         routing: view.routing,
         nodes,
+        refused: view.refused,
     }
 }
 

@@ -302,7 +302,7 @@ fn node_line(status: &cni_api::Status) -> String {
 }
 
 /// `ebpf-cnid nodes`: one row per node, this one marked, with what this node's pods
-/// sent to each.
+/// sent to each; then what is refused of the other nodes, with why.
 pub fn nodes_table(view: &NodesTable) -> String {
     let mut out = format!(
         "source: {}  routing: {}\n",
@@ -336,6 +336,15 @@ pub fn nodes_table(view: &NodesTable) -> String {
                 joined(&node.pod_cidrs, ", ")
             }
         ));
+    }
+    if !view.refused.is_empty() {
+        out.push_str("refused:\n");
+        for refused in &view.refused {
+            out.push_str(&format!(
+                "  {} {}: {}\n",
+                refused.node, refused.item, refused.reason
+            ));
+        }
     }
     out
 }
@@ -399,7 +408,13 @@ mod tests {
             nodes: vec![
                 node("node-a", "192.0.2.1", &["10.244.1.0/24"]),
                 node("a-longer-name", "192.0.2.2", &[]),
+                node("greedy", "192.0.2.3", &["169.254.0.0/16"]),
             ],
+            refused: vec![cni_api::RefusedInfo {
+                node: "greedy".into(),
+                item: "169.254.0.0/16".into(),
+                reason: "it overlaps the link-local range 169.254.0.0/16".into(),
+            }],
         };
         let sent = [(
             "192.0.2.2".parse().expect("an address"),
@@ -415,7 +430,9 @@ mod tests {
             table,
             "source: file /etc/nodes.yaml  routing: vxlan\n  NAME          ADDRESS          PKTS SENT   BYTES SENT POD RANGES\n\
              * node-a        192.0.2.1                0            0 10.244.1.0/24\n  \
-             a-longer-name 192.0.2.2                3         4500 none\n"
+             a-longer-name 192.0.2.2                3         4500 none\n  \
+             greedy        192.0.2.3                0            0 169.254.0.0/16\n\
+             refused:\n  greedy 169.254.0.0/16: it overlaps the link-local range 169.254.0.0/16\n"
         );
     }
 

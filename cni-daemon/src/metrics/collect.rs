@@ -111,6 +111,30 @@ fn registry(telemetry: &Telemetry) -> Registry {
         "hostPort mappings of the node's pods",
         gauge(view.port_mappings() as u64),
     );
+    let refusals = Family::<ReasonLabel, Gauge>::default();
+    for (reason, count) in &view.node_refusals {
+        refusals
+            .get_or_create(&ReasonLabel { reason })
+            .set(i64::try_from(*count).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "node_refusals",
+        "Other nodes' addresses and pod ranges the daemon does not take, by reason \
+         (`ebpf-cnid nodes` lists them)",
+        refusals,
+    );
+    let left_out = Family::<TableLabel, Gauge>::default();
+    for (table, count) in &view.maps_left_out {
+        left_out
+            .get_or_create(&TableLabel { table })
+            .set(i64::try_from(*count).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "map_left_out",
+        "Entries that did not fit in a full map of the cluster's ranges and nodes \
+         (CLUSTER_CIDRS, REMOTE_NODES, CLUSTER_NODES) at its last sync",
+        left_out,
+    );
     registry.register(
         "request_duration_seconds",
         "Time from the arrival of a plugin's request to its answer, the wait for the \

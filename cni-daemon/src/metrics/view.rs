@@ -78,14 +78,28 @@ pub struct NodeView {
     /// The interfaces source NAT translates on, with their addresses; empty: NAT is
     /// off (no `--uplink` and no default route at start).
     pub uplinks: Vec<UplinkStatus>,
+    /// What is refused of the other nodes, counted by reason.
+    pub node_refusals: std::collections::BTreeMap<&'static str, u64>,
+    /// Entries of each full map that did not fit.
+    pub maps_left_out: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl NodeView {
     /// Read from `node`; the caller holds its lock already, for its own work.
     pub fn of(node: &Node) -> Self {
+        let mut node_refusals = std::collections::BTreeMap::new();
+        for refusal in node.cluster().refused() {
+            *node_refusals.entry(refusal.kind).or_default() += 1;
+        }
         Self {
             endpoints: node.list().iter().map(EndpointView::of).collect(),
             uplinks: node.status().uplinks,
+            node_refusals,
+            maps_left_out: node
+                .maps_left_out()
+                .iter()
+                .map(|(map, count)| (*map, *count as u64))
+                .collect(),
         }
     }
 
@@ -175,6 +189,8 @@ mod tests {
         telemetry.publish(NodeView {
             endpoints: Vec::new(),
             uplinks: vec![uplink(None)],
+            node_refusals: Default::default(),
+            maps_left_out: Default::default(),
         });
         let reasons = not_ready(&telemetry);
         assert!(
@@ -184,6 +200,8 @@ mod tests {
         telemetry.publish(NodeView {
             endpoints: Vec::new(),
             uplinks: vec![uplink(Some([198, 18, 0, 1]))],
+            node_refusals: Default::default(),
+            maps_left_out: Default::default(),
         });
         assert_eq!(
             not_ready(&telemetry),

@@ -30,7 +30,13 @@ pub fn start<'a>(
     endpoints: impl IntoIterator<Item = &'a Endpoint>,
 ) -> Result<Nat, NatError> {
     let mut nat = Nat::open(datapath.take_nat_maps()?, settings)?;
-    nat.sync_cluster_cidrs(endpoints, None)?;
+    let synced = nat.sync_cluster_cidrs(endpoints, None)?;
+    if synced.left_out > 0 {
+        tracing::warn!(
+            left_out = synced.left_out,
+            "CLUSTER_CIDRS is full: pods' traffic to the ranges left out is translated"
+        );
+    }
     let previous = nat.previous_uplinks();
     let Some(settings) = nat.settings().cloned() else {
         nat.write_config()?;
@@ -147,27 +153,36 @@ impl Nat {
     }
 
     /// Makes `CLUSTER_CIDRS` the union of `endpoints`' cluster ranges and `nodes`, every
-    /// node's pod ranges. `None`: the nodes are not known yet (a start, before the node
-    /// source's first answer): ranges are then only added, so that those of other nodes
-    /// an earlier daemon wrote stay, and traffic to their pods keeps its source, until
-    /// the nodes are known.
+    /// node's pod ranges (and the cluster CIDRs), collapsed: a range inside another or
+    /// beside its twin takes no entry of its own. `None`: the nodes are not known yet (a
+    /// start, before the node source's first answer): ranges are then only added, so
+    /// that those of other nodes an earlier daemon wrote stay, and traffic to their pods
+    /// keeps its source, until the nodes are known. A full table leaves ranges out
+    /// (their pods' addresses are then translated), counted in what is returned.
     pub fn sync_cluster_cidrs<'a>(
         &mut self,
         endpoints: impl IntoIterator<Item = &'a Endpoint>,
         nodes: Option<BTreeSet<Ipv4Net>>,
-    ) -> Result<(), MapError> {
+    ) -> Result<crate::ranges::Synced, MapError> {
         let mut desired = cidrs::union(endpoints);
-        let changed = match nodes {
-            Some(nodes) => {
-                desired.extend(nodes);
-                crate::ranges::sync(&mut self.cluster_cidrs, &desired)?
-            }
-            None => crate::ranges::extend(&mut self.cluster_cidrs, &desired)?,
+        let known = nodes.is_some();
+        desired.extend(nodes.into_iter().flatten());
+        let desired: BTreeSet<Ipv4Net> = Ipv4Net::aggregate(&desired.into_iter().collect())
+            .into_iter()
+            .collect();
+        let synced = if known {
+            crate::ranges::sync(&mut self.cluster_cidrs, &desired)?
+        } else {
+            crate::ranges::extend(&mut self.cluster_cidrs, &desired)?
         };
-        if changed {
-            tracing::info!(cidrs = ?desired, "cluster ranges kept untranslated");
+        if synced.changed {
+            tracing::info!(
+                ranges = desired.len(),
+                first = ?desired.iter().take(8).collect::<Vec<_>>(),
+                "cluster ranges kept untranslated"
+            );
         }
-        Ok(())
+        Ok(synced)
     }
 
     /// Hands the flow tables, with the timeouts that decide their expiry, to the sweeper

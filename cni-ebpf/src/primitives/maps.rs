@@ -51,7 +51,6 @@ pub static SOURCE_STATS: PerCpuHashMap<SourceKey, TrafficCounters> =
 /// evicted to make room, a new flow meeting a full table is refused, and the daemon's
 /// sweep makes room (see `cni_ebpf_common::budget`).
 const MAX_FLOWS: u32 = 262_144;
-const MAX_CIDRS: u32 = 256;
 /// Fragmented datagrams tracked at once (each record is 28 bytes of key and value).
 const MAX_DATAGRAMS: u32 = 16384;
 
@@ -91,8 +90,10 @@ static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
 #[map(name = "UPLINKS")]
 static UPLINKS: Array<Uplinks> = Array::pinned(1, 0);
 
+/// The cluster's pod ranges, collapsed by the daemon (as many as `REMOTE_NODES`: two
+/// ranges for each node of the largest cluster the tables are sized for).
 #[map(name = "CLUSTER_CIDRS")]
-static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_CIDRS, 0);
+static CLUSTER_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_REMOTE_RANGES, 0);
 
 /// Other nodes' pod ranges, each with its node (`--routing vxlan`).
 #[map(name = "REMOTE_NODES")]
