@@ -13,7 +13,7 @@
 use crate::{
     NatConfig, NatEntry,
     ip_proto::{ICMP, TCP},
-    tcp_flags::{ACK, FIN, RST, opens},
+    tcp_flags::{ACK, FIN, RST, SYN, opens},
 };
 
 /// The TCP header fields a flow follows: its flags, sequence and acknowledgement
@@ -46,6 +46,9 @@ pub mod seq_seen {
     pub const OPENER: u8 = 1;
     /// The other side ([`super::Way::In`]), `seq[1]`.
     pub const ANSWERER: u8 = 2;
+    /// The opener sent a SYN on the live connection, which changed nothing: the
+    /// answerer's SYN-ACK to it starts a new connection (see [`super::follow`]).
+    pub const SYN_PENDING: u8 = 4;
 }
 
 /// How far (in bytes, either way) a RST's or FIN's sequence number may lie from the
@@ -160,7 +163,8 @@ impl Followed {
 /// `entry` (a flow of `proto`) after `seg` going `way` at `now_ns`: [`state_after`] for
 /// a flow the pod opened, [`inbound_state`] for one opened from outside (`inbound`;
 /// `way` is then [`Way::In`] from the pod), with the RST or FIN of a TCP packet whose
-/// sequence number does not fit ([`follow_seq`]) taken as no flags; a replied flow of
+/// sequence number does not fit ([`follow_seq`]) taken as no flags, and a SYN on a
+/// live connection held as conntrack holds it ([`held_syn`]); a replied flow of
 /// another protocol still active [`udp_state::STREAM_AFTER_MS`] after it began becomes
 /// a stream ([`udp_state::STREAM`]).
 #[inline(always)]
@@ -173,9 +177,19 @@ pub const fn follow(
     inbound: bool,
     now_ns: u64,
 ) -> Followed {
+    if proto == TCP
+        && let Some(held) = held_syn(entry, seg, way)
+    {
+        return held;
+    }
     let (flags, seq_seen, seq) = if proto == TCP {
         let step = follow_seq(entry.seq_seen, entry.seq, seg, way);
-        (state_flags(seg, step.fits), step.seen, step.seq)
+        // Any other answer than a SYN-ACK: the SYN noted was not taken.
+        let seen = match way {
+            Way::In => step.seen & !seq_seen::SYN_PENDING,
+            Way::Out => step.seen,
+        };
+        (state_flags(seg, step.fits), seen, step.seq)
     } else {
         (0, entry.seq_seen, entry.seq)
     };
@@ -197,6 +211,41 @@ pub const fn follow(
         state,
         seq_seen,
         seq,
+    }
+}
+
+/// A SYN, or the answer to one, on a live TCP connection (established or closing), as
+/// conntrack takes them: the opener's SYN changes nothing but a note
+/// ([`seq_seen::SYN_PENDING`]), since anyone who knows the 4-tuple can send one (a
+/// reopened flow would then close at a RST of the sender's own number); the
+/// answerer's SYN-ACK to a noted SYN confirms a new connection on the 4-tuple (a peer
+/// whose socket is live answers a SYN with a bare ACK instead): the flow is
+/// established, the answerer's side starts over at its number and the opener's is
+/// learnt from its next packet. `None`: the packet is followed as any other.
+#[inline(always)]
+#[must_use]
+pub const fn held_syn(entry: &NatEntry, seg: &Segment, way: Way) -> Option<Followed> {
+    let live = matches!(
+        entry.state,
+        tcp_state::ESTABLISHED | tcp_state::CLOSING | tcp_state::REMOTE_CLOSING
+    );
+    match way {
+        Way::Out if live && opens(seg.flags) => Some(Followed {
+            state: entry.state,
+            seq_seen: entry.seq_seen | seq_seen::SYN_PENDING,
+            seq: entry.seq,
+        }),
+        Way::In
+            if entry.seq_seen & seq_seen::SYN_PENDING != 0
+                && seg.flags & (SYN | ACK) == SYN | ACK =>
+        {
+            Some(Followed {
+                state: tcp_state::ESTABLISHED,
+                seq_seen: seq_seen::ANSWERER,
+                seq: [entry.seq[0], seg.seq],
+            })
+        }
+        _ => None,
     }
 }
 
@@ -222,7 +271,8 @@ const fn millis(now_ns: u64) -> u32 {
 
 /// The [`NatEntry::seq_seen`] of the twin entry (the other table's) of a flow when this
 /// table's, which follows `way`, is refreshed with `followed` after a packet with
-/// `flags`: the side of `way` is copied; the opener's SYN starts the twin over too.
+/// `flags`: the side of `way` and a held SYN's note are copied; the opener's SYN, and
+/// the SYN-ACK confirming a held one (this side alone seen), start the twin over too.
 #[inline(always)]
 #[must_use]
 pub const fn twin_seen(twin: u8, followed: u8, flags: u8, way: Way) -> u8 {
@@ -230,10 +280,15 @@ pub const fn twin_seen(twin: u8, followed: u8, flags: u8, way: Way) -> u8 {
         Way::Out => seq_seen::OPENER,
         Way::In => seq_seen::ANSWERER,
     };
-    if matches!(way, Way::Out) && opens(flags) {
+    let copied = mine | seq_seen::SYN_PENDING;
+    let restarted = match way {
+        Way::Out => opens(flags) && followed & seq_seen::SYN_PENDING == 0,
+        Way::In => flags & (SYN | ACK) == SYN | ACK && followed == seq_seen::ANSWERER,
+    };
+    if restarted {
         followed & mine
     } else {
-        (twin & !mine) | (followed & mine)
+        (twin & !copied) | (followed & copied)
     }
 }
 

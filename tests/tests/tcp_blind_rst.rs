@@ -13,7 +13,7 @@ use std::{
 
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
-    nat_frames::{TCP_ACK, TCP_FIN, TCP_RST},
+    nat_frames::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings},
     require_root,
     snat::TCP_PORT,
@@ -132,6 +132,42 @@ fn a_blind_rst_from_a_spoofing_host_does_not_cut_a_connection_through_a_host_por
         connection(&node).1.state,
         tcp_state::ESTABLISHED,
         "a guessed sequence number moves nothing"
+    );
+    still_works(client);
+}
+
+#[test]
+fn a_syn_then_a_rst_at_its_own_number_do_not_cut_a_connection_through_a_host_port() {
+    require_root();
+    let node = node("10.244.87.0/24");
+    let pod = node.add_pod_with(
+        "syn-hostport",
+        &port_mappings(CONTAINER_PORT, &[(HOST_PORT + 1, "tcp", None)]),
+    );
+    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let to = SocketAddrV4::new(addr(NODE_ADDR), HOST_PORT + 1);
+    let client = idle_connection(&node.external, to);
+    let connection = |node: &Node| -> (NatKey, NatEntry) {
+        node.flow_table::<NatKey>(map_names::HOSTPORT_FLOWS)
+            .iter()
+            .map(|flow| flow.expect("a readable connection"))
+            .find(|(key, _)| key.pod_port == CONTAINER_PORT)
+            .expect("the connection")
+    };
+    let (key, entry) = connection(&node);
+    assert_eq!(entry.state, tcp_state::ESTABLISHED);
+    // The client's 4-tuple is all the spoofer knows: its own SYN, then a RST at the
+    // number the SYN gave.
+    let from = SocketAddrV4::new(addr(EXTERNAL_ADDR), key.remote_port);
+    let chosen = far_from(entry.seq[0]);
+    send_tcp_as(&node.external, from, to, TCP_SYN, (chosen, 0)).expect("sent");
+    thread::sleep(Duration::from_millis(100));
+    send_tcp_as(&node.external, from, to, TCP_RST, (chosen, 0)).expect("sent");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        connection(&node).1.state,
+        tcp_state::ESTABLISHED,
+        "a SYN on the live connection reopened nothing"
     );
     still_works(client);
 }

@@ -567,3 +567,118 @@ fn only_answered_flows_are_kept_from_early_drop() {
     assert!(early_droppable(UDP, 0));
     assert!(early_droppable(ICMP, 0));
 }
+
+#[test]
+fn a_syn_on_a_live_connection_changes_nothing_but_a_note() {
+    for state in [
+        tcp_state::ESTABLISHED,
+        tcp_state::CLOSING,
+        tcp_state::REMOTE_CLOSING,
+    ] {
+        for inbound in [false, true] {
+            let flow = NatEntry {
+                state,
+                ..established()
+            };
+            let syn = follow(
+                &flow,
+                TCP,
+                &seg(SYN, 0x7000_0000, 0),
+                Way::Out,
+                inbound,
+                NOW,
+            );
+            assert_eq!(syn.state, state, "the state stands");
+            assert_eq!(syn.seq, flow.seq, "the marks stand");
+            assert_eq!(
+                syn.seq_seen,
+                seq_seen::OPENER | seq_seen::ANSWERER | seq_seen::SYN_PENDING
+            );
+            // The RST at the SYN's own number then fits nothing.
+            let noted = NatEntry {
+                seq_seen: syn.seq_seen,
+                ..flow
+            };
+            let rst = follow(
+                &noted,
+                TCP,
+                &seg(RST, 0x7000_0000, 0),
+                Way::Out,
+                inbound,
+                NOW,
+            );
+            assert_eq!(rst.state, state, "a RST at the SYN's number moves nothing");
+        }
+    }
+}
+
+#[test]
+fn the_answerers_syn_ack_to_a_held_syn_starts_a_new_connection_and_anything_else_drops_the_note() {
+    let noted = NatEntry {
+        seq_seen: seq_seen::OPENER | seq_seen::ANSWERER | seq_seen::SYN_PENDING,
+        ..established()
+    };
+    let syn_ack = follow(
+        &noted,
+        TCP,
+        &seg(SYN | ACK, 0x1234_0000, 0x7000_0001),
+        Way::In,
+        false,
+        NOW,
+    );
+    assert_eq!(syn_ack.state, tcp_state::ESTABLISHED);
+    assert_eq!(
+        syn_ack.seq_seen,
+        seq_seen::ANSWERER,
+        "the opener is learnt anew"
+    );
+    assert_eq!(syn_ack.seq[1], 0x1234_0000);
+    assert_eq!(
+        twin_seen(
+            seq_seen::OPENER | seq_seen::ANSWERER | seq_seen::SYN_PENDING,
+            syn_ack.seq_seen,
+            SYN | ACK,
+            Way::In
+        ),
+        seq_seen::ANSWERER,
+        "the twin starts over too"
+    );
+    // The live peer's challenge ACK: the note goes, nothing else changes.
+    let ack = follow(
+        &noted,
+        TCP,
+        &seg(ACK, 5_000_100, 1_000),
+        Way::In,
+        false,
+        NOW,
+    );
+    assert_eq!(ack.state, tcp_state::ESTABLISHED);
+    assert_eq!(ack.seq_seen, seq_seen::OPENER | seq_seen::ANSWERER);
+    // The note reaches the twin with the side's mark.
+    assert_eq!(
+        twin_seen(
+            seq_seen::OPENER | seq_seen::ANSWERER,
+            noted.seq_seen,
+            SYN,
+            Way::Out
+        ),
+        noted.seq_seen
+    );
+}
+
+#[test]
+fn a_syn_on_a_closed_or_opening_flow_still_reopens_it() {
+    for state in [
+        tcp_state::CLOSED,
+        tcp_state::POD_CLOSED,
+        tcp_state::SYN_SENT,
+    ] {
+        let flow = NatEntry {
+            state,
+            ..established()
+        };
+        let syn = follow(&flow, TCP, &seg(SYN, 0x7000_0000, 0), Way::Out, false, NOW);
+        assert_eq!(syn.state, tcp_state::SYN_SENT);
+        assert_eq!((syn.seq_seen, syn.seq[0]), (seq_seen::OPENER, 0x7000_0000));
+    }
+}

@@ -121,7 +121,11 @@ pub fn live_entry(
             seg.flags,
         ),
     };
-    if followed.state != entry.state || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+    // A side first seen, or a held SYN's note, goes to the twin at once.
+    if followed.state != entry.state
+        || followed.seq_seen != entry.seq_seen
+        || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS
+    {
         let forward = key.forward(&entry);
         let packet = (Way::In, flags);
         if refresh(slot, &NAT_OUT, &forward, now, &followed, packet, node_addr) {

@@ -131,7 +131,9 @@ fn translate(
             let followed = follow(&entry, key.proto, &seg, Way::Out, false, now);
             // A flow goes on from its uplink's address as it is now (see
             // `Nat::follow_uplink` in the daemon).
+            // A side first seen, or a held SYN's note, goes to the twin at once.
             if followed.state != entry.state
+                || followed.seq_seen != entry.seq_seen
                 || entry.node_addr != node_addr
                 || now.saturating_sub(entry.last_seen_ns) > conntrack::REFRESH_NS
             {
