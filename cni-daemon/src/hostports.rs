@@ -1,7 +1,9 @@
 //! hostPort mappings: the `HOSTPORTS` map kept equal to the endpoint records' port
 //! mappings, the `HOSTPORT_TARGETS` bitmap equal to the container ports they lead to
 //! (and its last slot to how many there are),
-//! and the conflict rule (one (protocol, host address, host port) per node).
+//! and the conflict rule (one (protocol, host address, host port) per node), and the
+//! ports no mapping may take ([`refused_port`]): the node's ephemeral range, whose
+//! ports its own connections leave from, and the ports the node's services listen on.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -235,6 +237,64 @@ pub fn overlays(candidate: &Endpoint, port: u16) -> Option<String> {
         })
 }
 
+/// Ports of the node's own services no hostPort may take, with what they are: the
+/// kubelet's, kube-proxy's, and the daemon's own listeners (added by the caller).
+pub const NODE_SERVICE_PORTS: [(u16, &str); 4] = [
+    (10248, "the kubelet's health port"),
+    (10249, "kube-proxy's metrics port"),
+    (10250, "the kubelet's API port"),
+    (10256, "kube-proxy's health port"),
+];
+
+/// Where the kernel keeps the ephemeral range (`net.ipv4.ip_local_port_range`) and the
+/// ports taken out of it (`net.ipv4.ip_local_reserved_ports`), in the caller's
+/// namespace.
+const LOCAL_PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+const LOCAL_RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+/// Why a mapping of `candidate` may not have its host port, if one may not: a port of
+/// the node's ephemeral range (the node's own connections leave from those ports, and
+/// their answers would be the mapping's) unless reserved out of it, or one of `denied`.
+pub fn refused_port(candidate: &Endpoint, denied: &[(u16, String)]) -> Option<String> {
+    if candidate.port_mappings.is_empty() {
+        return None;
+    }
+    let ephemeral = std::fs::read_to_string(LOCAL_PORT_RANGE)
+        .ok()
+        .and_then(|text| {
+            let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+            Some((bounds.next()?.ok()?, bounds.next()?.ok()?))
+        });
+    let reserved = std::fs::read_to_string(LOCAL_RESERVED_PORTS).unwrap_or_default();
+    candidate.port_mappings.iter().find_map(|mapping| {
+        let port = mapping.host_port;
+        if let Some((_, what)) = denied.iter().find(|(denied, _)| *denied == port) {
+            return Some(format!("host port {} is {what}", describe(mapping)));
+        }
+        let (low, high) = ephemeral?;
+        ((low..=high).contains(&port) && !in_port_list(&reserved, port)).then(|| {
+            format!(
+                "host port {} is in the node's ephemeral range {low}-{high} \
+                 (net.ipv4.ip_local_port_range), which its own connections leave from: \
+                 choose a port outside it, or reserve it (net.ipv4.ip_local_reserved_ports)",
+                describe(mapping)
+            )
+        })
+    })
+}
+
+/// Whether `port` is in `list`, as the kernel prints a port list: `a,b-c,...`.
+fn in_port_list(list: &str, port: u16) -> bool {
+    list.trim().split(',').any(|item| {
+        let mut bounds = item.split('-').map(|bound| bound.trim().parse::<u16>());
+        match (bounds.next(), bounds.next()) {
+            (Some(Ok(low)), Some(Ok(high))) => (low..=high).contains(&port),
+            (Some(Ok(single)), None) => single == port,
+            _ => false,
+        }
+    })
+}
+
 /// The mapping's host address; `None` (or 0.0.0.0) means every node address.
 fn host_ip(mapping: &PortMapping) -> Option<IpAddr> {
     mapping.host_ip.filter(|ip| !ip.is_unspecified())
@@ -244,6 +304,19 @@ fn describe(mapping: &PortMapping) -> String {
     match host_ip(mapping) {
         Some(ip) => format!("{ip}:{}/{}", mapping.host_port, mapping.protocol),
         None => format!("{}/{}", mapping.host_port, mapping.protocol),
+    }
+}
+
+#[cfg(test)]
+mod port_list_tests {
+    use super::in_port_list;
+
+    #[test]
+    fn a_port_list_reads_as_the_kernel_prints_it() {
+        assert!(in_port_list("8080,40000-40010\n", 40005));
+        assert!(in_port_list("8080,40000-40010", 8080));
+        assert!(!in_port_list("8080,40000-40010", 40011));
+        assert!(!in_port_list("", 40000));
     }
 }
 

@@ -130,6 +130,8 @@ pub struct Node {
     detached: Option<Arc<Notify>>,
     /// Entries of each full map (by name) that did not fit at its last sync.
     left_out: BTreeMap<&'static str, usize>,
+    /// Host ports no mapping may take, with what they are ([`Self::deny_host_ports`]).
+    denied_ports: Vec<(u16, String)>,
     /// Host veths [`Self::prepare`] bound to the pods' block that no endpoint uses yet.
     /// A plugin that dies in between leaves the name here until the daemon stops, and
     /// the veth bound until it is deleted (a binding goes with its device).
@@ -251,6 +253,10 @@ impl Node {
             cluster_nodes,
             detached: None,
             left_out: BTreeMap::new(),
+            denied_ports: hostports::NODE_SERVICE_PORTS
+                .iter()
+                .map(|(port, what)| (*port, (*what).to_owned()))
+                .collect(),
             prepared: BTreeSet::new(),
         };
         node.cluster
@@ -509,6 +515,9 @@ impl Node {
         {
             return Err(HostPortError::Conflict(taken).into());
         }
+        if let Some(refused) = hostports::refused_port(&endpoint, &self.denied_ports) {
+            return Err(HostPortError::Conflict(refused).into());
+        }
         hostports::entries(&endpoint)?;
         self.endpoints.check(&endpoint)?;
         if let Some(addr) = endpoint.ips.iter().map(ipnet::IpNet::addr).find(|addr| {
@@ -681,6 +690,12 @@ impl Node {
         } else if count == 0 && before > 0 {
             tracing::info!(map, "{map} holds every entry again");
         }
+    }
+
+    /// Adds `ports` (each with what it is: the daemon's own listeners) to the host
+    /// ports no mapping may take.
+    pub fn deny_host_ports(&mut self, ports: impl IntoIterator<Item = (u16, String)>) {
+        self.denied_ports.extend(ports);
     }
 
     /// Entries of each full map that did not fit, as of its last sync.

@@ -166,6 +166,17 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             vni: config.cluster.vxlan_vni,
         },
     )?;
+    // The daemon's own listeners are no hostPort's.
+    node.deny_host_ports([
+        (
+            config.metrics_address.port(),
+            "the daemon's metrics port (--metrics-address)".to_owned(),
+        ),
+        (
+            config.health_address.port(),
+            "the daemon's health port (--health-address)".to_owned(),
+        ),
+    ]);
     let flows = node.take_nat_flows();
     let detached = Arc::new(Notify::new());
     if flows.is_some() {

@@ -235,3 +235,99 @@ fn five_thousand_mappings_still_hit_the_right_pods() {
         );
     }
 }
+
+#[test]
+fn host_ports_of_the_ephemeral_range_and_the_nodes_services_are_refused_with_code_105() {
+    require_root();
+    let node = Node::start("10.244.63.0/24");
+    for (port, expected) in [
+        (40000, "ephemeral range"),
+        (10250, "kubelet"),
+        (9876, "metrics port"),
+        (9877, "health port"),
+    ] {
+        let (_, outcome) = node.try_add(
+            &format!("hp-refused-{port}"),
+            &mappings(&[(port, "tcp", None)]),
+        );
+        let error = outcome.error(105);
+        let message = error["msg"].as_str().unwrap_or("");
+        assert!(message.contains(expected), "{port}: {error}");
+    }
+    assert!(node.host_veths().is_empty(), "no veth for a refused pod");
+    // A port reserved out of the ephemeral range is a hostPort's to take.
+    node.netns.run(
+        "sh",
+        &[
+            "-c",
+            "echo 40000 > /proc/sys/net/ipv4/ip_local_reserved_ports",
+        ],
+    );
+    node.add_pod_with("hp-reserved", &mappings(&[(40000, "tcp", None)]));
+}
+
+#[test]
+fn answers_to_the_nodes_own_sockets_are_never_taken_by_a_host_port() {
+    use std::net::{Ipv4Addr, UdpSocket};
+
+    require_root();
+    let node = Node::start("10.244.64.0/24");
+    let pod = node.add_pod_with(
+        "hp-thief",
+        &port_mappings(
+            CONTAINER_PORT,
+            &[(30500, "udp", None), (30501, "tcp", None)],
+        ),
+    );
+    let in_pod_udp = UdpEcho::start(&pod.netns, CONTAINER_PORT);
+    let _in_pod_tcp = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let _outside_udp = UdpEcho::start(&node.external, 9053);
+    let _outside_tcp = EchoServer::start(&node.external, 9080);
+    let external: Ipv4Addr = EXTERNAL_ADDR.parse().expect("an address");
+
+    // A node process's UDP query from the mapped port (a connected socket, as
+    // resolvers use): its answer comes back to it.
+    let answer = ebpf_cni_tests::traffic::run_in(&node.netns, move || {
+        let socket = UdpSocket::bind("0.0.0.0:30500")?;
+        socket.connect((external, 9053))?;
+        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+        socket.send(b"node query")?;
+        let mut buffer = [0u8; 64];
+        let n = socket.recv(&mut buffer)?;
+        Ok::<_, std::io::Error>(buffer[..n].to_vec())
+    });
+    assert_eq!(
+        answer.as_deref().ok(),
+        Some(&b"node query"[..]),
+        "the node's query was answered: {answer:?}"
+    );
+    assert!(in_pod_udp.peers().is_empty(), "the pod got nothing");
+
+    // A node process's TCP connection from the mapped port.
+    let reply = ebpf_cni_tests::traffic::run_in(&node.netns, move || {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&std::net::SocketAddr::from(([0, 0, 0, 0], 30501)).into())?;
+        socket.connect_timeout(
+            &std::net::SocketAddr::from((external, 9080)).into(),
+            Duration::from_secs(2),
+        )?;
+        let mut stream: std::net::TcpStream = socket.into();
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        std::io::Write::write_all(&mut stream, b"node connection\n")?;
+        let mut buffer = [0u8; 16];
+        std::io::Read::read_exact(&mut stream, &mut buffer)?;
+        Ok::<_, std::io::Error>(buffer.to_vec())
+    });
+    assert_eq!(
+        reply.as_deref().ok(),
+        Some(&b"node connection\n"[..]),
+        "the node's connection works: {reply:?}"
+    );
+
+    // The mappings still take new connections from outside.
+    udp_round_trip(&node.external, 0, socket(NODE_ADDR, 30500), b"to the pod")
+        .expect("UDP through the hostPort");
+    round_trip(&node.external, socket(NODE_ADDR, 30501), b"to the pod")
+        .expect("TCP through the hostPort");
+}

@@ -23,7 +23,7 @@ use super::{
     report::{Contender, Figure},
 };
 
-const HOST_PORT: u16 = 40000;
+const HOST_PORT: u16 = 30400;
 const CONTAINER_PORT: u16 = 7002;
 /// Mappings per pod of the "other mappings" (50 pods of them in a full run).
 const PER_POD: u16 = 100;
@@ -124,7 +124,7 @@ fn measure(mapper: &dyn Mapper, plan: Plan, tag: &str) -> anyhow::Result<Samples
                 mapper.add(
                     &format!("{tag}-map-{n}"),
                     &pod,
-                    &mappings(41000 + n * PER_POD, PER_POD),
+                    &mappings(20000 + n * PER_POD, PER_POD),
                 )?;
                 others.push(pod);
             }

@@ -28,6 +28,7 @@ use crate::{
         clock,
         csum::{self, L4Csum},
         maps::{self, HOSTPORT_FLOWS, HOSTPORT_TARGETS, HOSTPORTS, is_node_addr},
+        socket,
     },
 };
 
@@ -82,17 +83,22 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
 /// Notes a packet of `flow` from its client (TCP header `seg`, 0 for UDP) through the
 /// mapping `host_addr`:`host_port`: the connection's state moves on, in place (no map
 /// update: that takes the bucket's lock); one that expired, or went through another
-/// mapping, opens anew. A new connection over its pod's budget, or meeting a full table,
-/// is refused (the packet is to be dropped: the pod's replies would find no way back).
+/// mapping, opens anew. A packet of no live connection that a socket of the node's own
+/// holds (the answer to a node process's query or connection from the same port) is not
+/// the mapping's: `Ok(false)`, for the stack. A new connection over its pod's budget,
+/// or meeting a full table, is refused (the packet is to be dropped: the pod's replies
+/// would find no way back).
 #[inline(always)]
 fn remember(
+    ctx: &TcContext,
     flow: &NatKey,
     host_addr: [u8; 4],
     host_port: u16,
     seg: &Segment,
-) -> Result<(), Refusal> {
+) -> Result<bool, Refusal> {
     let now = clock::now_ns();
-    if let Some(slot) = HOSTPORT_FLOWS.get_ptr_mut(flow) {
+    let slot = HOSTPORT_FLOWS.get_ptr_mut(flow);
+    if let Some(slot) = slot {
         // SAFETY: a pointer into the map value, valid for the program run; copied at once.
         let entry = unsafe { *slot };
         if entry.node_addr == host_addr
@@ -101,12 +107,17 @@ fn remember(
         {
             let followed = flow::follow(&entry, flow.proto, seg, Way::Out, true, now);
             conntrack::touch(slot, &entry, &followed, now);
-            return Ok(());
+            return Ok(true);
         }
+    }
+    if socket::node_holds(ctx, flow, host_addr, host_port) {
+        return Ok(false);
+    }
+    if let Some(slot) = slot {
         // Counted already: opens anew in place.
         // SAFETY: as above.
         unsafe { *slot = opening(flow, host_addr, host_port, seg, now) };
-        return Ok(());
+        return Ok(true);
     }
     // Budgets as the daemon wrote them (none while it wrote no timeouts: NAT off).
     let config = maps::timeouts().unwrap_or_default();
@@ -117,11 +128,11 @@ fn remember(
     match HOSTPORT_FLOWS.insert(flow, &entry, BPF_NOEXIST as u64) {
         Ok(()) => {
             budget::added(flow.pod_addr, FlowTable::HostPort);
-            Ok(())
+            Ok(true)
         }
         Err(error) if budget::is_full(error) => Err(Refusal::TableFull),
         // Another CPU opened it meanwhile.
-        Err(_) => Ok(()),
+        Err(_) => Ok(true),
     }
 }
 

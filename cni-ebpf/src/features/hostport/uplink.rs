@@ -39,8 +39,11 @@ pub fn inbound(
         return Ok(None);
     };
     let flow = flow_to(&target, ip.src_addr, client_port, proto);
-    if let Err(why) = remember(&flow, ip.dst_addr, host_port, &seg) {
-        return Ok(Some(budget::refuse(target.pod_addr, why)));
+    match remember(ctx, &flow, ip.dst_addr, host_port, &seg) {
+        Ok(true) => {}
+        // The answer to a node socket on the same port: the stack's.
+        Ok(false) => return Ok(None),
+        Err(why) => return Ok(Some(budget::refuse(target.pod_addr, why))),
     }
     csum::set_addr(ctx, IP_DST, IP_CSUM, ip.dst_addr, target.pod_addr, l4_csum)?;
     csum::set_port(ctx, l4 + 2, host_port, target.pod_port, l4_csum)?;
