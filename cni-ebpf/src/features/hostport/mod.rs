@@ -83,9 +83,13 @@ fn flow_to(target: &PortTarget, client_addr: [u8; 4], client_port: u16, proto: u
 /// Notes a packet of `flow` from its client (TCP header `seg`, 0 for UDP) through the
 /// mapping `host_addr`:`host_port`: the connection's state moves on, in place (no map
 /// update: that takes the bucket's lock); one that expired, or went through another
-/// mapping, opens anew. A packet of no live connection that a socket of the node's own
-/// holds (the answer to a node process's query or connection from the same port) is not
-/// the mapping's: `Ok(false)`, for the stack. A new connection over its pod's budget,
+/// mapping, opens anew. With `node_sockets`, a packet of no live connection that a
+/// socket of the node's own holds (the answer to a node process's query or connection
+/// from the same port) is not the mapping's: `Ok(false)`, for the stack. (The pods' way
+/// in asks none: the lookup's frame would take the pod program past the 512 bytes of
+/// stack 6.1 allows a chain of calls, and a node's answer from a pod to a port of the
+/// ephemeral range, where the node's own connections leave from, is never a mapping's
+/// anyway: the daemon refuses those ports.) A new connection over its pod's budget,
 /// or meeting a full table, is refused (the packet is to be dropped: the pod's replies
 /// would find no way back).
 #[inline(always)]
@@ -95,6 +99,7 @@ fn remember(
     host_addr: [u8; 4],
     host_port: u16,
     seg: &Segment,
+    node_sockets: bool,
 ) -> Result<bool, Refusal> {
     let now = clock::now_ns();
     let slot = HOSTPORT_FLOWS.get_ptr_mut(flow);
@@ -110,7 +115,7 @@ fn remember(
             return Ok(true);
         }
     }
-    if socket::node_holds(ctx, flow, host_addr, host_port) {
+    if node_sockets && socket::node_holds(ctx, flow, host_addr, host_port) {
         return Ok(false);
     }
     if let Some(slot) = slot {

@@ -64,9 +64,8 @@ pub fn from_pod(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr) -> Result<Option<i3
     let hairpin = target.pod_addr == ip.src_addr;
     let client = if hairpin { HAIRPIN_ADDR } else { ip.src_addr };
     let flow = flow_to(&target, client, src_port, proto);
-    match remember(ctx, &flow, ip.dst_addr, dst_port, &seg) {
+    match remember(ctx, &flow, ip.dst_addr, dst_port, &seg, false) {
         Ok(true) => {}
-        // A pod's answer to a node socket on the same port: the stack's.
         Ok(false) => return Ok(None),
         Err(why) => return Ok(Some(budget::refuse(target.pod_addr, why))),
     }

@@ -39,7 +39,7 @@ pub fn inbound(
         return Ok(None);
     };
     let flow = flow_to(&target, ip.src_addr, client_port, proto);
-    match remember(ctx, &flow, ip.dst_addr, host_port, &seg) {
+    match remember(ctx, &flow, ip.dst_addr, host_port, &seg, true) {
         Ok(true) => {}
         // The answer to a node socket on the same port: the stack's.
         Ok(false) => return Ok(None),
