@@ -452,6 +452,13 @@ fn endpoint_info(endpoint: &Endpoint, queued: bool) -> Result<EndpointInfo, Endp
     if queued {
         flags |= endpoint_flags::SHAPED;
     }
+    if endpoint
+        .bandwidth
+        .as_ref()
+        .is_some_and(|limits| limits.egress_rate.is_some())
+    {
+        flags |= endpoint_flags::LIMITED;
+    }
     Ok(EndpointInfo {
         host_ifindex: endpoint.host_ifindex,
         pod_mac: parse_mac(&endpoint.mac)?,

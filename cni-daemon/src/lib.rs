@@ -11,7 +11,8 @@
 //!   Prometheus metrics over HTTP, never taking the node's lock) and [`install`] (the
 //!   CNI configuration written for the runtime once the daemon serves);
 //! - the node's model, synchronous: [`node`] (what follows keeps in step per request),
-//!   [`endpoints`], [`nat`], [`hostports`], [`node_addrs`], [`cluster`];
+//!   [`endpoints`], [`nat`], [`hostports`], [`rate_limits`], [`node_addrs`],
+//!   [`cluster`];
 //! - the datapath: [`datapath`] (load, attach, the maps handed out), [`bpffs`];
 //! - helpers for every layer: [`clock`], [`files`], `maps`, `ranges`.
 //!
@@ -37,5 +38,6 @@ pub mod nat;
 pub mod node;
 pub mod node_addrs;
 mod ranges;
+pub mod rate_limits;
 pub mod run;
 pub mod server;

@@ -33,6 +33,7 @@ use crate::{
     hostports::{self, HostPortError, HostPorts},
     nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
     node_addrs::{NodeAddrError, NodeAddrs},
+    rate_limits::RateLimits,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +131,8 @@ pub struct Node {
     detached: Option<Arc<Notify>>,
     /// Entries of each full map (by name) that did not fit at its last sync.
     left_out: BTreeMap<&'static str, usize>,
+    /// `RATE_LIMITS`: the pods' egress token buckets.
+    rate_limits: RateLimits,
     /// Host ports no mapping may take, with what they are ([`Self::deny_host_ports`]).
     denied_ports: Vec<(u16, String)>,
     /// Host veths [`Self::prepare`] bound to the pods' block that no endpoint uses yet.
@@ -162,6 +165,10 @@ impl Node {
         datapath.install_pod_block()?;
         record_block_netns(state_dir)?;
         let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
+        let mut rate_limits = RateLimits::open(datapath.take_rate_limits_map()?);
+        rate_limits
+            .sync(endpoints.list())
+            .map_err(DatapathError::from)?;
         for endpoint in &gone {
             datapath.detach_pod(&endpoint.host_veth)?;
             datapath.forget_counters(endpoint.host_ifindex)?;
@@ -205,7 +212,7 @@ impl Node {
                 })
             }
             (Routing::Native, _) | (Routing::Vxlan, None) => {
-                datapath.stop_overlay()?;
+                datapath.stop_overlay(overlay.underlay_trust)?;
                 None
             }
         };
@@ -253,6 +260,7 @@ impl Node {
             cluster_nodes,
             detached: None,
             left_out: BTreeMap::new(),
+            rate_limits,
             denied_ports: hostports::NODE_SERVICE_PORTS
                 .iter()
                 .map(|(port, what)| (*port, (*what).to_owned()))
@@ -578,6 +586,7 @@ impl Node {
         if let Err(error) = self
             .sync_cluster_cidrs()
             .and_then(|()| self.sync_gateways())
+            .and_then(|()| self.sync_rate_limits())
         {
             let _ = match &previous {
                 Some(previous) => self.endpoints.attach(previous.clone()).map(drop),
@@ -585,6 +594,7 @@ impl Node {
             };
             let _ = self.sync_cluster_cidrs();
             let _ = self.sync_gateways();
+            let _ = self.sync_rate_limits();
             undo_ports(self);
             unbind(self);
             return Err(error);
@@ -626,6 +636,7 @@ impl Node {
         self.datapath.forget_counters(endpoint.host_ifindex)?;
         self.sync_cluster_cidrs()?;
         self.sync_gateways()?;
+        self.sync_rate_limits()?;
         if let Some(detached) = &self.detached {
             detached.notify_one();
         }
@@ -679,6 +690,13 @@ impl Node {
             "pods' traffic to the cluster ranges left out is translated",
         );
         Ok(())
+    }
+
+    /// The pods' egress token buckets, in step with the records' limits.
+    fn sync_rate_limits(&mut self) -> Result<(), NodeError> {
+        self.rate_limits
+            .sync(self.endpoints.list())
+            .map_err(|error| NodeError::Datapath(DatapathError::from(error)))
     }
 
     /// Notes that `count` entries did not fit in the full `map` (0: all fit again):

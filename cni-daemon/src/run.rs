@@ -164,6 +164,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         OverlaySettings {
             port: config.cluster.vxlan_port,
             vni: config.cluster.vxlan_vni,
+            underlay_trust: config.cluster.underlay_trust.datapath_value(),
         },
     )?;
     // The daemon's own listeners are no hostPort's.

@@ -37,10 +37,39 @@ pub mod endpoint_flags {
     /// the pod are redirected to that veth's egress, through the qdisc, instead of
     /// straight into the pod with `bpf_redirect_peer`, which skips every qdisc.
     pub const SHAPED: u16 = 1 << 1;
+    /// The pod has an egress rate limit: `from_pod` polices what it sends against its
+    /// token bucket in `RATE_LIMITS` ([`super::RateBucket`]), which the pod cannot skip
+    /// as it can its own qdisc (`PACKET_QDISC_BYPASS`).
+    pub const LIMITED: u16 = 1 << 2;
 }
+
+/// Value of `RATE_LIMITS` (keyed by the pod's host-side ifindex, `u32`): a pod's egress
+/// token bucket. The daemon writes the rate and the burst (and a full bucket); the
+/// datapath refills and spends it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateBucket {
+    /// Bytes per second.
+    pub rate: u64,
+    /// The most the bucket holds, in bytes.
+    pub burst: u64,
+    /// What it holds now, in bytes.
+    pub tokens: u64,
+    /// When it was last refilled (`CLOCK_MONOTONIC`, ns).
+    pub refilled_ns: u64,
+}
+
+/// Endpoints `RATE_LIMITS` holds, as many as the endpoints map.
+pub const MAX_RATE_LIMITS: u32 = 4096;
+
+const _: () = assert!(core::mem::size_of::<RateBucket>() == 32);
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 4);
 const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 20);
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], four u64 fields, no padding (size asserted above).
+unsafe impl aya::Pod for RateBucket {}
 
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], fixed-width fields, no padding (sizes asserted above).

@@ -20,7 +20,9 @@ pub mod services;
 pub mod stats;
 
 pub use budget::{FlowCounts, FlowTable, Refusal, RefusedFlows};
-pub use endpoint::{EndpointInfo, EndpointKey, MAX_GATEWAYS, endpoint_flags};
+pub use endpoint::{
+    EndpointInfo, EndpointKey, MAX_GATEWAYS, MAX_RATE_LIMITS, RateBucket, endpoint_flags,
+};
 pub use flow::{Segment, Timeouts, Way, tcp_state, udp_state};
 pub use hostport::{
     HAIRPIN_ADDR, HostPortFlow, NODE_ADDRS_MAX, PortKey, PortTarget, SockConfig, SockRevKey,
@@ -31,7 +33,7 @@ pub use nat::{
     CidrKey, FragmentKey, FragmentTarget, MAX_UPLINKS, NatConfig, NatCounter, NatEntry, NatKey,
     NatReverseKey, SweepItem, Uplinks, sweep,
 };
-pub use overlay::{MAX_NODES, MAX_REMOTE_RANGES, OverlayConfig, RemoteNode};
+pub use overlay::{MAX_NODES, MAX_REMOTE_RANGES, OverlayConfig, RemoteNode, underlay_trust};
 pub use protocol::{ip_proto, tcp_flags};
 pub use services::{MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, ServiceClient};
 pub use stats::{SourceKey, TrafficCounters};
@@ -102,6 +104,9 @@ pub mod map_names {
     /// LPM trie: (prefix, IPv4) -> [`crate::RemoteNode`], other nodes' pod ranges and
     /// addresses (`--routing vxlan`).
     pub const REMOTE_NODES: &str = "REMOTE_NODES";
+    /// Hash: a pod's host-side ifindex (`u32`) -> [`crate::RateBucket`], its egress
+    /// token bucket.
+    pub const RATE_LIMITS: &str = "RATE_LIMITS";
     /// LPM trie: (32, IPv4) -> `u8` (1), the cluster's nodes' addresses on the
     /// underlay: pods' tunnel packets to them are dropped.
     pub const CLUSTER_NODES: &str = "CLUSTER_NODES";

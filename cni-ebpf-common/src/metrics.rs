@@ -85,11 +85,18 @@ pub enum DropReason {
     /// A masqueraded pod's packet whose layer-4 header source NAT cannot read (a UDP or
     /// TCP header cut short): it would leave with the pod's own address.
     NatUnparsable = 20,
+    /// A VXLAN packet claiming another node's address (the outer source) whose frame
+    /// comes from another neighbour than the one the node's FIB reaches that node by
+    /// (or by another device): a host on the underlay forging a node.
+    UnderlaySpoofed = 21,
+    /// A pod's packet past its egress rate limit (its token bucket empty), however it
+    /// was sent: a raw socket that skips the pod's own qdisc included.
+    PodRateLimited = 22,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 21] = [
+    pub const ALL: [DropReason; 23] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -111,6 +118,8 @@ impl DropReason {
         DropReason::PodEtherType,
         DropReason::PodTunnel,
         DropReason::NatUnparsable,
+        DropReason::UnderlaySpoofed,
+        DropReason::PodRateLimited,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -140,6 +149,8 @@ impl DropReason {
             DropReason::PodEtherType => "pod_ethertype",
             DropReason::PodTunnel => "pod_tunnel",
             DropReason::NatUnparsable => "nat_unparsable",
+            DropReason::UnderlaySpoofed => "underlay_spoofed",
+            DropReason::PodRateLimited => "pod_rate_limited",
         }
     }
 }

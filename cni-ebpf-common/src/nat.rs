@@ -300,10 +300,14 @@ pub enum NatCounter {
     /// New flows that found no free node port and took over the port of a closing flow
     /// of their own pod (see `tcp_state::POD_CLOSED_RECLAIM_MS`).
     ClosingReclaimed = 10,
+    /// Packets from another node's pods (natively routed, or out of the overlay) handed
+    /// to the node's stack instead of straight to the pod: `--underlay-trust strict`,
+    /// or a frame the checks could not tie to that node (see `underlay_trust`).
+    UnderlayToStack = 11,
 }
 
 impl NatCounter {
-    pub const ALL: [NatCounter; 11] = [
+    pub const ALL: [NatCounter; 12] = [
         NatCounter::TranslatedOut,
         NatCounter::TranslatedIn,
         NatCounter::IcmpErrorsIn,
@@ -315,6 +319,7 @@ impl NatCounter {
         NatCounter::TableFull,
         NatCounter::OverBudget,
         NatCounter::ClosingReclaimed,
+        NatCounter::UnderlayToStack,
     ];
     /// Size of the counter array (room for counters added later; a pin of another
     /// size is created anew at start).
@@ -333,6 +338,7 @@ impl NatCounter {
             NatCounter::TableFull => "table_full",
             NatCounter::OverBudget => "over_budget",
             NatCounter::ClosingReclaimed => "closing_reclaimed",
+            NatCounter::UnderlayToStack => "underlay_to_stack",
         }
     }
 }

@@ -35,8 +35,21 @@ pub struct OverlayConfig {
     /// The UDP port every node's device listens on (host byte order): the outer
     /// destination port of what the pod program encapsulates itself.
     pub port: u16,
+    /// How far packets from other nodes' pods are trusted ([`underlay_trust`]); kept
+    /// with either routing (`ifindex` 0).
+    pub underlay_trust: u8,
     /// Reserved (0).
-    pub pad: [u8; 6],
+    pub pad: [u8; 5],
+}
+
+/// `OverlayConfig::underlay_trust` (`ebpf-cnid run --underlay-trust`).
+pub mod underlay_trust {
+    /// Packets from other nodes' pods go straight into pods when the frame can be tied
+    /// to that node (the FIB reaches it by the device the frame came in by, through
+    /// the neighbour that sent the frame); else to the node's stack.
+    pub const RELAXED: u8 = 0;
+    /// They always go through the node's stack (its netfilter and rp_filter apply).
+    pub const STRICT: u8 = 1;
 }
 
 const _: () = assert!(core::mem::size_of::<RemoteNode>() == 8);

@@ -50,6 +50,31 @@ impl Netns {
         &self.name
     }
 
+    /// Runs `work` on a new thread inside this namespace (the caller's threads never
+    /// change namespace).
+    pub fn spawn<T, F>(&self, work: F) -> std::thread::JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        use std::os::fd::AsFd;
+        let file = std::fs::File::open(self.path()).expect("cannot open the netns file");
+        std::thread::spawn(move || {
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("setns failed");
+            work()
+        })
+    }
+
+    /// Runs `work` inside this namespace and waits for it.
+    pub fn run_inside<T, F>(&self, work: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        self.spawn(work).join().expect("the netns thread panicked")
+    }
+
     /// Names of the TCX programs on `device` in this namespace, ingress then egress, asked
     /// from the kernel (Debian's bpftool predates TCX and cannot list them).
     pub fn tcx_programs(&self, device: &str) -> Vec<String> {
@@ -58,7 +83,7 @@ impl Netns {
             return Vec::new();
         }
         let device = device.to_owned();
-        crate::traffic::run_in(self, move || {
+        self.run_inside(move || {
             let mut names = Vec::new();
             for direction in [TcAttachType::Ingress, TcAttachType::Egress] {
                 let (_, programs) = SchedClassifier::query_tcx(&device, direction)

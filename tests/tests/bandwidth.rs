@@ -317,3 +317,81 @@ fn a_qdisc_put_on_a_host_veth_after_add_is_honoured_and_so_is_its_removal() {
         free / 1e6
     );
 }
+
+#[test]
+fn a_raw_socket_that_skips_the_pods_qdisc_is_held_to_its_egress_limit() {
+    use std::net::{SocketAddrV4, UdpSocket};
+
+    use ebpf_cni_tests::{
+        node::EXTERNAL_ADDR,
+        traffic::{
+            spawn_in,
+            spoof::{flood_bypassing_qdisc, udp_frame},
+        },
+    };
+
+    require_root();
+    let node = Node::start("10.244.66.0/24");
+    // 8 Mbit/s (1 MB/s) out, a burst of 80 kbit.
+    let pod = node.add_pod_with("raw-flood", &limits(8_000_000, 80_000));
+    let external: std::net::Ipv4Addr = EXTERNAL_ADDR.parse().expect("an address");
+    let counter = spawn_in(&node.external, || {
+        let socket = UdpSocket::bind("0.0.0.0:9700").expect("bind");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("a timeout");
+        let (mut bytes, mut quiet) = (0u64, 0);
+        let mut buffer = [0u8; 2048];
+        // Until the flood has been over for a second.
+        while quiet < 5 {
+            match socket.recv(&mut buffer) {
+                Ok(n) => {
+                    bytes += n as u64;
+                    quiet = 0;
+                }
+                Err(_) => quiet += 1,
+            }
+        }
+        bytes
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let mac = |netns: &Netns, device: &str| -> [u8; 6] {
+        let shown: Value =
+            serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", device])).expect("JSON");
+        let text = shown[0]["address"].as_str().expect("a MAC");
+        let mut mac = [0u8; 6];
+        for (byte, part) in mac.iter_mut().zip(text.split(':')) {
+            *byte = u8::from_str_radix(part, 16).expect("hex");
+        }
+        mac
+    };
+    let host_mac = mac(&node.netns, &node.host_veth(&pod));
+    let frame = udp_frame(
+        host_mac,
+        mac(&pod.netns, "eth0"),
+        None,
+        SocketAddrV4::new(pod.ip, 40000),
+        SocketAddrV4::new(external, 9700),
+        &[0x5a; 1400],
+    );
+    let seconds = 2;
+    let sent = flood_bypassing_qdisc(&pod.netns, "eth0", &frame, Duration::from_secs(seconds))
+        .expect("the flood");
+    let received = counter.join().expect("the counter");
+    let sent_bytes = sent * 1428;
+    println!("flood: {sent_bytes} bytes sent past the qdisc in {seconds} s, {received} received");
+    // The limit's 2 MB in two seconds, its slack and burst, and a second of margin.
+    assert!(
+        received <= 3_500_000,
+        "{received} bytes received of {sent_bytes} sent at 1 MB/s"
+    );
+    assert!(
+        sent_bytes > 4 * received,
+        "the flood outran the limit: {sent_bytes}"
+    );
+    let status = node.instance.cli_json(&["status"]);
+    assert!(
+        status["drops"]["pod_rate_limited"].as_u64() > Some(0),
+        "counted: {status}"
+    );
+}

@@ -44,6 +44,21 @@ pub struct ClusterArgs {
         value_delimiter = ','
     )]
     pub cluster_cidrs: Vec<ipnet::Ipv4Net>,
+    /// How far packets from other nodes' pods are trusted, with either routing.
+    /// `relaxed`: straight into the pod when the frame can be tied to the node it
+    /// claims (the node's FIB reaches that node by the device the frame came in by,
+    /// through the neighbour that sent it); else through the node's stack. A VXLAN
+    /// packet from another neighbour than the node it claims is dropped. `strict`:
+    /// always through the node's stack, where its netfilter (and rp_filter) apply. Any
+    /// host on the underlay that can forge a node's IP and MAC addresses passes both:
+    /// only an encrypted underlay closes that.
+    #[arg(
+        long,
+        env = "EBPF_CNID_UNDERLAY_TRUST",
+        value_enum,
+        default_value_t = UnderlayTrust::Relaxed
+    )]
+    pub underlay_trust: UnderlayTrust,
     /// UDP port of the overlay (`--routing vxlan`), the same on every node: 8472, as
     /// flannel and Cilium use (Linux's own VXLAN default), not IANA's 4789.
     #[arg(long, env = "EBPF_CNID_VXLAN_PORT", default_value_t = 8472)]
@@ -56,6 +71,24 @@ pub struct ClusterArgs {
         value_parser = clap::value_parser!(u32).range(1..(1 << 24))
     )]
     pub vxlan_vni: u32,
+}
+
+/// How far packets from other nodes' pods are trusted (`--underlay-trust`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnderlayTrust {
+    Relaxed,
+    Strict,
+}
+
+impl UnderlayTrust {
+    /// The value the datapath reads (`OverlayConfig::underlay_trust`).
+    pub fn datapath_value(self) -> u8 {
+        match self {
+            Self::Relaxed => cni_ebpf_common::underlay_trust::RELAXED,
+            Self::Strict => cni_ebpf_common::underlay_trust::STRICT,
+        }
+    }
 }
 
 /// How pods reach the pods of other nodes (`--routing`).
@@ -182,6 +215,7 @@ mod tests {
             kubeconfig: None,
             routing: Routing::Native,
             cluster_cidrs: Vec::new(),
+            underlay_trust: UnderlayTrust::Relaxed,
             vxlan_port: 8472,
             vxlan_vni: 1,
         };

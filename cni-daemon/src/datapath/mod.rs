@@ -215,6 +215,17 @@ impl Datapath {
     }
 
     /// Hands the endpoints map to its owner ([`crate::endpoints::Endpoints`]).
+    /// `RATE_LIMITS`, the pods' egress token buckets.
+    pub fn take_rate_limits_map(
+        &mut self,
+    ) -> Result<HashMap<MapData, u32, cni_ebpf_common::RateBucket>, DatapathError> {
+        let map = self
+            .ebpf
+            .take_map(map_names::RATE_LIMITS)
+            .ok_or(DatapathError::MissingMap(map_names::RATE_LIMITS))?;
+        Ok(HashMap::try_from(map)?)
+    }
+
     pub fn take_endpoints_map(
         &mut self,
     ) -> Result<HashMap<MapData, EndpointKey, EndpointInfo>, DatapathError> {

@@ -44,11 +44,14 @@ const PROGRAMS: [(&str, TcAttachType); 2] = [
     (program_names::OVERLAY_INGRESS, TcAttachType::Ingress),
 ];
 
-/// The overlay's settings (`--vxlan-port`, `--vxlan-vni`).
+/// The overlay's settings (`--vxlan-port`, `--vxlan-vni`), and how far packets from
+/// other nodes are trusted (`--underlay-trust`, a `cni_ebpf_common::underlay_trust`
+/// value), which holds with either routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverlaySettings {
     pub port: u16,
     pub vni: u32,
+    pub underlay_trust: u8,
 }
 
 /// `REMOTE_NODES`: other nodes' pod ranges -> their node.
@@ -93,7 +96,8 @@ impl Datapath {
                 ifindex,
                 vni: settings.vni,
                 port: settings.port,
-                pad: [0; 6],
+                underlay_trust: settings.underlay_trust,
+                pad: [0; 5],
             },
             0,
         )?;
@@ -108,10 +112,15 @@ impl Datapath {
         Ok(ifindex)
     }
 
-    /// No overlay (native routing): `OVERLAY_CONFIG` cleared first, so that pods'
-    /// traffic stops going to the device, then its pins and the device go.
-    pub fn stop_overlay(&mut self) -> Result<(), DatapathError> {
-        self.overlay_config()?.set(0, OverlayConfig::default(), 0)?;
+    /// No overlay (native routing): `OVERLAY_CONFIG` cleared first (but for
+    /// `underlay_trust`), so that pods' traffic stops going to the device, then its
+    /// pins and the device go.
+    pub fn stop_overlay(&mut self, underlay_trust: u8) -> Result<(), DatapathError> {
+        let config = OverlayConfig {
+            underlay_trust,
+            ..OverlayConfig::default()
+        };
+        self.overlay_config()?.set(0, config, 0)?;
         remove_pins(&self.bpf_dir)?;
         self.attachments
             .retain(|attachment| attachment.interface != DEVICE);

@@ -8,7 +8,9 @@
 //!   ICMP errors) back to the pods on its ingress;
 //! - [`services`]: Service traffic handed to the node's stack, where kube-proxy's DNAT
 //!   is;
+//! - [`underlay`]: whether a frame from another node can be tied to it;
 //! - [`pod_tunnel`]: no tunnel packets from a pod to a node;
+//! - [`rate`]: a pod's egress rate limit, held on the host side;
 //! - [`hostport`]: connections to host ports, to the pods behind them;
 //! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
 //! - [`fragments`]: the fragments after a datagram's first one, following it;
@@ -27,8 +29,10 @@ pub mod hostport;
 pub mod overlay;
 pub mod pod_source;
 pub mod pod_tunnel;
+pub mod rate;
 pub mod rev_nat;
 pub mod route;
 pub mod services;
 pub mod snat;
 pub mod sweep;
+pub mod underlay;

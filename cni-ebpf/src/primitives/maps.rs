@@ -13,10 +13,10 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
-    FragmentTarget, HostPortFlow, MAX_GATEWAYS, MAX_NODES, MAX_REMOTE_RANGES, MAX_SERVICE_CIDRS,
-    MAX_SERVICE_FLOWS, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey,
-    OverlayConfig, PortKey, PortTarget, RefusedFlows, RemoteNode, ServiceClient, SockConfig,
-    SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
+    FragmentTarget, HostPortFlow, MAX_GATEWAYS, MAX_NODES, MAX_RATE_LIMITS, MAX_REMOTE_RANGES,
+    MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey,
+    NatReverseKey, OverlayConfig, PortKey, PortTarget, RateBucket, RefusedFlows, RemoteNode,
+    ServiceClient, SockConfig, SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -25,6 +25,10 @@ use cni_ebpf_common::{
 const MAX_ENDPOINTS: u32 = 4096;
 /// Distinct sources counted; a full map stops counting new sources.
 const MAX_SOURCES: u32 = 4096;
+
+/// A limited pod's host-side ifindex -> its egress token bucket.
+#[map(name = "RATE_LIMITS")]
+pub static RATE_LIMITS: HashMap<u32, RateBucket> = HashMap::pinned(MAX_RATE_LIMITS, 0);
 
 /// Pod IPv4 -> host veth, pod MAC and host MAC, written by the daemon.
 #[map(name = "ENDPOINTS")]
@@ -237,6 +241,15 @@ pub fn overlay_config() -> Option<OverlayConfig> {
         .get(0)
         .copied()
         .filter(|config| config.ifindex != 0)
+}
+
+/// `OverlayConfig::underlay_trust`, with either routing (0, `relaxed`, until the daemon
+/// wrote it).
+#[inline(always)]
+pub fn underlay_trust() -> u8 {
+    OVERLAY_CONFIG
+        .get(0)
+        .map_or(0, |config| config.underlay_trust)
 }
 
 /// Whether `addr` is a pods' gateway: an address of the node for its pods only.

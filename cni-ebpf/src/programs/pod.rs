@@ -18,14 +18,14 @@
 //! `ebpf-cnid endpoints`.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use cni_ebpf_common::DropReason;
+use cni_ebpf_common::{DropReason, endpoint_flags};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
 };
 
 use crate::{
-    features::{arp, conntrack, hostport, overlay, pod_source, pod_tunnel, route, services},
+    features::{arp, conntrack, hostport, overlay, pod_source, pod_tunnel, rate, route, services},
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
@@ -90,8 +90,13 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
     if !packet::ipv4_well_formed(ip, ctx.len()) {
         return Ok(counters::drop_packet(DropReason::MalformedIpv4));
     }
-    if let Err(reason) = pod_source::ipv4(ifindex, eth, ip.src_addr) {
-        return Ok(counters::drop_packet(reason));
+    let pod = match pod_source::ipv4(ifindex, eth, ip.src_addr) {
+        Ok(pod) => pod,
+        Err(reason) => return Ok(counters::drop_packet(reason)),
+    };
+    // Its egress limit, held here whatever way the pod sent the packet.
+    if pod.flags & endpoint_flags::LIMITED != 0 && !rate::admit(ifindex, ctx.len()) {
+        return Ok(counters::drop_packet(DropReason::PodRateLimited));
     }
     if pod_tunnel::into_node(ctx, ip) {
         return Ok(counters::drop_packet(DropReason::PodTunnel));

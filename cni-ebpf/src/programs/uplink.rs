@@ -73,7 +73,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i64> {
         #[inline(always)]
         |config, node_addr, eth, ip| {
             // The overlay's packets for this node's pods, out of the tunnel here.
-            if let Some(verdict) = overlay::decap::from_uplink(ctx, node_addr, ip)? {
+            if let Some(verdict) = overlay::decap::from_uplink(ctx, node_addr, eth, ip)? {
                 return Ok(verdict);
             }
             if fragments::is_later(ip) {

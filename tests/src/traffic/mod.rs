@@ -3,7 +3,8 @@
 //! their work, so the test's own threads never change namespace. Every loop is bounded
 //! in time.
 //!
-//! This module owns the threads (`spawn_in`, `run_in`, `Background`); `tcp` and `udp`
+//! This module hands out the threads (`spawn_in`, `run_in`: a thread the namespace
+//! itself enters, see `Netns::spawn`; `Background`); `tcp` and `udp`
 //! own the traffic itself (`bulk`: one-way transfers checked byte for byte); `probe` runs the one client that must be a process of its
 //! own (in a cgroup); `iperf` runs iperf3; `spoof` sends what an attacker in a pod would.
 
@@ -16,17 +17,13 @@ mod tcp;
 mod udp;
 
 use std::{
-    fs::File,
-    os::fd::AsFd,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    thread::{self, JoinHandle},
+    thread::JoinHandle,
     time::Duration,
 };
-
-use nix::sched::{CloneFlags, setns};
 
 pub use self::{
     probe::probe,
@@ -53,11 +50,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    let file = File::open(netns.path()).expect("cannot open the netns file");
-    thread::spawn(move || {
-        setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns failed");
-        work()
-    })
+    netns.spawn(work)
 }
 
 /// Runs `work` inside `netns` and waits for it.
@@ -66,9 +59,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    spawn_in(netns, work)
-        .join()
-        .expect("the netns thread panicked")
+    netns.run_inside(work)
 }
 
 /// A thread inside a namespace that works until asked to stop, stopped and joined on

@@ -201,3 +201,60 @@ pub fn send_frame(netns: &Netns, ifname: &str, frame: &[u8]) -> io::Result<()> {
         Ok(())
     })
 }
+
+/// Sends `frame` out of `ifname` in `netns` over and over for `duration`, from a packet
+/// socket that skips the interface's qdisc (`PACKET_QDISC_BYPASS`) as a pod with
+/// CAP_NET_RAW can; returns how many were sent.
+pub fn flood_bypassing_qdisc(
+    netns: &Netns,
+    ifname: &str,
+    frame: &[u8],
+    duration: Duration,
+) -> io::Result<u64> {
+    /// `SOL_PACKET`'s `PACKET_QDISC_BYPASS`.
+    const PACKET_QDISC_BYPASS: libc::c_int = 20;
+    let (ifname, frame) = (ifname.to_owned(), frame.to_vec());
+    run_in(netns, move || {
+        let index = nix::net::if_::if_nametoindex(ifname.as_str()).map_err(io::Error::from)?;
+        let socket = Socket::new(Domain::PACKET, Type::RAW, None)?;
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket and an int option of the size given.
+        let set = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_QDISC_BYPASS,
+                std::ptr::from_ref(&on).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if set != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid start.
+        let mut address: libc::sockaddr_ll = unsafe { zeroed() };
+        address.sll_family = libc::AF_PACKET as u16;
+        address.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
+        address.sll_halen = 6;
+        address.sll_addr[..6].copy_from_slice(&frame[..6]);
+        let started = Instant::now();
+        let mut sent = 0;
+        while started.elapsed() < duration {
+            // SAFETY: as in `send_frame`.
+            let n = unsafe {
+                libc::sendto(
+                    socket.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    0,
+                    std::ptr::from_ref(&address).cast(),
+                    size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                )
+            };
+            if n > 0 {
+                sent += 1;
+            }
+        }
+        Ok(sent)
+    })
+}

@@ -7,7 +7,9 @@
 //! ingress program. Acknowledgements, request-response traffic and connection set-up
 //! are such packets.
 //!
-//! It takes only what the device would deliver into that pod unchanged, checked as
+//! Every VXLAN packet for the overlay's port is first tied to the host its outer source
+//! claims to be (`underlay::claim`): one from another neighbour is dropped. Then it
+//! takes only what the device would deliver into that pod unchanged, checked as
 //! `ingress` checks it; the device stays the way for everything else, and its
 //! ingress program counts what it drops:
 //! - a GSO packet (the kernel's UDP-tunnel segmentation state cannot be cleared from
@@ -29,7 +31,7 @@ use aya_ebpf::{
     helpers::generated::bpf_csum_level,
     programs::TcContext,
 };
-use cni_ebpf_common::ip_proto::UDP;
+use cni_ebpf_common::{DropReason, ip_proto::UDP};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -37,9 +39,9 @@ use network_types::{
 
 use super::encap::{ADDED, VXLAN_VNI_VALID};
 use crate::{
-    features::services,
+    features::{services, underlay},
     primitives::{
-        deliver, maps,
+        counters, deliver, maps,
         packet::{self, EthIpv4},
     },
 };
@@ -65,7 +67,12 @@ const INNER_IP_AT: usize = UDP_AT + 16 + EthHdr::LEN;
 /// overlay's port is no translated flow's (the NAT's port search passes over it), so
 /// nothing for it is a reply the NAT would have to translate.
 #[inline(always)]
-pub fn from_uplink(ctx: &TcContext, node_addr: [u8; 4], ip: &Ipv4Hdr) -> Result<Option<i32>, i64> {
+pub fn from_uplink(
+    ctx: &TcContext,
+    node_addr: [u8; 4],
+    eth: &EthHdr,
+    ip: &Ipv4Hdr,
+) -> Result<Option<i32>, i64> {
     if ip.proto != UDP
         || ip.dst_addr != node_addr
         || ip.ihl() as usize != Ipv4Hdr::LEN
@@ -77,6 +84,20 @@ pub fn from_uplink(ctx: &TcContext, node_addr: [u8; 4], ip: &Ipv4Hdr) -> Result<
     let Some(config) = maps::overlay_config() else {
         return Ok(None);
     };
+    let udp: [u8; 4] = ctx.load(UDP_AT)?;
+    if u16::from_be_bytes([udp[2], udp[3]]) != config.port {
+        return Ok(None);
+    }
+    // A frame from another neighbour than the host its outer source is (or by another
+    // device than the FIB reaches it by) is a forged node's: dropped, bursts too. One
+    // that cannot be checked, or with `--underlay-trust strict`, takes the device's way.
+    match underlay::claim(ctx, eth, packet::ifindex(ctx), node_addr, ip.src_addr) {
+        underlay::Claim::Forged => {
+            return Ok(Some(counters::drop_packet(DropReason::UnderlaySpoofed)));
+        }
+        underlay::Claim::Tied if !underlay::strict() => {}
+        _ => return Ok(None),
+    }
     // SAFETY: the context pointer is valid for the whole program run.
     if unsafe { (*ctx.skb.skb).gso_size } != 0 {
         return Ok(None);
@@ -86,10 +107,6 @@ pub fn from_uplink(ctx: &TcContext, node_addr: [u8; 4], ip: &Ipv4Hdr) -> Result<
         return Ok(None);
     }
     let Tunnelled { udp, vxlan, inner } = ctx.load(UDP_AT)?;
-    let port = u16::from_be_bytes([udp[2], udp[3]]);
-    if port != config.port {
-        return Ok(None);
-    }
     let [_, vni_2, vni_1, vni_0] = config.vni.to_be_bytes();
     if udp[6..8] != [0, 0] || vxlan != [VXLAN_VNI_VALID, 0, 0, 0, vni_2, vni_1, vni_0, 0] {
         return Ok(None);

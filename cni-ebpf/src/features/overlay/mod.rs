@@ -23,11 +23,11 @@ use aya_ebpf::{
     helpers::generated::{bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     programs::TcContext,
 };
-use cni_ebpf_common::{DropReason, OverlayConfig};
+use cni_ebpf_common::{DropReason, NatCounter, OverlayConfig};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    features::services,
+    features::{services, underlay},
     primitives::{counters, deliver, maps},
 };
 
@@ -152,6 +152,11 @@ pub fn ingress(
     if let Some(pod) = maps::endpoint(ip.dst_addr) {
         // A reply of a Service connection the stack translated: the stack undoes it.
         if services::is_translated_reply(ctx, ip) {
+            return Ok(deliver::to_stack(ctx));
+        }
+        // `--underlay-trust strict`: through the node's stack, its netfilter.
+        if underlay::strict() {
+            counters::nat(NatCounter::UnderlayToStack);
             return Ok(deliver::to_stack(ctx));
         }
         return deliver::deliver(ctx, eth, ip, &pod);

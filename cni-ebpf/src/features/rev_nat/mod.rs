@@ -17,7 +17,7 @@ use crate::{
     features::{
         budget,
         conntrack::{self, live_entry},
-        fragments, hostport, services,
+        fragments, hostport, services, underlay,
     },
     primitives::{
         clock, counters,
@@ -56,6 +56,17 @@ pub fn ingress(
             // it, which undoes the translation.
             if maps::overlay_config().is_none() && maps::remote_node(ip.src_addr).is_some() {
                 if services::is_translated_reply(ctx, ip) {
+                    return Ok(TC_ACT_OK);
+                }
+                // Only a frame tied to the node whose pods it claims to come from, and
+                // with `--underlay-trust relaxed`: else the node's stack (its netfilter)
+                // takes it.
+                let ifindex = packet::ifindex(ctx);
+                if underlay::strict()
+                    || underlay::claim(ctx, eth, ifindex, node_addr, ip.src_addr)
+                        != underlay::Claim::Tied
+                {
+                    counters::nat(NatCounter::UnderlayToStack);
                     return Ok(TC_ACT_OK);
                 }
                 // The fragments after a first one follow it into the pod: the stack,
