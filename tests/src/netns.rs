@@ -50,6 +50,13 @@ impl Netns {
         &self.name
     }
 
+    /// The MAC of `ifname` in this namespace.
+    pub fn mac(&self, ifname: &str) -> [u8; 6] {
+        let out = self.ip(&["-j", "link", "show", "dev", ifname]);
+        let links: serde_json::Value = serde_json::from_str(&out).expect("ip -j prints JSON");
+        parse_mac(links[0]["address"].as_str().expect("a MAC"))
+    }
+
     /// Runs `work` on a new thread inside this namespace (the caller's threads never
     /// change namespace).
     pub fn spawn<T, F>(&self, work: F) -> std::thread::JoinHandle<T>
@@ -231,6 +238,15 @@ impl Drop for Netns {
 }
 
 /// Runs `command`, panicking with its stderr when it fails.
+/// `aa:bb:cc:dd:ee:ff` as bytes.
+pub fn parse_mac(text: &str) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    for (byte, part) in mac.iter_mut().zip(text.split(':')) {
+        *byte = u8::from_str_radix(part, 16).expect("hex");
+    }
+    mac
+}
+
 pub fn run_ok(command: &mut Command) -> Output {
     let out = command
         .output()

@@ -355,20 +355,10 @@ fn a_raw_socket_that_skips_the_pods_qdisc_is_held_to_its_egress_limit() {
         bytes
     });
     std::thread::sleep(Duration::from_millis(200));
-    let mac = |netns: &Netns, device: &str| -> [u8; 6] {
-        let shown: Value =
-            serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", device])).expect("JSON");
-        let text = shown[0]["address"].as_str().expect("a MAC");
-        let mut mac = [0u8; 6];
-        for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-            *byte = u8::from_str_radix(part, 16).expect("hex");
-        }
-        mac
-    };
-    let host_mac = mac(&node.netns, &node.host_veth(&pod));
+    let host_mac = node.netns.mac(&node.host_veth(&pod));
     let frame = udp_frame(
         host_mac,
-        mac(&pod.netns, "eth0"),
+        pod.netns.mac("eth0"),
         None,
         SocketAddrV4::new(pod.ip, 40000),
         SocketAddrV4::new(external, 9700),

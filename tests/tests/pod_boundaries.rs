@@ -36,17 +36,6 @@ fn settle() {
     thread::sleep(Duration::from_millis(300));
 }
 
-fn mac_of(netns: &Netns, ifname: &str) -> [u8; 6] {
-    let out = netns.ip(&["-j", "link", "show", "dev", ifname]);
-    let links: Value = serde_json::from_str(&out).expect("ip -j prints JSON");
-    let text = links[0]["address"].as_str().expect("a MAC");
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-        *byte = u8::from_str_radix(part, 16).expect("hex");
-    }
-    mac
-}
-
 /// A Router Advertisement from `from_mac` (link-local fe80::bad) to all nodes: a
 /// default router for 30 minutes, and the prefix 2001:db8:bad::/64 to configure an
 /// address from.
@@ -114,7 +103,7 @@ fn a_pods_router_advertisement_never_configures_the_node() {
         .run("sh", &["-c", &format!("echo 0 > {conf}/disable_ipv6")]);
     node.netns
         .run("sh", &["-c", &format!("echo 1 > {conf}/accept_ra")]);
-    let advertisement = router_advertisement(mac_of(&pod.netns, "eth0"));
+    let advertisement = router_advertisement(pod.netns.mac("eth0"));
     for _ in 0..3 {
         send_frame(&pod.netns, "eth0", &advertisement).expect("send");
     }
@@ -247,7 +236,7 @@ fn outbound_frame(node: &Node, pod: &ebpf_cni_tests::node::Pod, packet: &Truncat
         .map(|byte| u8::from_str_radix(byte, 16).expect("hex"))
         .collect::<Vec<u8>>();
     let mut frame = host_mac;
-    frame.extend(mac_of(&pod.netns, "eth0"));
+    frame.extend(pod.netns.mac("eth0"));
     frame.extend(0x0800u16.to_be_bytes());
     let mut header = vec![0x45, 0];
     header.extend(

@@ -11,7 +11,7 @@ use std::{
 };
 
 use ebpf_cni_tests::{
-    netns::Netns,
+    netns::parse_mac,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod},
     require_root,
     traffic::{
@@ -38,20 +38,6 @@ fn external(port: u16) -> SocketAddrV4 {
 /// What a spoofed datagram might take to arrive, were it let through.
 fn settle() {
     thread::sleep(Duration::from_millis(300));
-}
-
-fn parse_mac(text: &str) -> [u8; 6] {
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-        *byte = u8::from_str_radix(part, 16).expect("hex");
-    }
-    mac
-}
-
-fn mac_of(netns: &Netns, ifname: &str) -> [u8; 6] {
-    let out = netns.ip(&["-j", "link", "show", "dev", ifname]);
-    let links: Value = serde_json::from_str(&out).expect("ip -j prints JSON");
-    parse_mac(links[0]["address"].as_str().expect("a MAC"))
 }
 
 /// The MAC of `pod`'s host veth, as the daemon recorded it.
@@ -127,7 +113,9 @@ fn a_pod_sending_from_another_mac_is_dropped() {
     let host = host_mac(&node, &a)
         .map(|byte| format!("{byte:02x}"))
         .join(":");
-    let theirs = mac_of(&b.netns, "eth0")
+    let theirs = b
+        .netns
+        .mac("eth0")
         .map(|byte| format!("{byte:02x}"))
         .join(":");
     a.netns.ip(&["link", "set", "eth0", "address", &theirs]);
@@ -168,7 +156,7 @@ fn arp_about_another_address_than_the_pods_own_is_dropped() {
     require_root();
     let node = Node::start("10.244.92.0/24");
     let (a, b) = (node.add_pod("arp-a"), node.add_pod("arp-b"));
-    let (mac, host_mac) = (mac_of(&a.netns, "eth0"), host_mac(&node, &a));
+    let (mac, host_mac) = (a.netns.mac("eth0"), host_mac(&node, &a));
 
     // About itself: the stack's business, not a drop.
     send_frame(&a.netns, "eth0", &arp_claim(&a, mac, a.ip, host_mac)).expect("send");
@@ -190,7 +178,7 @@ fn tagged_frames_from_a_pod_are_dropped_and_never_reach_the_outside() {
     require_root();
     let node = Node::start("10.244.93.0/24");
     let pod = node.add_pod("vlan");
-    let (mac, host_mac) = (mac_of(&pod.netns, "eth0"), host_mac(&node, &pod));
+    let (mac, host_mac) = (pod.netns.mac("eth0"), host_mac(&node, &pod));
     let from = SocketAddrV4::new(pod.ip, 40000);
     let frame = |tag, marker: &[u8]| udp_frame(host_mac, mac, tag, from, external(PORT), marker);
 
@@ -231,10 +219,7 @@ fn tagged_frames_on_the_uplink_are_left_alone_never_translated_into_a_pod() {
         .as_str()
         .unwrap_or_else(|| panic!("a translated flow in {nat}"));
     let flow: SocketAddrV4 = flow.parse().expect("node address and port");
-    let (uplink, outside) = (
-        mac_of(&node.netns, "uplink0"),
-        mac_of(&node.external, "eth0"),
-    );
+    let (uplink, outside) = (node.netns.mac("uplink0"), node.external.mac("eth0"));
     let reply = |tag, marker: &[u8]| udp_frame(uplink, outside, tag, external(PORT), flow, marker);
 
     // An untagged reply on the flow is translated and delivered into the pod.

@@ -12,7 +12,6 @@ use std::{
 };
 
 use ebpf_cni_tests::{
-    netns::Netns,
     node::{EXTERNAL_ADDR, NODE_ADDR, Node},
     require_root,
     traffic::{
@@ -20,20 +19,8 @@ use ebpf_cni_tests::{
         spoof::{send_frame, udp_frame},
     },
 };
-use serde_json::Value;
 
 const PORT: u16 = 9100;
-
-fn mac_of(netns: &Netns, ifname: &str) -> [u8; 6] {
-    let out = netns.ip(&["-j", "link", "show", "dev", ifname]);
-    let links: Value = serde_json::from_str(&out).expect("ip -j prints JSON");
-    let text = links[0]["address"].as_str().expect("a MAC");
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-        *byte = u8::from_str_radix(part, 16).expect("hex");
-    }
-    mac
-}
 
 /// The next datagram `socket` receives within a second.
 fn received(socket: &UdpSocket) -> Option<Vec<u8>> {
@@ -66,7 +53,7 @@ fn a_frame_for_another_hosts_mac_never_reaches_a_pod() {
     // A promiscuous uplink receives frames for other MACs too.
     node.netns.ip(&["link", "set", "uplink0", "promisc", "on"]);
     let from = SocketAddrV4::new(external, PORT);
-    let src_mac = mac_of(&node.external, "eth0");
+    let src_mac = node.external.mac("eth0");
     let elsewhere = [0x02, 0, 0, 0, 0, 0x99];
     let frame =
         |dst_mac, payload: &[u8]| udp_frame(dst_mac, src_mac, None, from, translated, payload);
@@ -77,7 +64,7 @@ fn a_frame_for_another_hosts_mac_never_reaches_a_pod() {
         "a frame for another host's MAC reached the pod"
     );
     // The same datagram to the node's MAC is the flow's answer.
-    let node_mac = mac_of(&node.netns, "uplink0");
+    let node_mac = node.netns.mac("uplink0");
     send_frame(&node.external, "eth0", &frame(node_mac, b"the node's")).expect("send");
     assert_eq!(received(&socket).as_deref(), Some(&b"the node's"[..]));
 }
@@ -149,8 +136,8 @@ fn a_host_on_the_underlay_forging_a_nodes_vxlan_is_dropped() {
         &vxlan,
     );
     let frame = ethernet(
-        mac_of(&cluster.node(2).netns, "uplink0"),
-        mac_of(&cluster.segment, "br0"),
+        cluster.node(2).netns.mac("uplink0"),
+        cluster.segment.mac("br0"),
         &outer,
     );
     for _ in 0..3 {
@@ -211,8 +198,8 @@ fn natively_routed_packets_not_tied_to_their_node_cross_the_nodes_firewall() {
         b"forged",
     );
     let frame = ethernet(
-        mac_of(&cluster.node(2).netns, "uplink0"),
-        mac_of(&cluster.segment, "br0"),
+        cluster.node(2).netns.mac("uplink0"),
+        cluster.segment.mac("br0"),
         &forged,
     );
     for _ in 0..3 {

@@ -176,30 +176,41 @@ fn udp_packet(source: Ipv4Addr, source_port: u16, to: SocketAddrV4, payload: &[u
 pub fn send_frame(netns: &Netns, ifname: &str, frame: &[u8]) -> io::Result<()> {
     let (ifname, frame) = (ifname.to_owned(), frame.to_vec());
     run_in(netns, move || {
-        let index = nix::net::if_::if_nametoindex(ifname.as_str()).map_err(io::Error::from)?;
         let socket = Socket::new(Domain::PACKET, Type::RAW, None)?;
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid start.
-        let mut address: libc::sockaddr_ll = unsafe { zeroed() };
-        address.sll_family = libc::AF_PACKET as u16;
-        address.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
-        address.sll_halen = 6;
-        address.sll_addr[..6].copy_from_slice(&frame[..6]);
-        // SAFETY: a valid socket, and an address of the size given that outlives the call.
-        let sent = unsafe {
-            libc::sendto(
-                socket.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                std::ptr::from_ref(&address).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
+        let address = link_address(&ifname, &frame)?;
+        if send_to_link(&socket, &address, &frame) < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
     })
+}
+
+/// The link-layer address a packet socket sends `frame` to out of `ifname`: the
+/// interface, and the frame's destination MAC.
+fn link_address(ifname: &str, frame: &[u8]) -> io::Result<libc::sockaddr_ll> {
+    let index = nix::net::if_::if_nametoindex(ifname).map_err(io::Error::from)?;
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid start.
+    let mut address: libc::sockaddr_ll = unsafe { zeroed() };
+    address.sll_family = libc::AF_PACKET as u16;
+    address.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
+    address.sll_halen = 6;
+    address.sll_addr[..6].copy_from_slice(&frame[..6]);
+    Ok(address)
+}
+
+/// `sendto` of `frame` to `address` on a packet socket: the bytes sent, or -1.
+fn send_to_link(socket: &Socket, address: &libc::sockaddr_ll, frame: &[u8]) -> isize {
+    // SAFETY: a valid socket, and an address of the size given that outlives the call.
+    unsafe {
+        libc::sendto(
+            socket.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            std::ptr::from_ref(address).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    }
 }
 
 /// Sends `frame` out of `ifname` in `netns` over and over for `duration`, from a packet
@@ -215,7 +226,6 @@ pub fn flood_bypassing_qdisc(
     const PACKET_QDISC_BYPASS: libc::c_int = 20;
     let (ifname, frame) = (ifname.to_owned(), frame.to_vec());
     run_in(netns, move || {
-        let index = nix::net::if_::if_nametoindex(ifname.as_str()).map_err(io::Error::from)?;
         let socket = Socket::new(Domain::PACKET, Type::RAW, None)?;
         let on: libc::c_int = 1;
         // SAFETY: a valid socket and an int option of the size given.
@@ -231,27 +241,11 @@ pub fn flood_bypassing_qdisc(
         if set != 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid start.
-        let mut address: libc::sockaddr_ll = unsafe { zeroed() };
-        address.sll_family = libc::AF_PACKET as u16;
-        address.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
-        address.sll_halen = 6;
-        address.sll_addr[..6].copy_from_slice(&frame[..6]);
+        let address = link_address(&ifname, &frame)?;
         let started = Instant::now();
         let mut sent = 0;
         while started.elapsed() < duration {
-            // SAFETY: as in `send_frame`.
-            let n = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    frame.as_ptr().cast(),
-                    frame.len(),
-                    0,
-                    std::ptr::from_ref(&address).cast(),
-                    size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                )
-            };
-            if n > 0 {
+            if send_to_link(&socket, &address, &frame) > 0 {
                 sent += 1;
             }
         }
