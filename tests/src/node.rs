@@ -86,6 +86,18 @@ impl Node {
         value: u32,
         entries: u32,
     ) {
+        self.create_earlier_map(pin, &[kind], (key, value, entries), &[]);
+    }
+
+    /// `bpftool map create` at `pin` (removed first) of `kind`, (key size, value size,
+    /// entries), and `more` arguments after the name.
+    fn create_earlier_map(
+        &self,
+        pin: &std::path::Path,
+        kind: &[&str],
+        (key, value, entries): (u32, u32, u32),
+        more: &[&str],
+    ) {
         std::fs::remove_file(pin).expect("unpin");
         let path = pin.to_str().expect("a UTF-8 path");
         let name = pin
@@ -93,35 +105,22 @@ impl Node {
             .and_then(|name| name.to_str())
             .expect("a map name");
         let (key, value, entries) = (key.to_string(), value.to_string(), entries.to_string());
-        let created = self.netns.run(
-            "bpftool",
-            &[
-                "map", "create", path, "type", kind, "key", &key, "value", &value, "entries",
-                &entries, "name", name,
-            ],
-        );
+        let mut args = vec!["map", "create", path, "type"];
+        args.extend(kind);
+        args.extend([
+            "key", &key, "value", &value, "entries", &entries, "name", name,
+        ]);
+        args.extend(more);
+        let created = self.netns.run("bpftool", &args);
         assert!(created.status.success(), "bpftool: {created:?}");
     }
 
     /// Replaces the LPM trie pinned at `pin` (the daemon stopped) with an earlier
     /// release's of `entries` ranges, holding `ranges` ((prefix length, network) -> 1).
     pub fn pin_earlier_trie(&self, pin: &std::path::Path, entries: u32, ranges: &[(u32, [u8; 4])]) {
-        std::fs::remove_file(pin).expect("unpin");
-        let path = pin.to_str().expect("a UTF-8 path");
-        let name = pin
-            .file_name()
-            .and_then(|name| name.to_str())
-            .expect("a map name");
-        let entries = entries.to_string();
         // An LPM trie must be made without preallocation (flags 1).
-        let created = self.netns.run(
-            "bpftool",
-            &[
-                "map", "create", path, "type", "lpm_trie", "key", "8", "value", "1", "entries",
-                &entries, "name", name, "flags", "1",
-            ],
-        );
-        assert!(created.status.success(), "bpftool: {created:?}");
+        self.create_earlier_map(pin, &["lpm_trie"], (8, 1, entries), &["flags", "1"]);
+        let path = pin.to_str().expect("a UTF-8 path");
         for (prefix_len, network) in ranges {
             let mut args = vec!["map", "update", "pinned", path, "key", "hex"];
             let key: Vec<String> = prefix_len

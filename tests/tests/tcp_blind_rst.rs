@@ -14,7 +14,7 @@ use std::{
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, map_names, tcp_state};
 use ebpf_cni_tests::{
     nat_frames::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings},
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, Pod, port_mappings},
     require_root,
     snat::TCP_PORT,
     traffic::{EchoServer, many_connections, spoof::send_tcp_as},
@@ -103,71 +103,85 @@ fn blind_rsts_and_fins_from_a_spoofing_host_do_not_cut_a_pods_connection_through
     );
 }
 
+/// The hostPort connection (to the pod's `CONTAINER_PORT`) as `HOSTPORT_FLOWS` holds it.
+fn host_port_connection(node: &Node) -> (NatKey, NatEntry) {
+    node.flow_table::<NatKey>(map_names::HOSTPORT_FLOWS)
+        .iter()
+        .map(|flow| flow.expect("a readable connection"))
+        .find(|(key, _)| key.pod_port == CONTAINER_PORT)
+        .expect("the connection")
+}
+
+/// An idle connection from the external host through a host port to a pod's echo
+/// server, established, with what a spoofer knows of it.
+struct Spoofable {
+    client: TcpStream,
+    /// The client's address and port.
+    from: SocketAddrV4,
+    /// The host address and port.
+    to: SocketAddrV4,
+    /// The client's highest sequence number the flow has seen.
+    seq: u32,
+    // Dropped in this order: the server before its pod, the pod before its node.
+    _server: EchoServer,
+    _pod: Pod,
+    node: Node,
+}
+
+/// A [`Spoofable`] connection through `host_port` to a pod of a new node on `subnet`.
+fn spoofable_host_port_connection(subnet: &str, tag: &str, host_port: u16) -> Spoofable {
+    let node = node(subnet);
+    let pod = node.add_pod_with(
+        tag,
+        &port_mappings(CONTAINER_PORT, &[(host_port, "tcp", None)]),
+    );
+    let server = EchoServer::start(&pod.netns, CONTAINER_PORT);
+    let to = SocketAddrV4::new(addr(NODE_ADDR), host_port);
+    let client = idle_connection(&node.external, to);
+    let (key, entry) = host_port_connection(&node);
+    assert_eq!(entry.state, tcp_state::ESTABLISHED);
+    Spoofable {
+        client,
+        from: SocketAddrV4::new(addr(EXTERNAL_ADDR), key.remote_port),
+        to,
+        seq: entry.seq[0],
+        _server: server,
+        _pod: pod,
+        node,
+    }
+}
+
 #[test]
 fn a_blind_rst_from_a_spoofing_host_does_not_cut_a_connection_through_a_host_port() {
     require_root();
-    let node = node("10.244.86.0/24");
-    let pod = node.add_pod_with(
-        "blind-hostport",
-        &port_mappings(CONTAINER_PORT, &[(HOST_PORT, "tcp", None)]),
-    );
-    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    let to = SocketAddrV4::new(addr(NODE_ADDR), HOST_PORT);
-    let client = idle_connection(&node.external, to);
-    let connection = |node: &Node| -> (NatKey, NatEntry) {
-        node.flow_table::<NatKey>(map_names::HOSTPORT_FLOWS)
-            .iter()
-            .map(|flow| flow.expect("a readable connection"))
-            .find(|(key, _)| key.pod_port == CONTAINER_PORT)
-            .expect("the connection")
-    };
-    let (key, entry) = connection(&node);
-    assert_eq!(entry.state, tcp_state::ESTABLISHED);
-    // The client's address and port, to the host port.
-    let from = SocketAddrV4::new(addr(EXTERNAL_ADDR), key.remote_port);
-    let guess = far_from(entry.seq[0]);
-    send_tcp_as(&node.external, from, to, TCP_RST, (guess, 0)).expect("sent");
+    let flow = spoofable_host_port_connection("10.244.86.0/24", "blind-hostport", HOST_PORT);
+    let guess = far_from(flow.seq);
+    send_tcp_as(&flow.node.external, flow.from, flow.to, TCP_RST, (guess, 0)).expect("sent");
     thread::sleep(Duration::from_millis(200));
     assert_eq!(
-        connection(&node).1.state,
+        host_port_connection(&flow.node).1.state,
         tcp_state::ESTABLISHED,
         "a guessed sequence number moves nothing"
     );
-    still_works(client);
+    still_works(flow.client);
 }
 
 #[test]
 fn a_syn_then_a_rst_at_its_own_number_do_not_cut_a_connection_through_a_host_port() {
     require_root();
-    let node = node("10.244.87.0/24");
-    let pod = node.add_pod_with(
-        "syn-hostport",
-        &port_mappings(CONTAINER_PORT, &[(HOST_PORT + 1, "tcp", None)]),
-    );
-    let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
-    let to = SocketAddrV4::new(addr(NODE_ADDR), HOST_PORT + 1);
-    let client = idle_connection(&node.external, to);
-    let connection = |node: &Node| -> (NatKey, NatEntry) {
-        node.flow_table::<NatKey>(map_names::HOSTPORT_FLOWS)
-            .iter()
-            .map(|flow| flow.expect("a readable connection"))
-            .find(|(key, _)| key.pod_port == CONTAINER_PORT)
-            .expect("the connection")
-    };
-    let (key, entry) = connection(&node);
-    assert_eq!(entry.state, tcp_state::ESTABLISHED);
+    let flow = spoofable_host_port_connection("10.244.87.0/24", "syn-hostport", HOST_PORT + 1);
     // The client's 4-tuple is all the spoofer knows: its own SYN, then a RST at the
     // number the SYN gave.
-    let from = SocketAddrV4::new(addr(EXTERNAL_ADDR), key.remote_port);
-    let chosen = far_from(entry.seq[0]);
-    send_tcp_as(&node.external, from, to, TCP_SYN, (chosen, 0)).expect("sent");
+    let chosen = far_from(flow.seq);
+    let external = &flow.node.external;
+    send_tcp_as(external, flow.from, flow.to, TCP_SYN, (chosen, 0)).expect("sent");
     thread::sleep(Duration::from_millis(100));
-    send_tcp_as(&node.external, from, to, TCP_RST, (chosen, 0)).expect("sent");
+    send_tcp_as(external, flow.from, flow.to, TCP_RST, (chosen, 0)).expect("sent");
     thread::sleep(Duration::from_millis(200));
     assert_eq!(
-        connection(&node).1.state,
+        host_port_connection(&flow.node).1.state,
         tcp_state::ESTABLISHED,
         "a SYN on the live connection reopened nothing"
     );
-    still_works(client);
+    still_works(flow.client);
 }

@@ -99,6 +99,20 @@ fn ethernet(dst: [u8; 6], src: [u8; 6], packet: &[u8]) -> Vec<u8> {
     frame
 }
 
+/// Sends `packet` three times from the segment's host (its own MAC) to node 2's MAC,
+/// and waits for what might arrive.
+fn send_to_node_2_three_times(cluster: &ebpf_cni_tests::cluster::TestCluster, packet: &[u8]) {
+    let frame = ethernet(
+        cluster.node(2).netns.mac("uplink0"),
+        cluster.segment.mac("br0"),
+        packet,
+    );
+    for _ in 0..3 {
+        send_frame(&cluster.segment, "br0", &frame).expect("send");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
 fn addr(text: &str) -> Ipv4Addr {
     text.parse().expect("an address")
 }
@@ -135,15 +149,7 @@ fn a_host_on_the_underlay_forging_a_nodes_vxlan_is_dropped() {
         SocketAddrV4::new(addr(&node_addr(2)), 8472),
         &vxlan,
     );
-    let frame = ethernet(
-        cluster.node(2).netns.mac("uplink0"),
-        cluster.segment.mac("br0"),
-        &outer,
-    );
-    for _ in 0..3 {
-        send_frame(&cluster.segment, "br0", &frame).expect("send");
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    send_to_node_2_three_times(&cluster, &outer);
     assert_eq!(
         echo.peers().len(),
         honest,
@@ -197,15 +203,7 @@ fn natively_routed_packets_not_tied_to_their_node_cross_the_nodes_firewall() {
         SocketAddrV4::new(b.ip, PORT),
         b"forged",
     );
-    let frame = ethernet(
-        cluster.node(2).netns.mac("uplink0"),
-        cluster.segment.mac("br0"),
-        &forged,
-    );
-    for _ in 0..3 {
-        send_frame(&cluster.segment, "br0", &frame).expect("send");
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    send_to_node_2_three_times(&cluster, &forged);
     assert_eq!(
         echo.peers().len(),
         honest,
