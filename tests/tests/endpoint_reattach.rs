@@ -5,12 +5,27 @@
 
 use cni_api::{EndpointId, Request, Response};
 use ebpf_cni_tests::{
-    node::{NODE_ADDR, Node, port_mappings, socket},
+    node::{NODE_ADDR, Node, Pod, port_mappings, socket},
     require_root,
     traffic::{EchoServer, round_trip},
 };
 
 const CONTAINER_PORT: u16 = 8080;
+
+/// `pod`'s endpoint id and the record the daemon holds for it.
+fn record_of(node: &Node, pod: &Pod) -> (EndpointId, cni_api::Endpoint) {
+    let id = EndpointId {
+        container_id: pod.container_id.clone(),
+        ifname: "eth0".into(),
+    };
+    let Response::Endpoint {
+        endpoint: Some(record),
+    } = node.instance.request(&Request::Get(id.clone()))
+    else {
+        panic!("{} is known", pod.container_id);
+    };
+    (id, record)
+}
 const HOST_PORT: u16 = 30094;
 
 #[test]
@@ -22,16 +37,7 @@ fn a_refused_re_add_keeps_the_live_endpoint_its_host_ports_and_binding() {
         &port_mappings(CONTAINER_PORT, &[(HOST_PORT, "tcp", None)]),
     );
     let other = node.add_pod("reattach-other");
-    let id = EndpointId {
-        container_id: live.container_id.clone(),
-        ifname: "eth0".into(),
-    };
-    let Response::Endpoint {
-        endpoint: Some(record),
-    } = node.instance.request(&Request::Get(id.clone()))
-    else {
-        panic!("the live endpoint is known");
-    };
+    let (id, record) = record_of(&node, &live);
     let list = |node: &Node| match node.instance.request(&Request::List) {
         Response::Endpoints { endpoints, .. } => endpoints,
         other => panic!("List answered {other:?}"),
@@ -138,16 +144,7 @@ fn an_attach_that_misnames_its_veth_takes_a_node_address_or_a_path_is_refused() 
     require_root();
     let node = Node::start("10.244.99.0/24");
     let live = node.add_pod("attach-checked");
-    let id = EndpointId {
-        container_id: live.container_id.clone(),
-        ifname: "eth0".into(),
-    };
-    let Response::Endpoint {
-        endpoint: Some(record),
-    } = node.instance.request(&Request::Get(id.clone()))
-    else {
-        panic!("the endpoint is known");
-    };
+    let (id, record) = record_of(&node, &live);
     let file = node
         .instance
         .state_dir

@@ -359,7 +359,6 @@ fn a_pod_holding_connections_keeps_neither_the_probes_nor_scrapers_out() {
     );
     // The daemon closes every one of the pod's connections, those past its share at
     // once and the rest once their headers are late: each read ends with nothing read.
-    let mut closed = 0;
     for mut stream in idle {
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
@@ -373,9 +372,7 @@ fn a_pod_holding_connections_keeps_neither_the_probes_nor_scrapers_out() {
                     .is_err_and(|error| error.kind() == std::io::ErrorKind::ConnectionReset),
             "an idle connection was not closed: {read:?}"
         );
-        closed += 1;
     }
-    assert!(closed > 0);
     assert!(
         started.elapsed() < Duration::from_secs(8),
         "closed late: {:?}",
