@@ -19,7 +19,7 @@ use cni_daemon::{
     inspect::{join, nat as nat_view, read, render},
     install::{self, InstallArgs},
     metrics,
-    nat::NatArgs,
+    nat::{NatArgs, PortRange},
     node,
     run::{self, RunConfig},
 };
@@ -88,6 +88,28 @@ enum Command {
             value_delimiter = ','
         )]
         service_cidrs: Vec<Ipv4Net>,
+        /// The cluster's NodePort range, MIN-MAX (kube-apiserver's
+        /// `--service-node-port-range`): a connection to a node address is taken for a
+        /// Service's, and its client remembered, only on these ports.
+        #[arg(
+            long,
+            env = "EBPF_CNID_SERVICE_NODE_PORT_RANGE",
+            default_value = "30000-32767"
+        )]
+        service_node_port_range: PortRange,
+        /// Entries one party (a pod, or an address outside the node) may hold in each
+        /// Service table (the sockets of Service clients, of outside clients, and the
+        /// connections): a new Service connection past it is dropped
+        /// (`service_budget`), and the party's own unanswered and closing entries are
+        /// removed first. The default, a quarter of a table (32,768), is more than
+        /// Linux's whole default ephemeral port range.
+        #[arg(
+            long,
+            env = "EBPF_CNID_SERVICE_PARTY_BUDGET",
+            default_value_t = cni_ebpf_common::DEFAULT_PARTY_BUDGET,
+            value_parser = clap::value_parser!(u32).range(1..=i64::from(cni_ebpf_common::MAX_SERVICE_SOCKETS))
+        )]
+        service_party_budget: u32,
         /// Destinations that pods' traffic always reaches through the node's stack, so
         /// that the node's netfilter (its host firewall) sees it: by default pods'
         /// traffic skips it. For example a cloud metadata address (169.254.169.254/32)
@@ -193,6 +215,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run {
             attach,
             service_cidrs,
+            service_node_port_range,
+            service_party_budget,
             host_firewall_cidrs,
             enable_tcx,
             metrics_address,
@@ -207,6 +231,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 state_dir: cli.state_dir,
                 attach,
                 service_cidrs,
+                service_node_ports: service_node_port_range,
+                service_party_budget,
                 host_firewall_cidrs,
                 nat,
                 enable_tcx,

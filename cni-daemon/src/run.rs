@@ -21,7 +21,7 @@ use crate::{
     datapath::{Datapath, overlay, overlay::OverlaySettings},
     install::{self, InstallArgs, NodeSettings},
     metrics::{self, Install, NodeView, Telemetry},
-    nat::{Flows, NatArgs, Timeouts},
+    nat::{Flows, NatArgs, PortRange, Timeouts},
     node::Node,
     server,
 };
@@ -37,6 +37,10 @@ pub struct RunConfig {
     /// `--service-cidr` and `--host-firewall-cidr`: see `Datapath::set_stack_cidrs`.
     pub service_cidrs: Vec<ipnet::Ipv4Net>,
     pub host_firewall_cidrs: Vec<ipnet::Ipv4Net>,
+    /// `--service-node-port-range` and `--service-party-budget`: see
+    /// `Datapath::set_service_config`.
+    pub service_node_ports: PortRange,
+    pub service_party_budget: u32,
     pub nat: NatArgs,
     /// `--enable-tcx`: see [`crate::datapath::tcx_in_use`].
     pub enable_tcx: bool,
@@ -132,6 +136,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     );
     let mut datapath = Datapath::load(&config.bpf_dir, config.nat.nat_max_flows, tcx)?;
     datapath.set_stack_cidrs(&config.service_cidrs, &config.host_firewall_cidrs)?;
+    datapath.set_service_config(
+        (config.service_node_ports.min, config.service_node_ports.max),
+        config.service_party_budget,
+    )?;
     if !config.service_cidrs.is_empty() || !config.host_firewall_cidrs.is_empty() {
         // That traffic, and its replies between pods, is routed by the stack.
         crate::nat::sysctl::enable_ip_forward(
@@ -178,7 +186,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             "the daemon's health port (--health-address)".to_owned(),
         ),
     ]);
-    let flows = node.take_nat_flows();
+    let flows = node.take_nat_flows().map(|(mut flows, timeouts)| {
+        flows.set_service_budget(config.service_party_budget);
+        (flows, timeouts)
+    });
     let detached = Arc::new(Notify::new());
     if flows.is_some() {
         node.on_detach(Arc::clone(&detached));

@@ -35,7 +35,10 @@ pub use nat::{
 };
 pub use overlay::{MAX_NODES, MAX_REMOTE_RANGES, OverlayConfig, RemoteNode, underlay_trust};
 pub use protocol::{ip_proto, tcp_flags};
-pub use services::{MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, ServiceClient};
+pub use services::{
+    DEFAULT_PARTY_BUDGET, MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, MAX_SERVICE_PARTIES,
+    MAX_SERVICE_SOCKETS, ServiceClient, ServiceConfig, ServiceCounts, ServiceTable,
+};
 pub use stats::{SourceKey, TrafficCounters};
 
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
@@ -71,14 +74,21 @@ pub mod map_names {
     pub const SERVICE_CIDRS: &str = "SERVICE_CIDRS";
     /// Array of one `u32`: how many Service ranges there are.
     pub const SERVICE_RANGES: &str = "SERVICE_RANGES";
-    /// LRU hash: [`crate::ServiceClient`] -> `u8`, pod sockets with Service connections.
+    /// Array of one [`crate::ServiceConfig`]: the NodePort range and each party's budget.
+    pub const SERVICE_CONFIG: &str = "SERVICE_CONFIG";
+    /// Hash: [`crate::ServiceClient`] -> [`crate::NatEntry`], pod sockets with Service
+    /// connections.
     pub const SERVICE_CLIENTS: &str = "SERVICE_CLIENTS";
-    /// LRU hash: [`crate::ServiceClient`] -> `u8`, outside clients of Services whose
-    /// connections the stack DNATs to pods.
+    /// Hash: [`crate::ServiceClient`] -> [`crate::NatEntry`], outside clients of Services
+    /// whose connections the stack DNATs to pods.
     pub const SERVICE_PEERS: &str = "SERVICE_PEERS";
-    /// LRU hash: [`crate::NatKey`] -> `u8`, pods' Service connections as the stack
-    /// translated them, whose replies go back through the stack.
+    /// Hash: [`crate::NatKey`] -> [`crate::NatEntry`], pods' Service connections as the
+    /// stack translated them (whose replies go back through the stack) or opened
+    /// directly to a local pod.
     pub const SERVICE_FLOWS: &str = "SERVICE_FLOWS";
+    /// Hash: an address (`[u8; 4]`) -> [`crate::ServiceCounts`], a party's entries in
+    /// the Service tables.
+    pub const SERVICE_COUNTS: &str = "SERVICE_COUNTS";
     /// Per-CPU array of `u64`, indexed by [`crate::NatCounter`].
     pub const NAT_STATS: &str = "NAT_STATS";
     /// Per-CPU array of `u32`, indexed by a hash of a flow's destination: the offset in

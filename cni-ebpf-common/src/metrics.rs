@@ -92,11 +92,16 @@ pub enum DropReason {
     /// A pod's packet past its egress rate limit (its token bucket empty), however it
     /// was sent: a raw socket that skips the pod's own qdisc included.
     PodRateLimited = 22,
+    /// A new Service connection whose party (the pod, or the outside address) holds its
+    /// budget of a Service table (see `cni_ebpf_common::services`).
+    ServiceBudget = 23,
+    /// A new Service connection meeting a full Service table.
+    ServiceTableFull = 24,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 23] = [
+    pub const ALL: [DropReason; 25] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -120,6 +125,8 @@ impl DropReason {
         DropReason::NatUnparsable,
         DropReason::UnderlaySpoofed,
         DropReason::PodRateLimited,
+        DropReason::ServiceBudget,
+        DropReason::ServiceTableFull,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -151,6 +158,8 @@ impl DropReason {
             DropReason::NatUnparsable => "nat_unparsable",
             DropReason::UnderlaySpoofed => "underlay_spoofed",
             DropReason::PodRateLimited => "pod_rate_limited",
+            DropReason::ServiceBudget => "service_budget",
+            DropReason::ServiceTableFull => "service_table_full",
         }
     }
 }

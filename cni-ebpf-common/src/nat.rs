@@ -304,10 +304,14 @@ pub enum NatCounter {
     /// to the node's stack instead of straight to the pod: `--underlay-trust strict`,
     /// or a frame the checks could not tie to that node (see `underlay_trust`).
     UnderlayToStack = 11,
+    /// New Service connections not recorded, and dropped: their party held its budget of
+    /// a Service table, or the table was full (see [`crate::services`]). A sweep follows
+    /// within a second.
+    ServiceRefused = 12,
 }
 
 impl NatCounter {
-    pub const ALL: [NatCounter; 12] = [
+    pub const ALL: [NatCounter; 13] = [
         NatCounter::TranslatedOut,
         NatCounter::TranslatedIn,
         NatCounter::IcmpErrorsIn,
@@ -320,6 +324,7 @@ impl NatCounter {
         NatCounter::OverBudget,
         NatCounter::ClosingReclaimed,
         NatCounter::UnderlayToStack,
+        NatCounter::ServiceRefused,
     ];
     /// Size of the counter array (room for counters added later; a pin of another
     /// size is created anew at start).
@@ -339,6 +344,7 @@ impl NatCounter {
             NatCounter::OverBudget => "over_budget",
             NatCounter::ClosingReclaimed => "closing_reclaimed",
             NatCounter::UnderlayToStack => "underlay_to_stack",
+            NatCounter::ServiceRefused => "service_refused",
         }
     }
 }
@@ -424,6 +430,16 @@ pub mod sweep {
     /// A connection of `HOSTPORT_FLOWS` (through a hostPort mapping, keyed as `out` is):
     /// it goes unless refreshed.
     pub const HOSTPORT: u8 = 16;
+    /// An entry of `SERVICE_CLIENTS` (its socket as `out`'s pod address, port and
+    /// protocol): it goes unless refreshed. Service items come in chunks of their own,
+    /// whose return value counts them in its low bits.
+    pub const SERVICE_CLIENT: u8 = 32;
+    /// An entry of `SERVICE_PEERS`, as [`SERVICE_CLIENT`].
+    pub const SERVICE_PEER: u8 = 64;
+    /// An entry of `SERVICE_FLOWS` (keyed as `out` is), as [`SERVICE_CLIENT`].
+    pub const SERVICE_FLOW: u8 = 128;
+    /// Any of the Service kinds.
+    pub const SERVICE: u8 = SERVICE_CLIENT | SERVICE_PEER | SERVICE_FLOW;
     /// The return value: flows gone in the low bits, orphans above this shift, notes
     /// above [`FROM_OUTSIDE_SHIFT`], hostPort connections above [`HOSTPORT_SHIFT`] (at
     /// most [`MAX_ITEMS`] each).

@@ -115,6 +115,29 @@ impl Node {
         assert!(created.status.success(), "bpftool: {created:?}");
     }
 
+    /// Replaces the map pinned at `pin` (the daemon stopped) with an earlier release's
+    /// LRU hash of `entries` entries with `key_size`-byte keys and one-byte values,
+    /// holding `items`.
+    pub fn pin_earlier_lru(
+        &self,
+        pin: &std::path::Path,
+        key_size: u32,
+        entries: u32,
+        items: &[(&[u8], u8)],
+    ) {
+        self.create_earlier_map(pin, &["lru_hash"], (key_size, 1, entries), &[]);
+        let path = pin.to_str().expect("a UTF-8 path");
+        for (key, value) in items {
+            let key: Vec<String> = key.iter().map(|byte| format!("{byte:02x}")).collect();
+            let value = format!("{value:02x}");
+            let mut args = vec!["map", "update", "pinned", path, "key", "hex"];
+            args.extend(key.iter().map(String::as_str));
+            args.extend(["value", "hex", &value]);
+            let updated = self.netns.run("bpftool", &args);
+            assert!(updated.status.success(), "bpftool: {updated:?}");
+        }
+    }
+
     /// Replaces the LPM trie pinned at `pin` (the daemon stopped) with an earlier
     /// release's of `entries` ranges, holding `ranges` ((prefix length, network) -> 1).
     pub fn pin_earlier_trie(&self, pin: &std::path::Path, entries: u32, ranges: &[(u32, [u8; 4])]) {

@@ -328,3 +328,38 @@ fn cluster_ranges_pinned_by_an_earlier_release_are_carried_into_the_larger_table
     );
     udp_round_trip(&pod.netns, 0, external(UDP_PORT), b"after").expect("UDP through NAT");
 }
+
+#[test]
+fn service_tables_pinned_as_lru_hashes_are_carried_into_plain_hashes() {
+    require_root();
+    let mut node = Node::start("10.244.83.0/24");
+    let pin = node.instance.bpf_dir.join(map_names::SERVICE_CLIENTS);
+    let socket = cni_ebpf_common::ServiceClient {
+        addr: [10, 244, 83, 5],
+        port: 40000,
+        proto: 6,
+        pad: 0,
+    };
+    let mut key = socket.addr.to_vec();
+    key.extend(socket.port.to_ne_bytes());
+    key.extend([socket.proto, 0]);
+    // An earlier release kept the sockets in an LRU hash of one byte a value.
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.pin_earlier_lru(&pin, 8, 65_536, &[(&key, 1)]);
+    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    let info = aya::maps::MapInfo::from_pin(&pin).expect("a pinned SERVICE_CLIENTS");
+    assert!(
+        matches!(info.map_type(), Ok(MapType::Hash)),
+        "created anew as a plain hash: {:?}",
+        info.map_type()
+    );
+    let map = aya::maps::MapData::from_pin(&pin).expect("the new table");
+    let table: aya::maps::HashMap<_, cni_ebpf_common::ServiceClient, NatEntry> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(map)).expect("sockets");
+    let entry = table.get(&socket, 0).expect("the socket carried over");
+    assert_eq!(
+        (entry.pod_addr, entry.pod_port, entry.state),
+        (socket.addr, socket.port, tcp_state::ESTABLISHED),
+        "an answered entry of its socket"
+    );
+}

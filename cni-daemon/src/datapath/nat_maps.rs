@@ -7,8 +7,8 @@ use aya::{
     programs::ProgramFd,
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, Uplinks, map_names,
-    program_names,
+    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, ServiceClient, Uplinks,
+    map_names, program_names,
 };
 
 use super::{Datapath, DatapathError, classifier};
@@ -22,6 +22,15 @@ pub type FlowsIn = HashMap<MapData, NatReverseKey, NatEntry>;
 pub type FromOutside = HashMap<MapData, NatKey, NatEntry>;
 /// `HOSTPORT_FLOWS`: connections through hostPort mappings, keyed from the pod's side.
 pub type HostPortFlows = HashMap<MapData, NatKey, NatEntry>;
+/// The Service tables (see `cni_ebpf_common::services`), swept with the flow tables.
+pub struct ServiceTables {
+    /// `SERVICE_CLIENTS`: pods' sockets with Service connections.
+    pub clients: HashMap<MapData, ServiceClient, NatEntry>,
+    /// `SERVICE_PEERS`: outside clients' sockets of Services.
+    pub peers: HashMap<MapData, ServiceClient, NatEntry>,
+    /// `SERVICE_FLOWS`: pods' Service connections, translated or direct.
+    pub flows: HashMap<MapData, NatKey, NatEntry>,
+}
 /// `ENDPOINTS`, the node's pods by address (another handle on the map the node keeps).
 pub type Endpoints = HashMap<MapData, EndpointKey, EndpointInfo>;
 /// `NAT_STATS`: source NAT's counters, per CPU, by `cni_ebpf_common::NatCounter`.
@@ -42,8 +51,9 @@ pub struct NatMaps {
     pub sweeper: ProgramFd,
     /// The pinned `ENDPOINTS` map, read by the sweeps: flows of pods no longer there go.
     pub endpoints: Endpoints,
-    /// The counters, whose `table_full` calls a sweep at once.
+    /// The counters, whose `table_full` and `service_refused` call a sweep at once.
     pub stats: NatStats,
+    pub services: ServiceTables,
 }
 
 impl Datapath {
@@ -62,6 +72,9 @@ impl Datapath {
         let uplinks = take(map_names::UPLINKS)?;
         let cluster_cidrs = take(map_names::CLUSTER_CIDRS)?;
         let stats = take(map_names::NAT_STATS)?;
+        let clients = take(map_names::SERVICE_CLIENTS)?;
+        let peers = take(map_names::SERVICE_PEERS)?;
+        let service_flows = take(map_names::SERVICE_FLOWS)?;
         let name = program_names::NAT_SWEEP;
         let program_error = |source| DatapathError::Program {
             program: name,
@@ -85,6 +98,11 @@ impl Datapath {
             uplinks: Array::try_from(uplinks)?,
             cluster_cidrs: LpmTrie::try_from(cluster_cidrs)?,
             stats: PerCpuArray::try_from(stats)?,
+            services: ServiceTables {
+                clients: HashMap::try_from(clients)?,
+                peers: HashMap::try_from(peers)?,
+                flows: HashMap::try_from(service_flows)?,
+            },
             sweeper,
         })
     }

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use aya::maps::{Array, LpmTrie};
-use cni_ebpf_common::{MAX_SERVICE_CIDRS, map_names};
+use cni_ebpf_common::{MAX_SERVICE_CIDRS, ServiceConfig, map_names};
 use ipnet::Ipv4Net;
 
 use super::{Datapath, DatapathError};
@@ -62,6 +62,32 @@ impl Datapath {
                  goes through the node's stack (kube-proxy, netfilter)"
             );
         }
+        Ok(())
+    }
+
+    /// Writes what the datapath needs of Services besides their ranges: the NodePort
+    /// range (`--service-node-port-range`) and each party's budget in the Service
+    /// tables (`--service-party-budget`).
+    pub fn set_service_config(
+        &mut self,
+        node_ports: (u16, u16),
+        party_budget: u32,
+    ) -> Result<(), DatapathError> {
+        let name = map_names::SERVICE_CONFIG;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(DatapathError::MissingMap(name))?;
+        let mut config: Array<_, ServiceConfig> = Array::try_from(map)?;
+        config.set(
+            0,
+            ServiceConfig {
+                node_port_min: node_ports.0,
+                node_port_max: node_ports.1,
+                party_budget,
+            },
+            0,
+        )?;
         Ok(())
     }
 

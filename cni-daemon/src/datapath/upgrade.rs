@@ -20,7 +20,10 @@
 //!   of one count a pod) and a `DEST_PORTS` of another size are unpinned: they start from zero (the
 //!   budgets count only flows created from then on, see `cni_ebpf_common::budget`);
 //! - `NAT_CURSORS` pinned per CPU (before the CPUs shared the port cursors) is unpinned:
-//!   the port searches start again from random ports.
+//!   the port searches start again from random ports;
+//! - the Service tables an earlier release pinned as LRU hashes of one byte a value
+//!   (`SERVICE_CLIENTS`, `SERVICE_PEERS`, `SERVICE_FLOWS`) are read and unpinned, and
+//!   their entries carried into the plain hashes the load creates.
 //!
 //! The load then creates what was unpinned. Links of earlier daemons are upgraded where
 //! they are attached: the per-veth links in [`pod`](super::pod), uplink links pinned
@@ -34,7 +37,8 @@ use aya::{
 };
 use cni_ebpf_common::{
     DropReason, MAX_REMOTE_RANGES, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey,
-    NatReverseKey, OverlayConfig, RefusedFlows, ip_proto, map_names, tcp_state, udp_state,
+    NatReverseKey, OverlayConfig, RefusedFlows, ServiceClient, ip_proto, map_names, tcp_state,
+    udp_state,
 };
 
 use super::{DatapathError, links::pin_error};
@@ -48,6 +52,8 @@ pub(super) struct Carried {
     replies: Vec<(NatReverseKey, NatEntry)>,
     /// `CLUSTER_CIDRS`: (prefix length, network) of each range.
     cluster_cidrs: Vec<(u32, [u8; 4])>,
+    /// `SERVICE_CLIENTS` and `SERVICE_PEERS` an earlier release kept as LRU hashes.
+    service_sockets: Vec<(&'static str, Vec<(ServiceClient, NatEntry)>)>,
 }
 
 impl Carried {
@@ -57,6 +63,9 @@ impl Carried {
             write_carried(ebpf, name, flows)?;
         }
         write_carried(ebpf, map_names::NAT_IN, &self.replies)?;
+        for (name, sockets) in &self.service_sockets {
+            write_carried(ebpf, name, sockets)?;
+        }
         if !self.cluster_cidrs.is_empty() {
             let name = map_names::CLUSTER_CIDRS;
             let map = ebpf.map_mut(name).ok_or(DatapathError::MissingMap(name))?;
@@ -131,11 +140,93 @@ pub(super) fn before_load(bpf_dir: &Path, nat_max_flows: u32) -> Result<Carried,
     })
     .collect::<Result<Vec<_>, _>>()?;
     flows.push((map_names::NAT_OUT, out));
+    let (service_sockets, service_flows) = take_earlier_service_tables(bpf_dir)?;
+    flows.push((map_names::SERVICE_FLOWS, service_flows));
     Ok(Carried {
         flows,
         replies,
         cluster_cidrs,
+        service_sockets,
     })
+}
+
+/// The entries of the Service tables an earlier release pinned as LRU hashes of one
+/// byte a value (which evicted the least recently used socket or connection, live or
+/// not, to make room), their pins removed: each comes over as an answered entry of its
+/// opener, stamped now, uncounted (see `cni_ebpf_common::budget`: the budgets count
+/// entries created from then on); a connection keeps its kind (the same values). Left
+/// behind, every live Service connection would lose its replies' way through the
+/// stack at the upgrade.
+#[expect(
+    clippy::type_complexity,
+    reason = "the sockets' tables by name, and the flows"
+)]
+fn take_earlier_service_tables(
+    bpf_dir: &Path,
+) -> Result<
+    (
+        Vec<(&'static str, Vec<(ServiceClient, NatEntry)>)>,
+        Vec<(NatKey, NatEntry)>,
+    ),
+    DatapathError,
+> {
+    let now = crate::clock::monotonic_now_ns().unwrap_or_default();
+    let socket = |key: &ServiceClient, _: u8| NatEntry {
+        node_port: 0,
+        node_addr: [0; 4],
+        ..NatEntry::from_outside(&socket_flow(key), answered_proto(key.proto), now)
+    };
+    let mut sockets = Vec::new();
+    for name in [map_names::SERVICE_CLIENTS, map_names::SERVICE_PEERS] {
+        sockets.push((name, take_earlier_lru(bpf_dir, name, socket)?));
+    }
+    let flows = take_earlier_lru(bpf_dir, map_names::SERVICE_FLOWS, |key: &NatKey, kind| {
+        NatEntry {
+            node_port: u16::from(kind),
+            node_addr: [0; 4],
+            ..NatEntry::from_outside(key, answered_proto(key.proto), now)
+        }
+    })?;
+    Ok((sockets, flows))
+}
+
+/// A socket as a flow key (no remote side): what its entry's opener fields are made of.
+fn socket_flow(key: &ServiceClient) -> NatKey {
+    NatKey::new((key.addr, key.port), ([0; 4], 0), key.proto)
+}
+
+/// The entries of the LRU hash `name` of one-byte values an earlier release pinned,
+/// each made an entry by `entry`, its pin removed; nothing when it is not such a map.
+fn take_earlier_lru<K: Pod>(
+    bpf_dir: &Path,
+    name: &'static str,
+    entry: impl Fn(&K, u8) -> NatEntry,
+) -> Result<Vec<(K, NatEntry)>, DatapathError> {
+    let pin = bpf_dir.join(name);
+    if !pin.exists() {
+        return Ok(Vec::new());
+    }
+    let info = MapInfo::from_pin(&pin)?;
+    if !is_lru(&info) || info.value_size() != 1 {
+        return Ok(Vec::new());
+    }
+    let old: HashMap<_, K, u8> = HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
+    let entries: Vec<(K, NatEntry)> = old
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, value)| {
+            let made = entry(&key, value);
+            (key, made)
+        })
+        .collect();
+    tracing::info!(
+        table = name,
+        entries = entries.len(),
+        "an earlier release's LRU Service table is created anew as a plain hash; its \
+         entries are carried over"
+    );
+    fs::remove_file(&pin).map_err(|source| pin_error(&pin, source))?;
+    Ok(entries)
 }
 
 /// The ranges of a `CLUSTER_CIDRS` pinned at another size than this release's
@@ -372,7 +463,12 @@ fn replace_counters(bpf_dir: &Path, max_flows: u32) -> Result<(), DatapathError>
 /// The state an earlier release's flow of `key` comes over with: answered (a UDP
 /// stream, which is what an answered flow was then: it keeps the longer timeout).
 fn answered(key: &NatKey) -> u8 {
-    if key.proto == ip_proto::TCP {
+    answered_proto(key.proto)
+}
+
+/// [`answered`] for a flow of `proto`.
+fn answered_proto(proto: u8) -> u8 {
+    if proto == ip_proto::TCP {
         tcp_state::ESTABLISHED
     } else {
         udp_state::STREAM

@@ -94,6 +94,7 @@ impl Nat {
             sweeper,
             endpoints,
             stats,
+            services,
         } = maps;
         let previous = config.get(&0, 0)?;
         let previous_uplinks = uplinks.get(&0, 0)?;
@@ -109,6 +110,8 @@ impl Nat {
                 sweeper,
                 endpoints,
                 stats,
+                services,
+                service_budget: cni_ebpf_common::DEFAULT_PARTY_BUDGET,
             }),
             settings,
             previous,

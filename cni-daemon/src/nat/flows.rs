@@ -1,5 +1,5 @@
-//! The flow tables (`NAT_OUT`, `NAT_IN`, `NAT_INBOUND`, `HOSTPORT_FLOWS`) as user space
-//! holds them: read whole in batches ([`snapshot`]), emptied when NAT is off, swept
+//! The flow tables (`NAT_OUT`, `NAT_IN`, `NAT_INBOUND`, `HOSTPORT_FLOWS`, and the
+//! Service tables) as user space holds them: read whole in batches ([`snapshot`]), emptied when NAT is off, swept
 //! ([`super::sweep`]).
 
 use std::collections::HashMap as StdHashMap;
@@ -12,7 +12,7 @@ use cni_ebpf_common::{NatCounter, NatKey, NatReverseKey};
 
 use super::{args::MAX_NAT_FLOWS, batch};
 use crate::datapath::nat_maps::{
-    Endpoints, FlowsIn, FlowsOut, FromOutside, HostPortFlows, NatStats,
+    Endpoints, FlowsIn, FlowsOut, FromOutside, HostPortFlows, NatStats, ServiceTables,
 };
 
 /// Most entries one sweep reads from a table: as many as the largest tables hold.
@@ -29,19 +29,32 @@ pub struct Flows {
     pub(super) sweeper: ProgramFd,
     /// The pinned `ENDPOINTS` map: flows of pods no longer there go.
     pub(super) endpoints: Endpoints,
-    /// Source NAT's counters: new flows refused for a full table call a sweep at once.
+    /// Source NAT's counters: new flows refused for a full table, and new Service
+    /// connections refused, call a sweep at once.
     pub(super) stats: NatStats,
+    /// The Service tables, swept with the flows.
+    pub(super) services: ServiceTables,
+    /// Entries one party may hold in each Service table (`--service-party-budget`).
+    pub(super) service_budget: u32,
 }
 
 impl Flows {
-    /// New flows refused so far because their table was full (`table_full`, summed over
-    /// CPUs): when it moves, a sweep makes room at once rather than at its next tick.
+    /// New flows refused so far because their table was full (`table_full`), and new
+    /// Service connections refused (`service_refused`), summed over CPUs: when it
+    /// moves, a sweep makes room at once rather than at its next tick.
     pub fn refused_for_room(&self) -> Result<u64, MapError> {
-        Ok(self
-            .stats
-            .get(&(NatCounter::TableFull as u32), 0)?
-            .iter()
-            .sum())
+        let mut refused = 0;
+        for counter in [NatCounter::TableFull, NatCounter::ServiceRefused] {
+            refused += self.stats.get(&(counter as u32), 0)?.iter().sum::<u64>();
+        }
+        Ok(refused)
+    }
+
+    /// Sets the budget the sweep holds each party of the Service tables to (the
+    /// datapath refuses past it; the sweep early-drops a party's own unanswered
+    /// entries as it nears it).
+    pub fn set_service_budget(&mut self, budget: u32) {
+        self.service_budget = budget;
     }
 
     /// Empties the flow tables (NAT is off: no program uses them).

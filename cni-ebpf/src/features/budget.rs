@@ -117,7 +117,7 @@ fn count_of(counts: *mut FlowCounts, table: FlowTable) -> *mut u32 {
 
 /// Adds one to the count at `count`, atomically: the counts are shared by every CPU.
 #[inline(always)]
-fn increment(count: *mut u32) {
+pub fn increment(count: *mut u32) {
     // SAFETY: `count` points into a map value, aligned, valid for the program run; every
     // writer of it adds atomically.
     unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(count, 1) };
@@ -128,7 +128,7 @@ fn increment(count: *mut u32) {
 /// taking the last one at once could wrap it; the only remover of most entries is the
 /// sweep, one program run at a time.
 #[inline(always)]
-fn decrement(count: *mut u32) {
+pub fn decrement(count: *mut u32) {
     // SAFETY: as in `increment`.
     unsafe {
         // A plain read (the instruction set has no atomic load): a count read as it was

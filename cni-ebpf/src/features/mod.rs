@@ -15,6 +15,7 @@
 //! - [`conntrack`]: the flows' entries, refreshed and aged as their packets pass;
 //! - [`fragments`]: the fragments after a datagram's first one, following it;
 //! - [`sweep`]: the removals the daemon's NAT sweep decided;
+//! - [`service_tables`]: the Service tables' entries, within each party's budget;
 //! - [`pod_source`]: what a pod may send as (its MAC, its addresses, no VLAN tags);
 //! - [`budget`]: each pod's share of the flow tables, and the flows it was refused.
 //!
@@ -32,6 +33,7 @@ pub mod pod_tunnel;
 pub mod rate;
 pub mod rev_nat;
 pub mod route;
+pub mod service_tables;
 pub mod services;
 pub mod snat;
 pub mod sweep;

@@ -22,25 +22,26 @@
 //!   by the uplink from the pod's address, or translated to a new node port, whenever
 //!   the client's address is kept (`externalTrafficPolicy: Local`).
 //!
+//! Only what can need it is recorded: a connection to a Service range, or to a node
+//! address on a NodePort (`--service-node-port-range`); for TCP, from its SYN. The
+//! tables are plain hashes with a budget for each party (`service_tables`): see
+//! `cni_ebpf_common::services`.
+//!
 //! Without ranges each check is one array read.
 
-use aya_ebpf::{
-    maps::{LruHashMap, lpm_trie::Key},
-    programs::TcContext,
-};
+use aya_ebpf::{maps::lpm_trie::Key, programs::TcContext};
 use cni_ebpf_common::{
-    FragmentKey, NatKey, ServiceClient,
+    FragmentKey, NatKey, Segment, ServiceClient, ServiceTable,
     ip_proto::{ICMP, TCP, UDP},
+    services::flow_kind::{DIRECT, TRANSLATED},
     tcp_flags,
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    features::fragments,
+    features::{fragments, service_tables},
     primitives::{
-        maps::{
-            self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_FLOWS, SERVICE_PEERS, SERVICE_RANGES,
-        },
+        maps::{self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_FLOWS, SERVICE_RANGES},
         packet,
     },
 };
@@ -51,11 +52,16 @@ fn enabled() -> bool {
     SERVICE_RANGES.get(0).is_some_and(|ranges| *ranges != 0)
 }
 
-/// `SERVICE_FLOWS`' values: a flow the stack translated (its replies go back through
-/// the stack), or a TCP connection a Service client's socket opened directly to a pod
-/// of the node (its replies keep the datapath's way).
-const TRANSLATED: u8 = 1;
-const DIRECT: u8 = 2;
+/// What a pod's packet for no local pod is to the Services.
+pub enum Service {
+    /// Not a Service's: the datapath's way.
+    No,
+    /// A Service's, or an answer to a Service's client outside: to the node's stack.
+    ToStack,
+    /// A new Service connection over its pod's budget or meeting a full table: dropped
+    /// (counted).
+    Refused,
+}
 
 #[inline(always)]
 fn client(addr: [u8; 4], port: u16, proto: u8) -> ServiceClient {
@@ -67,69 +73,108 @@ fn client(addr: [u8; 4], port: u16, proto: u8) -> ServiceClient {
     }
 }
 
-/// The (source, destination) ports of `ip`'s TCP or UDP header, if it has one.
+/// The (source, destination) ports and TCP segment of `ip`'s TCP or UDP header (its IPv4
+/// header at `ip_at` in the frame), if it has one: not a later fragment.
 #[inline(always)]
-fn ports(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16)>, i64> {
-    ports_at(ctx, ip, EthHdr::LEN)
-}
-
-/// [`ports`] of an IPv4 header `ip` that starts at `ip_at` in the frame.
-#[inline(always)]
-fn ports_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<Option<(u16, u16)>, i64> {
+fn l4_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<Option<(u16, u16, Segment)>, i64> {
     let proto = ip.proto as u8;
     if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
         return Ok(None);
     }
     let l4 = ip_at + ip.ihl() as usize;
-    let (source, destination, _) = packet::ports_and_flags(ctx, proto, l4)?;
-    Ok(Some((source, destination)))
+    packet::ports_and_flags(ctx, proto, l4).map(Some)
 }
 
-/// Whether `addr` is a Service's: in a Service range, or a node address (NodePorts).
+/// [`l4_at`] of a packet whose IPv4 header follows the Ethernet header.
 #[inline(always)]
-fn is_service_addr(addr: [u8; 4]) -> bool {
-    SERVICE_CIDRS.get(Key::new(32, addr)).is_some() || maps::is_node_addr(addr)
+fn l4(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16, Segment)>, i64> {
+    l4_at(ctx, ip, EthHdr::LEN)
 }
 
-/// Whether `ip`, a pod's packet for no local pod, is for a Service (a Service range or a
-/// node address), or a backend's answer to a Service's client outside the node: the
-/// caller hands it to the stack. A Service's client socket is remembered.
+/// Whether a packet with `seg` of `proto` may open a Service entry: a TCP SYN, or any
+/// UDP datagram.
 #[inline(always)]
-pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+fn may_open(proto: u8, seg: &Segment) -> bool {
+    proto != TCP || tcp_flags::opens(seg.flags)
+}
+
+/// Whether `ip`, for a node address, is for a NodePort (a TCP or UDP destination port
+/// in the range the daemon wrote).
+#[inline(always)]
+fn is_node_port(destination: u16) -> bool {
+    service_tables::config().is_node_port(destination)
+}
+
+/// What `ip`, a pod's packet for no local pod, is: for a Service (a Service range, or a
+/// NodePort of a node address), or a backend's answer to a Service's client outside the
+/// node, the caller hands it to the stack. A Service's client socket is remembered (for
+/// TCP, from its SYN), within its pod's budget.
+#[inline(always)]
+pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Service, i64> {
     if !enabled() {
-        return Ok(false);
+        return Ok(Service::No);
     }
-    // Only clients address a Service range: every packet refreshes its socket. A node
-    // address is also where a backend's answers to a masqueraded client go (a NodePort
-    // reached from a pod, a node's own connection): there a TCP socket is remembered
-    // from its SYN alone, so that a server's listening socket is never taken for a
-    // Service client's.
-    if SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some() {
-        remember_source(ctx, ip, &SERVICE_CLIENTS, false)?;
-        return Ok(true);
-    }
-    if maps::is_node_addr(ip.dst_addr) {
-        remember_source(ctx, ip, &SERVICE_CLIENTS, true)?;
-        return Ok(true);
+    let in_range = SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some();
+    let node = !in_range && maps::is_node_addr(ip.dst_addr);
+    if in_range || node {
+        // A node address is also where a backend's answers to a masqueraded client go,
+        // and where node services listen: only its NodePorts are Services.
+        if let Some((source, destination, seg)) = l4(ctx, ip)?
+            && (in_range || is_node_port(destination))
+        {
+            let proto = ip.proto as u8;
+            let key = client(ip.src_addr, source, proto);
+            let open = may_open(proto, &seg);
+            if service_tables::opener_socket(ServiceTable::Clients, &key, &seg, open) {
+                return Ok(Service::Refused);
+            }
+        }
+        return Ok(Service::ToStack);
     }
     // An answer to a client outside the node on a Service connection the stack DNATed
     // (see [`from_outside`]).
-    for_socket_in(ctx, ip, &SERVICE_PEERS)
+    if fragments::is_later(ip) {
+        let first = fragments::first_of(ip, FragmentKey::TO_STACK).is_some();
+        return Ok(if first { Service::ToStack } else { Service::No });
+    }
+    let Some((_, destination, seg)) = l4(ctx, ip)? else {
+        return Ok(Service::No);
+    };
+    let peer = client(ip.dst_addr, destination, ip.proto as u8);
+    if service_tables::answerer_socket(ServiceTable::Peers, &peer, &seg) {
+        fragments::went_to_stack(ip);
+        return Ok(Service::ToStack);
+    }
+    Ok(Service::No)
 }
 
 /// Remembers the client of `ip`, a TCP or UDP packet arriving on an uplink that no
-/// translation took and that goes to the stack: when it is for a Service address (a
-/// NodePort, a LoadBalancer or external IP), the stack DNATs it to a pod, whose
-/// answers must come back through the stack (see [`to_service`]).
+/// translation took and that goes to the stack, when it is for a Service (a NodePort
+/// of a node address, a LoadBalancer or external IP in a Service range): the stack
+/// DNATs it to a pod, whose answers must come back through the stack (see
+/// [`to_service`]). For TCP from its SYN, within the client address's budget: whether
+/// it is refused (the caller drops it).
 #[inline(always)]
-pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
-    if !enabled() || !is_service_addr(ip.dst_addr) {
-        return Ok(());
+pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    if !enabled() {
+        return Ok(false);
     }
-    // A TCP client from its SYN alone: a node address also receives the answers to
-    // the node's own connections (and to those it masqueraded), whose sources are
-    // servers, not Service clients.
-    remember_source(ctx, ip, &SERVICE_PEERS, true)
+    let Some((source, destination, seg)) = l4(ctx, ip)? else {
+        return Ok(false);
+    };
+    let in_range = SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some();
+    if !in_range && !(maps::is_node_addr(ip.dst_addr) && is_node_port(destination)) {
+        return Ok(false);
+    }
+    let proto = ip.proto as u8;
+    let key = client(ip.src_addr, source, proto);
+    let open = may_open(proto, &seg);
+    Ok(service_tables::opener_socket(
+        ServiceTable::Peers,
+        &key,
+        &seg,
+        open,
+    ))
 }
 
 /// Whether `ip`, a pod's packet for the local pod at its destination, is a backend's
@@ -137,10 +182,12 @@ pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
 /// connection, other than on a direct connection of that socket: see below), to go back
 /// through the stack's un-DNAT. A TCP connection a socket with a Service connection opens
 /// directly to a pod of the node is recorded (`DIRECT` in `SERVICE_FLOWS`) as its SYN
-/// passes: its replies keep the datapath's way. (No program sees the stack's delivery of
-/// a translated connection into a local pod, so the translated flow is not recorded
-/// here as it is where the stack forwards out of the node. A UDP flow of such a socket
-/// sent directly gets its replies through the stack: conntrack takes them as new flows.)
+/// passes (its FIN and RST follow it): its replies keep the datapath's way. (No program
+/// sees the stack's delivery of a translated connection into a local pod, so the
+/// translated flow is not recorded here as it is where the stack forwards out of the
+/// node. A UDP flow of such a socket sent directly, or a direct connection over its
+/// pod's budget, gets its replies through the stack: conntrack takes them as new
+/// flows.)
 ///
 /// A function of its own (a BPF call), so that its frame is not the caller's: see
 /// [`is_translated_reply_at`]. A packet it cannot read goes to the stack.
@@ -154,110 +201,58 @@ fn reply_on_node(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if fragments::is_later(ip) {
         return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
     }
+    let Some((source, destination, seg)) = l4(ctx, ip)? else {
+        return Ok(false);
+    };
     let proto = ip.proto as u8;
-    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+    let moves = tcp_flags::SYN | tcp_flags::FIN | tcp_flags::RST;
+    if proto == TCP && seg.flags & moves != 0 && is_remembered(ip.src_addr, source, proto) {
+        let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
+        let kind = if tcp_flags::opens(seg.flags) {
+            DIRECT
+        } else {
+            0
+        };
+        // Over its budget, the direct connection goes unrecorded (see above).
+        let _ = service_tables::opener_flow(&flow, &seg, kind);
         return Ok(false);
     }
-    let l4 = EthHdr::LEN + ip.ihl() as usize;
-    let (source, destination, seg) = packet::ports_and_flags(ctx, proto, l4)?;
-    let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
-    if proto == TCP && tcp_flags::opens(seg.flags) && is_remembered(ip.src_addr, source, proto) {
-        let _ = SERVICE_FLOWS.insert(&flow, &DIRECT, 0);
-        return Ok(false);
-    }
-    if !is_remembered(ip.dst_addr, destination, proto) {
+    let socket = client(ip.dst_addr, destination, proto);
+    if !service_tables::answerer_socket(ServiceTable::Clients, &socket, &seg) {
         return Ok(false);
     }
     let reply = NatKey::new((ip.dst_addr, destination), (ip.src_addr, source), proto);
-    // SAFETY: the value is copied out at once.
-    if unsafe { SERVICE_FLOWS.get(&reply) }.copied() == Some(DIRECT) {
+    if service_tables::answerer_flow(&reply, &seg) == DIRECT {
         return Ok(false);
     }
     fragments::went_to_stack(ip);
     Ok(true)
 }
 
-/// Adds the source socket of `ip` (TCP or UDP, a first fragment or whole) to `sockets`,
-/// writing only when it is not there yet (a full table evicts the least recently used);
-/// with `tcp_openings_only`, a TCP socket only from a SYN.
-#[inline(always)]
-fn remember_source(
-    ctx: &TcContext,
-    ip: &Ipv4Hdr,
-    sockets: &LruHashMap<ServiceClient, u8>,
-    tcp_openings_only: bool,
-) -> Result<(), i64> {
-    let proto = ip.proto as u8;
-    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
-        return Ok(());
-    }
-    let l4 = EthHdr::LEN + ip.ihl() as usize;
-    let (port, _, seg) = packet::ports_and_flags(ctx, proto, l4)?;
-    if proto == TCP && tcp_openings_only && !tcp_flags::opens(seg.flags) {
-        return Ok(());
-    }
-    {
-        let key = client(ip.src_addr, port, proto);
-        // SAFETY: only the presence is read.
-        if unsafe { sockets.get(&key) }.is_none() {
-            let _ = sockets.insert(&key, &1, 0);
-        }
-    }
-    Ok(())
-}
-
-/// Whether `ip` is for a socket (its destination address and port) in `sockets`: the
-/// caller hands it to the stack. A fragment after the first (no ports) goes where its
-/// first fragment went.
-#[inline(always)]
-fn for_socket_in(
-    ctx: &TcContext,
-    ip: &Ipv4Hdr,
-    sockets: &LruHashMap<ServiceClient, u8>,
-) -> Result<bool, i64> {
-    if fragments::is_later(ip) {
-        return Ok(fragments::first_of(ip, FragmentKey::TO_STACK).is_some());
-    }
-    let Some((_, port)) = ports(ctx, ip)? else {
-        return Ok(false);
-    };
-    // SAFETY: only the presence is read.
-    let found = unsafe { sockets.get(&client(ip.dst_addr, port, ip.proto as u8)) }.is_some();
-    if found {
-        fragments::went_to_stack(ip);
-    }
-    Ok(found)
-}
-
 /// Records the flow of `ip`, a packet the node's stack forwarded out of the node (not one
 /// the datapath redirected: see `deliver::take_redirected`), when its source is a pod
 /// socket with a Service connection: the stack's translation of that connection, whose
-/// replies must come back through the stack ([`is_translated_reply`]). Written only when
-/// missing (a full table evicts the least recently used; the flow's next packet out
-/// writes it back).
+/// replies must come back through the stack ([`is_translated_reply`]). Created from a
+/// TCP SYN or any UDP datagram, within the pod's budget; whether the packet is refused
+/// (the caller drops it).
 /// A function of its own (a BPF call): see [`is_translated_reply_at`].
 #[inline(never)]
-pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) {
-    if enabled() {
-        let _ = record_translated(ctx, ip);
-    }
+pub fn left_through_stack(ctx: &TcContext, ip: &Ipv4Hdr) -> bool {
+    enabled() && record_translated(ctx, ip).unwrap_or(false)
 }
 
 #[inline(always)]
-fn record_translated(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), i64> {
-    let Some((source, destination)) = ports(ctx, ip)? else {
-        return Ok(());
+fn record_translated(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
+    let Some((source, destination, seg)) = l4(ctx, ip)? else {
+        return Ok(false);
     };
     let proto = ip.proto as u8;
     if !is_remembered(ip.src_addr, source, proto) {
-        return Ok(());
+        return Ok(false);
     }
     let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
-    // SAFETY: the value is copied out at once.
-    if unsafe { SERVICE_FLOWS.get(&flow) }.copied() != Some(TRANSLATED) {
-        let _ = SERVICE_FLOWS.insert(&flow, &TRANSLATED, 0);
-    }
-    Ok(())
+    let kind = if may_open(proto, &seg) { TRANSLATED } else { 0 };
+    Ok(service_tables::opener_flow(&flow, &seg, kind))
 }
 
 /// Whether `ip`, arriving from another node or the overlay for the local pod at its
@@ -287,14 +282,15 @@ fn translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bo
     if ip.proto as u8 == ICMP {
         return is_translated_error(ctx, ip, ip_at);
     }
-    let Some((source, destination)) = ports_at(ctx, ip, ip_at)? else {
+    let Some((source, destination, seg)) = l4_at(ctx, ip, ip_at)? else {
         return Ok(false);
     };
-    let found = translated(
+    let flow = NatKey::new(
         (ip.dst_addr, destination),
         (ip.src_addr, source),
         ip.proto as u8,
     );
+    let found = service_tables::answerer_flow(&flow, &seg) == TRANSLATED;
     if found {
         fragments::went_to_stack(ip);
     }
@@ -315,7 +311,7 @@ fn is_translated_error(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bo
     if !packet::quoted_ipv4_well_formed(&quoted) {
         return Ok(false);
     }
-    let Some((source, destination)) = ports_at(ctx, &quoted, l4 + ICMP_HEADER)? else {
+    let Some((source, destination, _)) = l4_at(ctx, &quoted, l4 + ICMP_HEADER)? else {
         return Ok(false);
     };
     Ok(translated(
@@ -334,8 +330,9 @@ const ICMP_HEADER: usize = 8;
 #[inline(always)]
 pub fn translated(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> bool {
     let flow = NatKey::new(pod, remote, proto);
-    // SAFETY: the value is copied out at once.
-    enabled() && unsafe { SERVICE_FLOWS.get(&flow) }.copied() == Some(TRANSLATED)
+    // SAFETY: the field is copied out at once.
+    enabled()
+        && unsafe { SERVICE_FLOWS.get(&flow) }.map(|entry| entry.node_port) == Some(TRANSLATED)
 }
 
 #[inline(always)]

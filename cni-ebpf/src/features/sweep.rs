@@ -15,11 +15,15 @@ use aya_ebpf::{
     bindings::__sk_buff, cty::c_void, helpers::generated::bpf_loop, maps::HashMap,
     programs::TcContext,
 };
-use cni_ebpf_common::{FlowTable, NatEntry, NatKey, NatReverseKey, SweepItem, sweep};
+use cni_ebpf_common::{
+    FlowTable, NatEntry, NatKey, NatReverseKey, ServiceClient, ServiceTable, SweepItem, sweep,
+};
 
 use crate::{
-    features::budget,
-    primitives::maps::{HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT},
+    features::{budget, service_tables},
+    primitives::maps::{
+        HOSTPORT_FLOWS, NAT_IN, NAT_INBOUND, NAT_OUT, SERVICE_CLIENTS, SERVICE_FLOWS, SERVICE_PEERS,
+    },
 };
 
 /// Removes the frame's items; returns how many of each kind went, packed as
@@ -70,7 +74,11 @@ extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
     let Ok(item) = ctx.load::<SweepItem>(at) else {
         return 1;
     };
-    if item.kind & sweep::HOSTPORT != 0 {
+    if item.kind & sweep::SERVICE != 0 {
+        if remove_service_if_idle(&item) {
+            run.flows += 1;
+        }
+    } else if item.kind & sweep::HOSTPORT != 0 {
         if remove_if_idle(
             &HOSTPORT_FLOWS,
             &item.out,
@@ -141,5 +149,60 @@ fn remove_port_if_idle(key: &NatReverseKey, decided_ns: u64) -> bool {
             true
         }
         None => true,
+    }
+}
+
+/// Deletes the Service entry of `item` (its kind says which table; a socket's key is
+/// `out`'s pod address, port and protocol) unless it was stamped after the decision,
+/// and counts it off its party's budget. Whether it went by this run.
+#[inline(always)]
+fn remove_service_if_idle(item: &SweepItem) -> bool {
+    if item.kind & sweep::SERVICE_FLOW != 0 {
+        return remove_entry_if_idle(
+            &SERVICE_FLOWS,
+            &item.out,
+            item.decided_ns,
+            ServiceTable::Flows,
+        );
+    }
+    let socket = ServiceClient {
+        addr: item.out.pod_addr,
+        port: item.out.pod_port,
+        proto: item.out.proto,
+        pad: 0,
+    };
+    if item.kind & sweep::SERVICE_PEER != 0 {
+        remove_entry_if_idle(
+            &SERVICE_PEERS,
+            &socket,
+            item.decided_ns,
+            ServiceTable::Peers,
+        )
+    } else {
+        remove_entry_if_idle(
+            &SERVICE_CLIENTS,
+            &socket,
+            item.decided_ns,
+            ServiceTable::Clients,
+        )
+    }
+}
+
+/// Deletes `key` from the Service table `map` (counted as `table`) unless its entry was
+/// stamped after `decided_ns`. Whether this run removed it.
+#[inline(always)]
+fn remove_entry_if_idle<K>(
+    map: &HashMap<K, NatEntry>,
+    key: &K,
+    decided_ns: u64,
+    table: ServiceTable,
+) -> bool {
+    // SAFETY: the value is read at once.
+    match unsafe { map.get(key) }.copied() {
+        Some(entry) if entry.last_seen_ns <= decided_ns && map.remove(key).is_ok() => {
+            service_tables::removed(entry.pod_addr, table);
+            true
+        }
+        _ => false,
     }
 }

@@ -14,9 +14,10 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     DropReason, EndpointCounters, EndpointInfo, EndpointKey, FlowCounts, FragmentKey,
     FragmentTarget, HostPortFlow, MAX_GATEWAYS, MAX_NODES, MAX_RATE_LIMITS, MAX_REMOTE_RANGES,
-    MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, NODE_ADDRS_MAX, NatConfig, NatCounter, NatEntry, NatKey,
-    NatReverseKey, OverlayConfig, PortKey, PortTarget, RateBucket, RefusedFlows, RemoteNode,
-    ServiceClient, SockConfig, SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
+    MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, MAX_SERVICE_PARTIES, MAX_SERVICE_SOCKETS, NODE_ADDRS_MAX,
+    NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, OverlayConfig, PortKey, PortTarget,
+    RateBucket, RefusedFlows, RemoteNode, ServiceClient, ServiceConfig, ServiceCounts, SockConfig,
+    SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
 // Endpoints and counters.
@@ -169,27 +170,31 @@ pub static SOCK_REV: LruHashMap<SockRevKey, HostPortFlow> = LruHashMap::pinned(M
 
 // Services.
 
-/// Sockets with Service connections remembered at once; the least recently used goes
-/// first (a forgotten one only loses its replies' way through the stack while its next
-/// packet out is still to come).
-const MAX_CLIENTS: u32 = 65536;
-
 #[map(name = "SERVICE_CIDRS")]
 pub static SERVICE_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_SERVICE_CIDRS, 0);
 
 #[map(name = "SERVICE_RANGES")]
 pub static SERVICE_RANGES: Array<u32> = Array::pinned(1, 0);
 
+#[map(name = "SERVICE_CONFIG")]
+pub static SERVICE_CONFIG: Array<ServiceConfig> = Array::pinned(1, 0);
+
+/// The Service tables (see `cni_ebpf_common::services`): plain hashes, swept by the
+/// daemon, each party within its budget.
 #[map(name = "SERVICE_CLIENTS")]
-pub static SERVICE_CLIENTS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+pub static SERVICE_CLIENTS: HashMap<ServiceClient, NatEntry> =
+    HashMap::pinned(MAX_SERVICE_SOCKETS, 0);
 
 #[map(name = "SERVICE_PEERS")]
-pub static SERVICE_PEERS: LruHashMap<ServiceClient, u8> = LruHashMap::pinned(MAX_CLIENTS, 0);
+pub static SERVICE_PEERS: HashMap<ServiceClient, NatEntry> =
+    HashMap::pinned(MAX_SERVICE_SOCKETS, 0);
 
-/// Translated Service connections (see `cni_ebpf_common::services`); the least recently
-/// used goes first, and the next packet the stack forwards on it writes it back.
 #[map(name = "SERVICE_FLOWS")]
-pub static SERVICE_FLOWS: LruHashMap<NatKey, u8> = LruHashMap::pinned(MAX_SERVICE_FLOWS, 0);
+pub static SERVICE_FLOWS: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_SERVICE_FLOWS, 0);
+
+#[map(name = "SERVICE_COUNTS")]
+pub static SERVICE_COUNTS: HashMap<[u8; 4], ServiceCounts> =
+    HashMap::pinned(MAX_SERVICE_PARTIES, 0);
 
 /// The endpoint that owns `addr`, if it is a pod of this node.
 #[inline(always)]

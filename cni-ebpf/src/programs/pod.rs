@@ -17,7 +17,11 @@
 //! a netkit hook, is in the host veth's kernel TX counters, which the daemon adds in
 //! `ebpf-cnid endpoints`.
 
-use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    macros::classifier,
+    programs::TcContext,
+};
 use cni_ebpf_common::{DropReason, endpoint_flags};
 use network_types::{
     eth::{EthHdr, EtherType},
@@ -25,7 +29,10 @@ use network_types::{
 };
 
 use crate::{
-    features::{arp, conntrack, hostport, overlay, pod_source, pod_tunnel, rate, route, services},
+    features::{
+        arp, conntrack, hostport, overlay, pod_source, pod_tunnel, rate, route,
+        services::{self, Service},
+    },
     primitives::{
         counters::{self, Direction},
         deliver::{self, deliver, switch},
@@ -120,13 +127,17 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
         None => match hostport::pods::from_pod(ctx, eth, ip)? {
             Some(verdict) => Ok(verdict),
             // A Service (kube-proxy's DNAT is in the stack).
-            None if services::to_service(ctx, ip)? => Ok(deliver::to_stack(ctx)),
-            // Another node's pod, through the overlay (`--routing vxlan`).
-            None => match overlay::to_remote(ctx, eth, ip, ifindex)? {
-                Some(verdict) => Ok(verdict),
-                // An answer on a connection from outside that came in through the stack.
-                None if conntrack::answers_inbound(ctx, ip) => Ok(deliver::to_stack(ctx)),
-                None => route::to_uplink(ctx, eth, ip, ifindex),
+            None => match services::to_service(ctx, ip)? {
+                Service::ToStack => Ok(deliver::to_stack(ctx)),
+                Service::Refused => Ok(TC_ACT_SHOT as i32),
+                // Another node's pod, through the overlay (`--routing vxlan`).
+                Service::No => match overlay::to_remote(ctx, eth, ip, ifindex)? {
+                    Some(verdict) => Ok(verdict),
+                    // An answer on a connection from outside that came in through the
+                    // stack.
+                    None if conntrack::answers_inbound(ctx, ip) => Ok(deliver::to_stack(ctx)),
+                    None => route::to_uplink(ctx, eth, ip, ifindex),
+                },
             },
         },
     }

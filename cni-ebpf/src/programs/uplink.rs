@@ -8,7 +8,11 @@
 //! Both start alike ([`on_uplink`]); a fragment after its datagram's first one, which
 //! has no ports to find its flow by, follows what its first fragment was given.
 
-use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    macros::classifier,
+    programs::TcContext,
+};
 use cni_ebpf_common::{DropReason, NatConfig};
 use network_types::{
     arp::ArpHdr,
@@ -52,8 +56,8 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
             if fragments::is_later(ip) {
                 return snat::later_fragment(ctx, ip);
             }
-            if !redirected {
-                services::left_through_stack(ctx, ip);
+            if !redirected && services::left_through_stack(ctx, ip) {
+                return Ok(TC_ACT_SHOT as i32);
             }
             snat::egress(ctx, config, node_addr, ip)
         },

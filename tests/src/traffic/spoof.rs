@@ -73,6 +73,73 @@ pub fn send_tcp_as(
     flags: u8,
     (seq, ack): (u32, u32),
 ) -> io::Result<()> {
+    send_raw(netns, to, tcp_packet(source, to, flags, (seq, ack)))
+}
+
+/// Sends a TCP SYN from `netns` to `to` claiming `source` from each port of `ports`,
+/// through one raw socket: a flood of new connections from as many sockets, as a host
+/// (or a pod) with CAP_NET_RAW sends to fill a table of connections. Paced (a pause
+/// every 512 segments) so that the receiving veth's backlog takes every one. How many
+/// went out.
+pub fn syn_flood(
+    netns: &Netns,
+    source: Ipv4Addr,
+    ports: std::ops::RangeInclusive<u16>,
+    to: SocketAddrV4,
+) -> io::Result<usize> {
+    flood(netns, ports, to, move |port| {
+        let from = SocketAddrV4::new(source, port);
+        tcp_packet(from, to, 0x02, (u32::from(port) << 8, 0))
+    })
+}
+
+/// As [`syn_flood`], a UDP datagram (8 bytes of payload) from each port of `ports`.
+pub fn udp_flood(
+    netns: &Netns,
+    source: Ipv4Addr,
+    ports: std::ops::RangeInclusive<u16>,
+    to: SocketAddrV4,
+) -> io::Result<usize> {
+    flood(netns, ports, to, move |port| {
+        udp_packet(source, port, to, b"flooding")
+    })
+}
+
+/// Sends `packet(port)` for each port of `ports` to `to` from `netns` through one raw
+/// socket, paced as [`syn_flood`] says. How many went out.
+fn flood(
+    netns: &Netns,
+    ports: std::ops::RangeInclusive<u16>,
+    to: SocketAddrV4,
+    packet: impl Fn(u16) -> Vec<u8> + Send + 'static,
+) -> io::Result<usize> {
+    run_in(netns, move || {
+        let socket = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(Protocol::from(libc::IPPROTO_RAW)),
+        )?;
+        let address = SockAddr::from(to);
+        let mut sent = 0;
+        for port in ports {
+            socket.send_to(&packet(port), &address)?;
+            sent += 1;
+            if sent % 512 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Ok(sent)
+    })
+}
+
+/// An IPv4 packet of one TCP segment without payload (see [`send_tcp_as`]), its TCP
+/// checksum computed, the IPv4 header's left to the kernel.
+fn tcp_packet(
+    source: SocketAddrV4,
+    to: SocketAddrV4,
+    flags: u8,
+    (seq, ack): (u32, u32),
+) -> Vec<u8> {
     let mut segment = [source.port().to_be_bytes(), to.port().to_be_bytes()].concat();
     segment.extend(seq.to_be_bytes());
     segment.extend(ack.to_be_bytes());
@@ -84,7 +151,7 @@ pub fn send_tcp_as(
     segment[16..18].copy_from_slice(&checksum.to_be_bytes());
     let mut packet = ipv4_header(*source.ip(), *to.ip(), 6, segment.len());
     packet.extend(segment);
-    send_raw(netns, to, packet)
+    packet
 }
 
 /// A UDP datagram from `source` to `to` in an Ethernet frame from `src_mac` to `dst_mac`,

@@ -28,6 +28,13 @@ pub(super) enum Removal {
     FromOutside { key: NatKey, note: NatEntry },
     /// An expired connection of `HOSTPORT_FLOWS`, or one of a pod gone.
     HostPort { key: NatKey, entry: NatEntry },
+    /// An entry of a Service table (`kind`: its `nat_sweep` kind; `key`: its socket as
+    /// a flow key, or its flow), expired, of a pod gone, or early-dropped.
+    Service {
+        kind: u8,
+        key: NatKey,
+        entry: NatEntry,
+    },
 }
 
 /// The flows of a snapshot of both tables that are idle past their timeout at `now_ns`,

@@ -29,6 +29,8 @@ impl Removal {
             Self::HostPort { key, entry } => {
                 (key, key.reverse(entry.node_port), sweep::HOSTPORT, entry)
             }
+            // `inbound` unused.
+            Self::Service { kind, key, entry } => (key, key.reverse(0), kind, entry),
         };
         SweepItem {
             out,

@@ -4,6 +4,7 @@
 
 mod decide;
 mod items;
+mod services;
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 
@@ -37,12 +38,15 @@ pub struct Sweep {
     /// Of the removals decided, those made for room in a table nearly full (early
     /// drop: unanswered, opening and closing flows), not for their timeout.
     pub early_dropped: usize,
+    /// Entries of the Service tables, expired, of pods gone or early-dropped (for a
+    /// party near its budget, or a table nearly full).
+    pub services: usize,
 }
 
 impl Sweep {
     /// Whether the sweep removed anything.
     pub fn removed_any(&self) -> bool {
-        self.flows + self.orphans + self.from_outside + self.hostport > 0
+        self.flows + self.orphans + self.from_outside + self.hostport + self.services > 0
     }
 }
 
@@ -98,6 +102,72 @@ impl Flows {
             early_dropped: removals.len() - decided,
             ..Sweep::default()
         };
+        let (service_removals, early) = self.service_removals(&pods, now_ns, timeouts)?;
+        sweep.early_dropped += early;
+        self.remove(&removals, &mut sweep);
+        self.remove(&service_removals, &mut sweep);
+        Ok(sweep)
+    }
+
+    /// What the sweep removes from the Service tables (see [`services::removals`]),
+    /// and how many of those are early drops.
+    fn service_removals(
+        &self,
+        pods: &HashSet<[u8; 4]>,
+        now_ns: u64,
+        timeouts: &Timeouts,
+    ) -> Result<(Vec<Removal>, usize), MapError> {
+        let tables = &self.services;
+        let (clients, peers) = (snapshot(&tables.clients)?, snapshot(&tables.peers)?);
+        let flows = snapshot(&tables.flows)?;
+        let capacity = |info: aya::maps::MapInfo| info.max_entries() as usize;
+        let budget = self.service_budget;
+        let (mut removals, mut early) = services::removals(
+            &services::Table {
+                entries: &clients,
+                kind: sweep::SERVICE_CLIENT,
+                capacity: capacity(tables.clients.map().info()?),
+                pods_only: true,
+            },
+            pods,
+            now_ns,
+            timeouts,
+            budget,
+        );
+        let (more, more_early) = services::removals(
+            &services::Table {
+                entries: &peers,
+                kind: sweep::SERVICE_PEER,
+                capacity: capacity(tables.peers.map().info()?),
+                pods_only: false,
+            },
+            pods,
+            now_ns,
+            timeouts,
+            budget,
+        );
+        removals.extend(more);
+        early += more_early;
+        let (more, more_early) = services::removals(
+            &services::Table {
+                entries: &flows,
+                kind: sweep::SERVICE_FLOW,
+                capacity: capacity(tables.flows.map().info()?),
+                pods_only: true,
+            },
+            pods,
+            now_ns,
+            timeouts,
+            budget,
+        );
+        removals.extend(more);
+        Ok((removals, early + more_early))
+    }
+
+    /// Hands `removals` to the `nat_sweep` program, [`sweep::MAX_ITEMS`] a run, and
+    /// counts what went into `sweep`. Service removals come in runs of their own,
+    /// whose low bits count them.
+    fn remove(&self, removals: &[Removal], sweep: &mut Sweep) {
         let mut frame = vec![0u8; sweep::HEADER + sweep::MAX_ITEMS * size_of::<SweepItem>()];
         for chunk in removals.chunks(sweep::MAX_ITEMS) {
             let len = sweep::HEADER + chunk.len() * size_of::<SweepItem>();
@@ -116,12 +186,15 @@ impl Flows {
                 }
             };
             let count = |shift: u32| ((gone >> shift) & sweep::COUNT_MASK) as usize;
+            if matches!(chunk.first(), Some(Removal::Service { .. })) {
+                sweep.services += count(0);
+                continue;
+            }
             sweep.flows += count(0);
             sweep.orphans += count(sweep::ORPHAN_SHIFT);
             sweep.from_outside += count(sweep::FROM_OUTSIDE_SHIFT);
             sweep.hostport += count(sweep::HOSTPORT_SHIFT);
         }
-        Ok(sweep)
     }
 
     /// Adds to `removals` what early drop takes from each table nearly full once they

@@ -19,7 +19,7 @@ pub mod decap;
 pub mod encap;
 
 use aya_ebpf::{
-    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_OK},
+    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_OK, TC_ACT_SHOT},
     helpers::generated::{bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     programs::TcContext,
 };
@@ -92,8 +92,8 @@ pub fn egress(ctx: &TcContext, config: &OverlayConfig, ip: &Ipv4Hdr) -> Result<i
     let Some(remote) = maps::remote_node(ip.dst_addr) else {
         return Ok(counters::drop_packet(DropReason::OverlayNotLocal));
     };
-    if !deliver::take_redirected(ctx) {
-        services::left_through_stack(ctx, ip);
+    if !deliver::take_redirected(ctx) && services::left_through_stack(ctx, ip) {
+        return Ok(TC_ACT_SHOT as i32);
     }
     let mut key = TunnelKey {
         tunnel_id: config.vni,

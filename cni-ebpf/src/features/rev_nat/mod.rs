@@ -5,7 +5,10 @@
 
 mod icmp_error;
 
-use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
 use cni_ebpf_common::{
     DropReason, FragmentKey, NatConfig, NatCounter, NatKey, NatReverseKey, Refusal, Segment,
     ip_proto::{DCCP, ICMP, TCP, UDP, UDPLITE},
@@ -200,7 +203,9 @@ fn host_port_or_stack(
     if let Some(delivered) = hostport::uplink::inbound(ctx, eth, ip, l4, l4_csum)? {
         return Ok(delivered);
     }
-    services::from_outside(ctx, ip)?;
+    if services::from_outside(ctx, ip)? {
+        return Ok(TC_ACT_SHOT as i32);
+    }
     Ok(TC_ACT_OK)
 }
 
