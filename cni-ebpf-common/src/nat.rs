@@ -440,6 +440,9 @@ pub mod sweep {
     pub const SERVICE_FLOW: u8 = 128;
     /// Any of the Service kinds.
     pub const SERVICE: u8 = SERVICE_CLIENT | SERVICE_PEER | SERVICE_FLOW;
+    /// All three Service kinds at once: a party's `SERVICE_COUNTS` entry (its address
+    /// as `out`'s pod address), which goes if it counts nothing.
+    pub const SERVICE_PARTY: u8 = SERVICE;
     /// The return value: flows gone in the low bits, orphans above this shift, notes
     /// above [`FROM_OUTSIDE_SHIFT`], hostPort connections above [`HOSTPORT_SHIFT`] (at
     /// most [`MAX_ITEMS`] each).

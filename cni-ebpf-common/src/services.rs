@@ -20,7 +20,10 @@
 //!   NodePort, a LoadBalancer or external IP) and went to the stack, which DNATs them
 //!   to a pod;
 //! - `SERVICE_COUNTS`: hash of a party's address -> [`ServiceCounts`], its entries in
-//!   each of the three tables.
+//!   each of the three tables. A party is counted before its first entry is made (a
+//!   full `SERVICE_COUNTS` refuses the entry, so that no party goes uncounted), and the
+//!   sweep removes the counts of a party that holds nothing any more: addresses an
+//!   outside host forged come and go.
 //!
 //! The three tables are plain hashes, as the NAT tables are (see [`crate::budget`]): an
 //! entry leaves only when the daemon's sweep removes it (idle past its timeout, its pod
@@ -106,22 +109,11 @@ impl ServiceCounts {
         }
     }
 
-    /// One entry in `table`, none elsewhere.
+    /// Whether the party holds no entry in any table: its counts may go.
     #[inline(always)]
     #[must_use]
-    pub const fn one(table: ServiceTable) -> Self {
-        let mut counts = Self {
-            clients: 0,
-            flows: 0,
-            peers: 0,
-            pad: 0,
-        };
-        match table {
-            ServiceTable::Clients => counts.clients = 1,
-            ServiceTable::Flows => counts.flows = 1,
-            ServiceTable::Peers => counts.peers = 1,
-        }
-        counts
+    pub const fn is_empty(&self) -> bool {
+        self.clients == 0 && self.flows == 0 && self.peers == 0
     }
 }
 

@@ -7,8 +7,8 @@ use aya::{
     programs::ProgramFd,
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, ServiceClient, Uplinks,
-    map_names, program_names,
+    EndpointInfo, EndpointKey, NatConfig, NatEntry, NatKey, NatReverseKey, ServiceClient,
+    ServiceCounts, Uplinks, map_names, program_names,
 };
 
 use super::{Datapath, DatapathError, classifier};
@@ -30,6 +30,8 @@ pub struct ServiceTables {
     pub peers: HashMap<MapData, ServiceClient, NatEntry>,
     /// `SERVICE_FLOWS`: pods' Service connections, translated or direct.
     pub flows: HashMap<MapData, NatKey, NatEntry>,
+    /// `SERVICE_COUNTS`: each party's entries in the three.
+    pub counts: HashMap<MapData, [u8; 4], ServiceCounts>,
 }
 /// `ENDPOINTS`, the node's pods by address (another handle on the map the node keeps).
 pub type Endpoints = HashMap<MapData, EndpointKey, EndpointInfo>;
@@ -75,6 +77,7 @@ impl Datapath {
         let clients = take(map_names::SERVICE_CLIENTS)?;
         let peers = take(map_names::SERVICE_PEERS)?;
         let service_flows = take(map_names::SERVICE_FLOWS)?;
+        let service_counts = take(map_names::SERVICE_COUNTS)?;
         let name = program_names::NAT_SWEEP;
         let program_error = |source| DatapathError::Program {
             program: name,
@@ -102,6 +105,7 @@ impl Datapath {
                 clients: HashMap::try_from(clients)?,
                 peers: HashMap::try_from(peers)?,
                 flows: HashMap::try_from(service_flows)?,
+                counts: HashMap::try_from(service_counts)?,
             },
             sweeper,
         })

@@ -172,6 +172,12 @@ fn create<K>(
         refuse(DropReason::ServiceBudget);
         return false;
     }
+    // The party is counted before its entry exists: a party the counts cannot hold
+    // would hold entries without a budget.
+    let Some(counts) = counts_of(party) else {
+        refuse(DropReason::ServiceTableFull);
+        return false;
+    };
     let entry = NatEntry {
         last_seen_ns: now,
         pod_addr: party,
@@ -185,7 +191,7 @@ fn create<K>(
     };
     match map.insert(key, &entry, BPF_NOEXIST as u64) {
         Ok(()) => {
-            added(party, table);
+            budget::increment(count_of(counts, table));
             true
         }
         Err(error) if budget::is_full(error as i32) => {
@@ -197,6 +203,18 @@ fn create<K>(
     }
 }
 
+/// The counts of `party` in `SERVICE_COUNTS`, made (all zero) when it has none; `None`
+/// when the map is full.
+#[inline(always)]
+fn counts_of(party: [u8; 4]) -> Option<*mut ServiceCounts> {
+    if let Some(counts) = SERVICE_COUNTS.get_ptr_mut(&party) {
+        return Some(counts);
+    }
+    // Another CPU making it meanwhile makes this insert fail: its entry is found below.
+    let _ = SERVICE_COUNTS.insert(&party, &ServiceCounts::default(), BPF_NOEXIST as u64);
+    SERVICE_COUNTS.get_ptr_mut(&party)
+}
+
 /// Whether `party` may hold one more entry in `table` (always, while the daemon wrote
 /// no budget).
 #[inline(always)]
@@ -206,30 +224,23 @@ fn within(party: [u8; 4], table: ServiceTable) -> bool {
     budget == 0 || unsafe { SERVICE_COUNTS.get(&party) }.is_none_or(|c| c.of(table) < budget)
 }
 
-/// Counts an entry `party` just created in `table`. A full `SERVICE_COUNTS` (sized for
-/// every party the tables can hold) leaves it uncounted. Inlined: a call here would add
-/// its frame to `uplink_egress`'s and `left_through_stack`'s, at the verifier's limit.
-#[inline(always)]
-fn added(party: [u8; 4], table: ServiceTable) {
-    if let Some(counts) = SERVICE_COUNTS.get_ptr_mut(&party) {
-        budget::increment(count_of(counts, table));
-        return;
-    }
-    // A party's first entry; another CPU creating it meanwhile makes this insert fail.
-    if SERVICE_COUNTS
-        .insert(&party, &ServiceCounts::one(table), BPF_NOEXIST as u64)
-        .is_err()
-        && let Some(counts) = SERVICE_COUNTS.get_ptr_mut(&party)
-    {
-        budget::increment(count_of(counts, table));
-    }
-}
-
 /// Counts an entry of `party` gone from `table` (the sweep's removals).
 #[inline(never)]
 pub fn removed(party: [u8; 4], table: ServiceTable) {
     if let Some(counts) = SERVICE_COUNTS.get_ptr_mut(&party) {
         budget::decrement(count_of(counts, table));
+    }
+}
+
+/// Removes the counts of `party` when they count nothing (the sweep's removals): the
+/// check and the delete are two steps, and an entry made between them goes uncounted
+/// (its party may then hold one more than its budget). Whether they went.
+#[inline(never)]
+pub fn forget_if_empty(party: [u8; 4]) -> bool {
+    // SAFETY: the value is copied out at once.
+    match unsafe { SERVICE_COUNTS.get(&party) }.copied() {
+        Some(counts) if counts.is_empty() => SERVICE_COUNTS.remove(&party).is_ok(),
+        _ => false,
     }
 }
 

@@ -74,7 +74,10 @@ extern "C" fn remove(index: u64, run: *mut c_void) -> i64 {
     let Ok(item) = ctx.load::<SweepItem>(at) else {
         return 1;
     };
-    if item.kind & sweep::SERVICE != 0 {
+    if item.kind & sweep::SERVICE_PARTY == sweep::SERVICE_PARTY {
+        // A party's counts, not counted as a removal.
+        service_tables::forget_if_empty(item.out.pod_addr);
+    } else if item.kind & sweep::SERVICE != 0 {
         if remove_service_if_idle(&item) {
             run.flows += 1;
         }

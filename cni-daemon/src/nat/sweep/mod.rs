@@ -161,6 +161,10 @@ impl Flows {
             budget,
         );
         removals.extend(more);
+        // Parties that hold nothing any more (their last entries went in an earlier
+        // sweep): forged addresses must not fill the counts.
+        let parties = snapshot(&tables.counts)?;
+        removals.extend(services::forgotten(&parties));
         Ok((removals, early + more_early))
     }
 

@@ -6,7 +6,9 @@
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 
-use cni_ebpf_common::{NatEntry, NatKey, ServiceClient, flow::early_droppable};
+use cni_ebpf_common::{
+    NatEntry, NatKey, ServiceClient, ServiceCounts, flow::early_droppable, sweep,
+};
 
 use super::decide::{EARLY_DROP_ABOVE, EARLY_DROP_TO, Removal, early_drop};
 use crate::nat::Timeouts;
@@ -14,7 +16,7 @@ use crate::nat::Timeouts;
 /// A snapshot of one Service table, and what its removals need to know of it.
 pub(super) struct Table<'a, K> {
     pub entries: &'a StdHashMap<K, NatEntry>,
-    /// The `nat_sweep` kind of its items (`sweep::SERVICE_CLIENT` and the others).
+    /// The `nat_sweep` kind of its items ([`sweep::SERVICE_CLIENT`] and the others).
     pub kind: u8,
     pub capacity: usize,
     /// Whether its parties are the node's pods (whose entries go with them), rather
@@ -96,6 +98,33 @@ pub(super) fn removals<K: ItemKey>(
     (removals, early)
 }
 
+/// The counts of parties that hold no entry (see `cni_ebpf_common::services`), as
+/// removals the `nat_sweep` program makes only if they still count nothing.
+pub(super) fn forgotten(parties: &StdHashMap<[u8; 4], ServiceCounts>) -> Vec<Removal> {
+    parties
+        .iter()
+        .filter(|(_, counts)| counts.is_empty())
+        .map(|(party, _)| Removal::Service {
+            kind: sweep::SERVICE_PARTY,
+            key: NatKey::new((*party, 0), ([0; 4], 0), 0),
+            entry: NO_ENTRY,
+        })
+        .collect()
+}
+
+/// The entry a party's removal carries: none (its check is the counts, not a time).
+const NO_ENTRY: NatEntry = NatEntry {
+    last_seen_ns: 0,
+    pod_addr: [0; 4],
+    pod_port: 0,
+    node_port: 0,
+    state: 0,
+    seq_seen: 0,
+    pad: [0; 2],
+    node_addr: [0; 4],
+    seq: [0; 2],
+};
+
 /// The entries each party near its budget loses: of a party holding more than
 /// [`EARLY_DROP_ABOVE`] of `budget` once `gone` are gone, its early-droppable entries
 /// (unanswered, opening, closing), least recently seen first, until [`EARLY_DROP_TO`]
@@ -135,7 +164,7 @@ fn over_budget<K: ItemKey>(
 mod tests {
     use cni_ebpf_common::{
         ip_proto::{TCP, UDP},
-        sweep, tcp_state,
+        tcp_state,
     };
 
     use super::*;
@@ -293,5 +322,21 @@ mod tests {
         assert!(removals.iter().all(
             |r| matches!(r, Removal::Service { entry, .. } if entry.state == tcp_state::SYN_SENT)
         ));
+    }
+
+    #[test]
+    fn only_parties_that_count_nothing_are_forgotten() {
+        let empty = ServiceCounts::default();
+        let holding = ServiceCounts {
+            peers: 1,
+            ..ServiceCounts::default()
+        };
+        let parties = StdHashMap::from([([192, 0, 2, 1], empty), ([192, 0, 2, 2], holding)]);
+        let gone = forgotten(&parties);
+        assert_eq!(gone.len(), 1);
+        let Removal::Service { kind, key, .. } = gone[0] else {
+            panic!("not a Service removal");
+        };
+        assert_eq!((kind, key.pod_addr), (sweep::SERVICE_PARTY, [192, 0, 2, 1]));
     }
 }
