@@ -54,12 +54,16 @@ fn record(ip: &Ipv4Hdr, way: u8, addr: [u8; 4], deliver: bool) {
     if ip.frag_flags() & MORE_FRAGMENTS == 0 || ip.frag_offset() != 0 {
         return;
     }
-    let target = FragmentTarget {
-        seen_ns: clock::now_ns(),
-        addr,
-        deliver: u8::from(deliver),
-        pad: [0; 3],
-    };
+    // Two aligned words: built field by field, LLVM zeroes the 3 unaligned bytes of
+    // padding with a call to `memset`, a BPF function whose frame, added to the callers'
+    // (the uplink's Service reply checks), passed the 512 bytes of stack Linux 6.1
+    // allows a chain of calls.
+    let tail = u64::from(u32::from_ne_bytes(addr)) | u64::from(u8::from(deliver)) << 32;
+    // SAFETY: `FragmentTarget` is #[repr(C)], 16 bytes without implicit padding:
+    // `seen_ns`, then `addr`, `deliver` and zero padding (little-endian, as BPF on x86
+    // and arm64).
+    let target =
+        unsafe { core::mem::transmute::<[u64; 2], FragmentTarget>([clock::now_ns(), tail]) };
     // A full table evicts the oldest record; a failed write only costs this datagram.
     let _ = NAT_FRAGMENTS.insert(&key(ip, way), &target, 0);
 }

@@ -108,16 +108,17 @@ pub fn opener_flow(flow: &NatKey, seg: &Segment, kind: u16) -> bool {
         )
 }
 
-/// An answer with `seg` on `flow` (keyed from the pod's side): its `SERVICE_FLOWS`
-/// kind (0: none), the entry refreshed.
+/// An answer on `flow` (keyed from the pod's side): its `SERVICE_FLOWS` kind (0: none),
+/// the entry refreshed. A pod's flow follows its pod alone (no SYN-ACK to record):
+/// the segment is not read, which keeps the callers' frames small.
 #[inline(always)]
-pub fn answerer_flow(flow: &NatKey, seg: &Segment) -> u16 {
+pub fn answerer_flow(flow: &NatKey) -> u16 {
     let Some(entry) = SERVICE_FLOWS.get_ptr_mut(flow) else {
         return 0;
     };
     // SAFETY: as in `opener_socket`.
     let entry = unsafe { &mut *entry };
-    follow_answerer(entry, flow.proto, seg);
+    refresh_answered(entry, flow.proto, false);
     entry.node_port
 }
 
@@ -141,11 +142,18 @@ fn follow_opener(entry: &mut NatEntry, proto: u8, flags: u8, confirmed: bool, no
 /// Notes an answer with `seg` in `entry`, and refreshes it when due.
 #[inline(always)]
 fn follow_answerer(entry: &mut NatEntry, proto: u8, seg: &Segment) {
+    let syn = answerer_syn(entry, seg);
+    refresh_answered(entry, proto, syn);
+}
+
+/// Notes an answer in `entry` (`changed`: the caller changed it already), and
+/// refreshes it when due.
+#[inline(always)]
+fn refresh_answered(entry: &mut NatEntry, proto: u8, changed: bool) {
     // SAFETY: as in `opener_socket`.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let state = answered_state(proto, entry.state);
-    let syn = answerer_syn(entry, seg);
-    if state != entry.state || syn || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+    if state != entry.state || changed || now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
         entry.state = state;
         entry.last_seen_ns = now;
     }
@@ -178,17 +186,7 @@ fn create<K>(
         refuse(DropReason::ServiceTableFull);
         return false;
     };
-    let entry = NatEntry {
-        last_seen_ns: now,
-        pod_addr: party,
-        pod_port: port,
-        node_port: kind,
-        state: opener_state(proto, 0, flags, false),
-        seq_seen: 0,
-        pad: [0; 2],
-        node_addr: [0; 4],
-        seq: [0; 2],
-    };
+    let entry = fresh_entry(now, party, port, kind, opener_state(proto, 0, flags, false));
     match map.insert(key, &entry, BPF_NOEXIST as u64) {
         Ok(()) => {
             budget::increment(count_of(counts, table));
@@ -203,6 +201,21 @@ fn create<K>(
     }
 }
 
+/// A new entry of its opener's socket (`party`, `port`) in `state` at `now`, of `kind`
+/// (`SERVICE_FLOWS`' kind, 0 elsewhere), every other field zero. Made of four aligned
+/// words: built field by field, LLVM zeroes the unaligned tail with a call to `memset`,
+/// a BPF function whose frame took the uplink's ingress chain past the 512 bytes of
+/// stack Linux 6.1 allows.
+#[inline(always)]
+fn fresh_entry(now: u64, party: [u8; 4], port: u16, kind: u16, state: u8) -> NatEntry {
+    let socket =
+        u64::from(u32::from_ne_bytes(party)) | u64::from(port) << 32 | u64::from(kind) << 48;
+    // SAFETY: `NatEntry` is #[repr(C)], 32 bytes without implicit padding: `last_seen_ns`,
+    // then `pod_addr`, `pod_port` and `node_port` in the second word (little-endian,
+    // as BPF on x86 and arm64), `state` the first byte of the third, zeros after.
+    unsafe { core::mem::transmute::<[u64; 4], NatEntry>([now, socket, u64::from(state), 0]) }
+}
+
 /// The counts of `party` in `SERVICE_COUNTS`, made (all zero) when it has none; `None`
 /// when the map is full.
 #[inline(always)]
@@ -211,7 +224,18 @@ fn counts_of(party: [u8; 4]) -> Option<*mut ServiceCounts> {
         return Some(counts);
     }
     // Another CPU making it meanwhile makes this insert fail: its entry is found below.
-    let _ = SERVICE_COUNTS.insert(&party, &ServiceCounts::default(), BPF_NOEXIST as u64);
+    // Counts of nothing, written in place as two volatile words: a zero value made
+    // otherwise becomes a call to `memset` (see [`fresh_entry`]).
+    let mut zero = core::mem::MaybeUninit::<ServiceCounts>::uninit();
+    let words = zero.as_mut_ptr().cast::<u64>();
+    // SAFETY: `ServiceCounts` is four `u32`s (16 bytes, no padding, aligned for `u64`
+    // on the stack), all zeros a value; both words are written before it is read.
+    let zero = unsafe {
+        words.write_volatile(0);
+        words.add(1).write_volatile(0);
+        zero.assume_init_ref()
+    };
+    let _ = SERVICE_COUNTS.insert(&party, zero, BPF_NOEXIST as u64);
     SERVICE_COUNTS.get_ptr_mut(&party)
 }
 

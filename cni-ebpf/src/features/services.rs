@@ -85,6 +85,21 @@ fn l4_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<Option<(u16, u16
     packet::ports_and_flags(ctx, proto, l4).map(Some)
 }
 
+/// The (source, destination) ports alone of what [`l4_at`] reads (4 bytes loaded, not a
+/// whole TCP header: the reply checks run deep in the uplink's chain of calls).
+#[inline(always)]
+fn ports_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<Option<(u16, u16)>, i64> {
+    let proto = ip.proto as u8;
+    if (proto != TCP && proto != UDP) || ip.frag_offset() != 0 {
+        return Ok(None);
+    }
+    let ports: [u8; 4] = ctx.load(ip_at + ip.ihl() as usize)?;
+    Ok(Some((
+        u16::from_be_bytes([ports[0], ports[1]]),
+        u16::from_be_bytes([ports[2], ports[3]]),
+    )))
+}
+
 /// [`l4_at`] of a packet whose IPv4 header follows the Ethernet header.
 #[inline(always)]
 fn l4(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16, Segment)>, i64> {
@@ -96,6 +111,21 @@ fn l4(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Option<(u16, u16, Segment)>, i64>
 #[inline(always)]
 fn may_open(proto: u8, seg: &Segment) -> bool {
     proto != TCP || tcp_flags::opens(seg.flags)
+}
+
+/// The flow key of `pod` and `remote` (address and port each) of `proto`, as
+/// `NatKey::new` makes it, built of two aligned words: field by field, LLVM zeroes the
+/// 3 unaligned bytes of padding with a call to `memset`, a BPF function whose frame
+/// took the uplink's ingress chain past the 512 bytes of stack Linux 6.1 allows.
+#[inline(always)]
+fn flow_key(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> NatKey {
+    let addrs =
+        u64::from(u32::from_ne_bytes(pod.0)) | u64::from(u32::from_ne_bytes(remote.0)) << 32;
+    let rest = u64::from(pod.1) | u64::from(remote.1) << 16 | u64::from(proto) << 32;
+    // SAFETY: `NatKey` is #[repr(C)], 16 bytes without implicit padding: the two
+    // addresses in the first word, the ports, the protocol and zero padding in the
+    // second (little-endian, as BPF on x86 and arm64).
+    unsafe { core::mem::transmute::<[u64; 2], NatKey>([addrs, rest]) }
 }
 
 /// Whether `ip`, for a node address, is for a NodePort (a TCP or UDP destination port
@@ -207,7 +237,7 @@ fn reply_on_node(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let proto = ip.proto as u8;
     let moves = tcp_flags::SYN | tcp_flags::FIN | tcp_flags::RST;
     if proto == TCP && seg.flags & moves != 0 && is_remembered(ip.src_addr, source, proto) {
-        let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
+        let flow = flow_key((ip.src_addr, source), (ip.dst_addr, destination), proto);
         let kind = if tcp_flags::opens(seg.flags) {
             DIRECT
         } else {
@@ -221,8 +251,8 @@ fn reply_on_node(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !service_tables::answerer_socket(ServiceTable::Clients, &socket, &seg) {
         return Ok(false);
     }
-    let reply = NatKey::new((ip.dst_addr, destination), (ip.src_addr, source), proto);
-    if service_tables::answerer_flow(&reply, &seg) == DIRECT {
+    let reply = flow_key((ip.dst_addr, destination), (ip.src_addr, source), proto);
+    if service_tables::answerer_flow(&reply) == DIRECT {
         return Ok(false);
     }
     fragments::went_to_stack(ip);
@@ -250,7 +280,7 @@ fn record_translated(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     if !is_remembered(ip.src_addr, source, proto) {
         return Ok(false);
     }
-    let flow = NatKey::new((ip.src_addr, source), (ip.dst_addr, destination), proto);
+    let flow = flow_key((ip.src_addr, source), (ip.dst_addr, destination), proto);
     let kind = if may_open(proto, &seg) { TRANSLATED } else { 0 };
     Ok(service_tables::opener_flow(&flow, &seg, kind))
 }
@@ -282,15 +312,15 @@ fn translated_reply_at(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bo
     if ip.proto as u8 == ICMP {
         return is_translated_error(ctx, ip, ip_at);
     }
-    let Some((source, destination, seg)) = l4_at(ctx, ip, ip_at)? else {
+    let Some((source, destination)) = ports_at(ctx, ip, ip_at)? else {
         return Ok(false);
     };
-    let flow = NatKey::new(
+    let flow = flow_key(
         (ip.dst_addr, destination),
         (ip.src_addr, source),
         ip.proto as u8,
     );
-    let found = service_tables::answerer_flow(&flow, &seg) == TRANSLATED;
+    let found = service_tables::answerer_flow(&flow) == TRANSLATED;
     if found {
         fragments::went_to_stack(ip);
     }
@@ -311,7 +341,7 @@ fn is_translated_error(ctx: &TcContext, ip: &Ipv4Hdr, ip_at: usize) -> Result<bo
     if !packet::quoted_ipv4_well_formed(&quoted) {
         return Ok(false);
     }
-    let Some((source, destination, _)) = l4_at(ctx, &quoted, l4 + ICMP_HEADER)? else {
+    let Some((source, destination)) = ports_at(ctx, &quoted, l4 + ICMP_HEADER)? else {
         return Ok(false);
     };
     Ok(translated(
@@ -329,7 +359,7 @@ const ICMP_HEADER: usize = 8;
 /// reverse NAT (a backend outside the cluster) goes to the stack.
 #[inline(always)]
 pub fn translated(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> bool {
-    let flow = NatKey::new(pod, remote, proto);
+    let flow = flow_key(pod, remote, proto);
     // SAFETY: the field is copied out at once.
     enabled()
         && unsafe { SERVICE_FLOWS.get(&flow) }.map(|entry| entry.node_port) == Some(TRANSLATED)
