@@ -1,29 +1,30 @@
-//! The watcher of the node's IPv4 addresses, default route and root qdiscs: an async
-//! task of the front that listens to rtnetlink's announcements and has the node follow
-//! them (`Node::sync_node_addrs`, `Node::follow_uplink`, `Node::follow_root_qdisc`) on
-//! a blocking thread, then publishes the node's view for the readiness and the metrics
+//! The watcher of the node's IPv4 addresses, default route, root qdiscs and devices: an
+//! async task of the front that listens to rtnetlink's announcements and has the node
+//! follow them (`Node::sync_node_addrs`, `Node::follow_uplink`, `Node::follow_root_qdisc`,
+//! `Node::sync_guard`) on a blocking thread, then publishes the node's view for the readiness and the metrics
 //! (its uplinks).
 
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use rtnetlink::{
-    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_TC},
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_LINK, RTMGRP_TC},
     packet_core::NetlinkPayload,
     packet_route::{RouteNetlinkMessage, tc::TcHandle},
     sys::{AsyncSocket, SocketAddr},
 };
 
 use crate::{
-    datapath::tc_block,
+    datapath::{self, tc_block},
     metrics::{NodeView, Telemetry},
     node::Node,
 };
 
 /// The IPv4 address and route announcements.
 pub const ADDRESS_GROUPS: u32 = RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE;
-/// The TC announcements (qdiscs, for the pods' root qdiscs).
-pub const QDISC_GROUPS: u32 = RTMGRP_TC;
+/// The TC announcements (qdiscs, for the pods' root qdiscs) and the links' (devices
+/// that come and go, for the gateway guard).
+pub const QDISC_GROUPS: u32 = RTMGRP_TC | RTMGRP_LINK;
 
 /// Refills `NODE_ADDRS`, and has source NAT follow the uplink's address and device (see
 /// `Nat::follow_uplink`), on every IPv4 address change, and has NAT follow the default
@@ -79,6 +80,7 @@ pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>, groups: u32)
                     }
                     changed.map(|_| None)
                 }
+                Change::Device => node.sync_guard().map(|()| None),
             };
             telemetry.publish(NodeView::of(&node));
             synced
@@ -106,6 +108,9 @@ enum Change {
     /// pod on that host veth must get its frames through it (a rate limit's `tbf`,
     /// perhaps the reference bandwidth plugin's after ebpf-cni in a chain).
     RootQdisc { ifindex: u32, queued: bool },
+    /// A device that may take the gateway guard (neither loopback, nor veth, nor netkit:
+    /// not every pod's ADD) came, changed or went.
+    Device,
 }
 
 impl Change {
@@ -117,6 +122,9 @@ impl Change {
             NetlinkPayload::InnerMessage(
                 RouteNetlinkMessage::NewRoute(route) | RouteNetlinkMessage::DelRoute(route),
             ) if route.header.destination_prefix_length == 0 => Some(Self::DefaultRoute),
+            NetlinkPayload::InnerMessage(
+                RouteNetlinkMessage::NewLink(link) | RouteNetlinkMessage::DelLink(link),
+            ) if datapath::guardable_name(link).is_some() => Some(Self::Device),
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(qdisc))
                 if qdisc.header.parent == TcHandle::ROOT =>
             {

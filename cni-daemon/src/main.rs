@@ -351,6 +351,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             datapath::gateways::remove_all().context("cannot remove the pods' gateways")?;
             datapath::remove_uplink_filters(&cli.bpf_dir)
                 .context("cannot remove the uplink programs' filters")?;
+            datapath::remove_guard_filters()
+                .context("cannot remove the gateway guard's filters")?;
             bpffs::remove(&cli.bpf_dir)?;
             // Emptied, and left when it is a mount point (uninstall run in the
             // DaemonSet's pod, whose state folder is the host's, mounted).

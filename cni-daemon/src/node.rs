@@ -278,6 +278,10 @@ impl Node {
         if node.cluster.source().is_none() {
             node.sync_node_routes()?;
         }
+        if let Err(error) = node.sync_guard() {
+            // The next link or uplink change tries again.
+            tracing::warn!(%error, "cannot put the gateway guard on the node's devices");
+        }
         Ok(node)
     }
 
@@ -452,7 +456,27 @@ impl Node {
     /// Has source NAT follow the uplink's address, its device and, when the uplink is
     /// the default route's device, the default route ([`Nat::follow_uplink`]).
     pub fn follow_uplink(&mut self) -> Result<(), NodeError> {
-        Ok(self.nat.follow_uplink(&mut self.datapath)?)
+        self.nat.follow_uplink(&mut self.datapath)?;
+        self.sync_guard()
+    }
+
+    /// Has the gateway guard on every device of the node that is neither a pod's, nor
+    /// an uplink, nor the overlay (whose programs hide the gateways themselves): after
+    /// start, an uplink change and every link that comes or goes.
+    pub fn sync_guard(&mut self) -> Result<(), NodeError> {
+        let uplinks: Vec<String> = self.nat.settings().map_or_else(Vec::new, |settings| {
+            settings
+                .uplinks
+                .iter()
+                .map(|uplink| uplink.name.clone())
+                .collect()
+        });
+        let mut skip: Vec<&str> = uplinks.iter().map(String::as_str).collect();
+        if self.overlay.is_some() {
+            skip.push(overlay::DEVICE);
+        }
+        self.datapath.sync_guard(&skip)?;
+        Ok(())
     }
 
     /// After a change of link `ifindex`'s root qdisc (`queued`: one other than the

@@ -162,6 +162,9 @@ pub mod program_names {
     /// TC egress of the overlay device: the tunnel key (the node the destination is on)
     /// of what leaves by it.
     pub const OVERLAY_EGRESS: &str = "overlay_egress";
+    /// TC ingress of the node's other devices (neither a pod's, nor an uplink, nor the
+    /// overlay): ARP and packets for the pods' gateways dropped, nothing else touched.
+    pub const GATEWAY_GUARD: &str = "gateway_guard";
     /// The socket programs, in attach order.
     pub const SOCKET_PROGRAMS: [&str; 4] = [
         SOCK_CONNECT4,

@@ -1,7 +1,7 @@
 //! The pods' default gateway answers as an address of their node: `ping` to it, and the
 //! node's services listening on all addresses (TCP, UDP) through it. Nobody outside the
 //! node sees it: the external host's ARP for it goes unanswered and its packets for it
-//! are dropped. The address goes with the last pod of its range (or `uninstall`), and a gateway that is
+//! are dropped, on the uplink and on any other network of the node. The address goes with the last pod of its range (or `uninstall`), and a gateway that is
 //! already an address of the node is left to whoever put it there.
 
 use std::{thread, time::Duration};
@@ -153,6 +153,111 @@ fn hosts_outside_the_node_neither_resolve_nor_reach_the_gateway() {
     );
     // The node itself is reachable as ever.
     assert!(ping(&node.external, NODE_ADDR));
+}
+
+/// The node's address on its second network (see the test below).
+const SECOND_ADDR: &str = "192.168.77.1";
+
+#[test]
+fn hosts_on_another_network_of_the_node_neither_resolve_nor_reach_the_gateway() {
+    require_root();
+    let node = Node::start("10.244.53.0/24");
+    let _pod = node.add_pod("gw-e");
+    let gateway = "10.244.53.1";
+    let _tcp = EchoServer::start(&node.netns, PORT);
+    // A second network of the node, which is no uplink: a bridge (a device the daemon
+    // finds after it started) whose port leads to a host on that network.
+    let host = Netns::new("gw-second");
+    node.netns.ip(&["link", "add", "second0", "type", "bridge"]);
+    node.netns.ip(&[
+        "addr",
+        "add",
+        &format!("{SECOND_ADDR}/24"),
+        "dev",
+        "second0",
+    ]);
+    node.netns.ip(&["link", "set", "second0", "up"]);
+    node.netns.ip(&[
+        "link",
+        "add",
+        "second-port",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        host.name(),
+    ]);
+    node.netns
+        .ip(&["link", "set", "second-port", "master", "second0", "up"]);
+    host.ip(&["addr", "add", "192.168.77.2/24", "dev", "eth0"]);
+    host.ip(&["link", "set", "eth0", "up"]);
+    // The node itself answers there.
+    assert!(
+        ping(&host, SECOND_ADDR),
+        "the node answers on its second network"
+    );
+    let guarded = wait_for_guard(&node, "second0");
+    assert!(
+        guarded,
+        "the guard is on the bridge: {}",
+        status(&node)["attachments"]
+    );
+    let before = gateway_drops(&node);
+
+    // On that segment the host asks who has the gateway.
+    host.ip(&["route", "add", &format!("{gateway}/32"), "dev", "eth0"]);
+    assert!(
+        !ping(&host, gateway),
+        "the gateway answered on another network"
+    );
+    let neighbour = host.ip(&["neigh", "show", gateway, "dev", "eth0"]);
+    assert!(
+        !neighbour.contains("lladdr"),
+        "the node answered ARP for its pods' gateway: {neighbour}"
+    );
+    let asked = gateway_drops(&node);
+    assert!(asked > before, "the ARP requests were dropped and counted");
+
+    // Routed to the node's address there.
+    host.ip(&[
+        "route",
+        "replace",
+        &format!("{gateway}/32"),
+        "via",
+        SECOND_ADDR,
+    ]);
+    assert!(
+        !ping(&host, gateway),
+        "the gateway answered on another network"
+    );
+    assert!(
+        round_trip(&host, socket(gateway, PORT), b"x").is_err(),
+        "a node service answered at the gateway on another network"
+    );
+    assert!(
+        gateway_drops(&node) > asked,
+        "the packets were dropped and counted"
+    );
+    // The node's own address there still serves.
+    assert!(round_trip(&host, socket(SECOND_ADDR, PORT), b"x").is_ok());
+}
+
+/// Waits up to 5 s for the daemon to list `gateway_guard` on `device`.
+fn wait_for_guard(node: &Node, device: &str) -> bool {
+    for _ in 0..50 {
+        let status = status(node);
+        let on = status["attachments"].as_array().is_some_and(|all| {
+            all.iter()
+                .any(|a| a["program"] == "gateway_guard" && a["interface"] == device)
+        });
+        if on {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    false
 }
 
 #[test]

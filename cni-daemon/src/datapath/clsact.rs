@@ -27,7 +27,7 @@ pub const PRIORITY: u16 = 0xc001;
 /// The filters' handle at [`PRIORITY`].
 pub const HANDLE: u32 = 1;
 
-/// Puts `program` (named `name`) into `interface`'s filter at ([`PRIORITY`], [`HANDLE`])
+/// Puts `program` (named `name`) into `interface`'s filter at ([`PRIORITY`], `handle`)
 /// on `attach_type`: the program replaced in place when the filter exists, else the
 /// filter created (the `clsact` qdisc must exist). Filters of the same name elsewhere
 /// on that hook (an earlier release's, at a preference the kernel chose) go afterwards,
@@ -37,19 +37,20 @@ pub(super) fn attach(
     name: &'static str,
     interface: &str,
     attach_type: TcAttachType,
+    handle: u32,
 ) -> Result<(), DatapathError> {
     let program_error = |source| DatapathError::Program {
         program: name,
         source,
     };
     let found = filters_named(interface, attach_type, name)?;
-    let ours = (PRIORITY, HANDLE);
+    let ours = (PRIORITY, handle);
     let id = if found.contains(&ours) {
         let link = SchedClassifierLink::attached(
             interface,
             attach_type,
             PRIORITY,
-            TcHandle::from(HANDLE),
+            TcHandle::from(handle),
             None,
         )
         .map_err(|source| program_error(tc::TcError::IoError(source).into()))?;
@@ -60,7 +61,7 @@ pub(super) fn attach(
             attach_type,
             TcAttachOptions::Netlink(NlOptions {
                 priority: PRIORITY,
-                handle: TcHandle::from(HANDLE),
+                handle: TcHandle::from(handle),
                 classid: None,
             }),
         )

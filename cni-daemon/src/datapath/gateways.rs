@@ -15,9 +15,9 @@
 //!   the node is left to whoever put it there);
 //! - refused from outside the node: the node would answer ARP for it on the uplink and
 //!   take packets for it from there, as for any of its addresses, so the uplink's and
-//!   the overlay's ingress programs drop both (`GATEWAYS`, which is written before an
-//!   address is added and cleared after it is removed; drop reason
-//!   `gateway_from_outside`).
+//!   the overlay's ingress programs, and the gateway guard on the node's other devices
+//!   ([`super::guard`]), drop both (`GATEWAYS`, which is written before an address is
+//!   added and cleared after it is removed; drop reason `gateway_from_outside`).
 //!
 //! Being an address of the node, a gateway is also a hostPort address (`NODE_ADDRS`
 //! follows the node's addresses), as on a node whose bridge holds the gateway.

@@ -4,13 +4,15 @@
 //! TC block ([`tc_block`]), to which each pod's veth is bound ([`pod`]), or on the hook
 //! of a pod's netkit pair ([`netkit`]); the uplink
 //! programs (source NAT) attach through pinned TCX links, or without them as filters of
-//! [`clsact`] ([`uplink`]); the socket programs (hostPorts for the node's processes) to
+//! [`clsact`] ([`uplink`]), and so does the gateway guard on the node's other devices
+//! ([`guard`]); the socket programs (hostPorts for the node's processes) to
 //! a cgroup ([`sock`]). [`services`] writes the Service ranges, [`nat_maps`] hands out
 //! source NAT's maps; netlink requests go through one connection ([`netlink`]). Nothing
 //! here uses the node's model above it (endpoints, NAT, hostPorts).
 
 mod clsact;
 pub mod gateways;
+mod guard;
 mod links;
 pub mod nat_maps;
 mod netkit;
@@ -24,6 +26,7 @@ pub mod tc_block;
 mod upgrade;
 mod uplink;
 
+pub use guard::{guardable_name, remove_guard_filters};
 pub use pod::detach_netkit_pods;
 pub use uplink::remove_uplink_filters;
 
@@ -133,6 +136,8 @@ pub struct Datapath {
     /// Whether the uplink and counting programs attach through TCX links (else as
     /// clsact filters, see [`clsact`]); see [`tcx_in_use`].
     tcx: bool,
+    /// The devices the gateway guard is on, with their indexes ([`guard`]).
+    guarded: std::collections::BTreeMap<String, u32>,
 }
 
 impl Datapath {
@@ -161,6 +166,7 @@ impl Datapath {
             program_names::NAT_SWEEP,
             program_names::OVERLAY_EGRESS,
             program_names::OVERLAY_INGRESS,
+            program_names::GATEWAY_GUARD,
         ] {
             classifier(&mut ebpf, name)?
                 .load()
@@ -178,6 +184,7 @@ impl Datapath {
             service_cidrs: Vec::new(),
             host_firewall_cidrs: Vec::new(),
             tcx,
+            guarded: std::collections::BTreeMap::new(),
         })
     }
 

@@ -81,7 +81,7 @@ impl Datapath {
             if self.tcx {
                 attach_pinned(program, name, DEVICE, attach_type, pins.join(name))?;
             } else {
-                clsact::attach(program, name, DEVICE, attach_type)?;
+                clsact::attach(program, name, DEVICE, attach_type, clsact::HANDLE)?;
             }
             self.attachments.push(Attachment {
                 interface: DEVICE.to_owned(),

@@ -205,7 +205,7 @@ impl Datapath {
             .filter_map(Result::ok)
             .filter_map(|entry| {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if super::uplink::is_uplink_pin(&name) {
+                if super::uplink::is_uplink_pin(&name) || super::guard::is_guard_pin(&name) {
                     return None;
                 }
                 name.rsplit_once('_').map(|(veth, _)| veth.to_owned())

@@ -85,7 +85,7 @@ impl Datapath {
                 // link runs first and ends the chain, the filter would only linger.
                 clsact::detach(uplink, attach_type, name)?;
             } else {
-                clsact::attach(program, name, uplink, attach_type)?;
+                clsact::attach(program, name, uplink, attach_type, clsact::HANDLE)?;
                 // A TCX link of a daemon run with TCX would run before the filter and
                 // end the chain: it goes, now that the filter is in.
                 let pin = links_dir.join(pin_name(name, uplink));
