@@ -1,7 +1,8 @@
 //! The watcher of the node's IPv4 addresses, default route, root qdiscs and devices: an
 //! async task of the front that listens to rtnetlink's announcements and has the node
-//! follow them (`Node::sync_node_addrs`, `Node::follow_uplink`, `Node::follow_root_qdisc`,
-//! `Node::sync_guard`) on a blocking thread, then publishes the node's view for the readiness and the metrics
+//! follow them (`Node::sync_node_addrs`, `Node::follow_uplink`,
+//! `Node::follow_root_qdisc`, `Node::sync_guard`) on a blocking thread, then publishes
+//! the node's view for the readiness and the metrics
 //! (its uplinks).
 
 use std::sync::{Arc, Mutex};
@@ -108,8 +109,8 @@ enum Change {
     /// pod on that host veth must get its frames through it (a rate limit's `tbf`,
     /// perhaps the reference bandwidth plugin's after ebpf-cni in a chain).
     RootQdisc { ifindex: u32, queued: bool },
-    /// A device that may take the gateway guard (neither loopback, nor veth, nor netkit:
-    /// not every pod's ADD) came, changed or went.
+    /// A device that may take the gateway guard (an Ethernet device, neither veth nor
+    /// netkit: a pod's ADD announces none) came, changed or went.
     Device,
 }
 

@@ -460,9 +460,10 @@ impl Node {
         self.sync_guard()
     }
 
-    /// Has the gateway guard on every device of the node that is neither a pod's, nor
-    /// an uplink, nor the overlay (whose programs hide the gateways themselves): after
-    /// start, an uplink change and every link that comes or goes.
+    /// Has the gateway guard on every Ethernet device of the node that is neither a veth
+    /// or netkit device, nor an uplink, nor the overlay (whose programs hide the gateways
+    /// themselves): after start, an uplink change and every such device that comes or
+    /// goes.
     pub fn sync_guard(&mut self) -> Result<(), NodeError> {
         let uplinks: Vec<String> = self.nat.settings().map_or_else(Vec::new, |settings| {
             settings

@@ -56,7 +56,7 @@ fn record(ip: &Ipv4Hdr, way: u8, addr: [u8; 4], deliver: bool) {
     }
     // Two aligned words: built field by field, LLVM zeroes the 3 unaligned bytes of
     // padding with a call to `memset`, a BPF function whose frame, added to the callers'
-    // (the uplink's Service reply checks), passed the 512 bytes of stack Linux 6.1
+    // (the uplink's Service reply checks), would pass the 512 bytes of stack Linux 6.1
     // allows a chain of calls.
     let tail = u64::from(u32::from_ne_bytes(addr)) | u64::from(u8::from(deliver)) << 32;
     // SAFETY: `FragmentTarget` is #[repr(C)], 16 bytes without implicit padding:

@@ -204,8 +204,8 @@ fn create<K>(
 /// A new entry of its opener's socket (`party`, `port`) in `state` at `now`, of `kind`
 /// (`SERVICE_FLOWS`' kind, 0 elsewhere), every other field zero. Made of four aligned
 /// words: built field by field, LLVM zeroes the unaligned tail with a call to `memset`,
-/// a BPF function whose frame took the uplink's ingress chain past the 512 bytes of
-/// stack Linux 6.1 allows.
+/// a BPF function whose frame would take the uplink's ingress chain past the 512 bytes
+/// of stack Linux 6.1 allows.
 #[inline(always)]
 fn fresh_entry(now: u64, party: [u8; 4], port: u16, kind: u16, state: u8) -> NatEntry {
     let socket =

@@ -116,7 +116,7 @@ fn may_open(proto: u8, seg: &Segment) -> bool {
 /// The flow key of `pod` and `remote` (address and port each) of `proto`, as
 /// `NatKey::new` makes it, built of two aligned words: field by field, LLVM zeroes the
 /// 3 unaligned bytes of padding with a call to `memset`, a BPF function whose frame
-/// took the uplink's ingress chain past the 512 bytes of stack Linux 6.1 allows.
+/// would take the uplink's ingress chain past the 512 bytes of stack Linux 6.1 allows.
 #[inline(always)]
 fn flow_key(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> NatKey {
     let addrs =
