@@ -26,8 +26,8 @@ fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}
 }
 
-/// Kernel-side license: GPL, since `bpf_redirect_peer` and the ring buffer helpers used by
-/// aya-log are GPL-only.
+/// The license the kernel reads: GPL (GPL-2.0-only, this crate's LICENSE), which the
+/// GPL-only helpers the programs call require (`bpf_fib_lookup`, `bpf_check_mtu`).
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 4] = *b"GPL\0";
