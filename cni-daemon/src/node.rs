@@ -145,8 +145,7 @@ impl Node {
     /// Reconciles after a (re)start: this daemon's `from_pod` goes into the pods' TC
     /// block (replacing the previous daemon's in place), records whose veth is gone are
     /// dropped with their counters, every remaining pod's veth is bound to the block (one
-    /// holding a clsact that is not ours is left as it is, with a warning), and
-    /// the per-veth links an earlier daemon pinned go, with a record or without. Then
+    /// holding a clsact that is not ours is left as it is, with a warning). Then
     /// NAT starts as `nat` says (`None`: off), see [`nat::start`]. hostPorts: the
     /// mappings of the records, the node's addresses, and the socket programs on
     /// `cgroup` (`None`: the node's own processes do not reach hostPorts). `cluster`
@@ -182,11 +181,6 @@ impl Node {
                     veth = %endpoint.host_veth,
                     "a pod's veth cannot be bound to the pods' block: left as it is"
                 );
-            }
-        }
-        for veth in datapath.pinned_pods() {
-            if !endpoints.list().any(|endpoint| endpoint.host_veth == veth) {
-                datapath.detach_pod(&veth)?;
             }
         }
         tracing::info!(
@@ -269,11 +263,11 @@ impl Node {
         };
         node.cluster
             .set_bounds(node.reserved_ranges(), node.node_addrs.current().clone());
-        // Pods an earlier release added are reached from their gateway too.
+        // Pods recorded before this start are reached from their gateway too.
         for endpoint in node.endpoints.list() {
             node.route_from_gateway(endpoint);
         }
-        // Without a node source there are no other nodes: routes an earlier daemon
+        // Without a node source there are no other nodes: routes a previous daemon
         // made to theirs go (with one, they go once the source has answered).
         if node.cluster.source().is_none() {
             node.sync_node_routes()?;

@@ -15,8 +15,9 @@
 //! for each entry it creates, the `nat_sweep` program takes one off for each it removes,
 //! and a node port passing from one pod's expired flow to another pod moves between
 //! their counts. Entries the datapath rewrites in place (an expired flow back on its
-//! 4-tuple) are not new; entries carried over from a release before the counts start
-//! uncounted (a pod may then briefly hold more than its budget).
+//! 4-tuple) are not new; entries the daemon carries into tables created anew at another
+//! size (`--nat-max-flows` changed) start uncounted (a pod may then briefly hold more
+//! than its budget).
 
 /// A pod's entries in each flow table (`FLOW_COUNTS`, keyed by its address).
 #[repr(C)]

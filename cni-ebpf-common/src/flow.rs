@@ -88,8 +88,8 @@ pub const fn near(value: u32, mark: u32) -> bool {
 ///   for them);
 /// - a side not seen yet fits when it acknowledges near the other side's highest
 ///   number (an answer to its SYN, a RST refusing it), or when no side is known (an
-///   entry carried over from a release that did not follow them: picked up as
-///   conntrack picks up a flow mid-stream);
+///   entry made without them, such as a note of a connection to a pod's own address:
+///   picked up as conntrack picks up a flow mid-stream);
 /// - a packet that fits raises its side's mark when it is ahead (modulo 2^32); one
 ///   that does not changes nothing.
 #[inline(always)]

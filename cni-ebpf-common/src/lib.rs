@@ -41,8 +41,18 @@ pub use services::{
 };
 pub use stats::{SourceKey, TrafficCounters};
 
+/// The layout of the pinned state: every map's type, size rules, key and value, and the
+/// pin names. A daemon reuses pins only of its own layout (written into [`map_names::LAYOUT`]
+/// at load); it starts fresh over any other, unless a migration from that released layout
+/// exists (`cni-daemon/src/datapath/upgrade`). Raise it with every change to a pinned map
+/// (a new map alone needs no raise: the load creates it), and say so in CHANGELOG.md.
+pub const LAYOUT_VERSION: u32 = 1;
+
 /// Names of the maps in the eBPF object, used by the loader and for pin file names.
 pub mod map_names {
+    /// Array of one `u32`: the [`crate::LAYOUT_VERSION`] of the pins beside it, written
+    /// by the daemon once the object is loaded.
+    pub const LAYOUT: &str = "LAYOUT";
     /// Per-CPU hash: [`crate::SourceKey`] -> [`crate::TrafficCounters`].
     pub const SOURCE_STATS: &str = "SOURCE_STATS";
     /// Hash: [`crate::EndpointKey`] -> [`crate::EndpointInfo`], one entry per pod IPv4.

@@ -48,13 +48,11 @@ pub struct NatEntry {
     /// [`udp_state`](crate::udp_state) otherwise (see [`crate::flow`]).
     pub state: u8,
     /// TCP: which sides' sequence numbers [`seq`](Self::seq) holds, bits
-    /// [`seq_seen`](crate::flow::seq_seen) (0 in entries carried over from a release
-    /// that did not follow them). 0 for other protocols.
+    /// [`seq_seen`](crate::flow::seq_seen). 0 for other protocols.
     pub seq_seen: u8,
     pub pad: [u8; 2],
     /// The address the flow leaves with (its uplink's when the flow began or last left
-    /// after an address change). 0.0.0.0 in entries an earlier datapath wrote, whose
-    /// value had padding here: such a flow matches replies to any uplink address.
+    /// after an address change); the pod's own in a note of a connection to it.
     pub node_addr: [u8; 4],
     /// TCP: the highest sequence number seen from the side that opened the flow
     /// (`[0]`, [`Way::Out`](crate::Way::Out)) and from the other (`[1]`), which RST
@@ -219,9 +217,7 @@ pub struct NatConfig {
     /// A closed TCP flow (FIN both ways, or RST) keeps its port this long.
     pub tcp_closed_secs: u32,
     /// A UDP flow that is a stream ([`crate::udp_state::STREAM`]); `udp_secs` is for
-    /// the others. Added after the first release: a pinned `NAT_CONFIG` of the
-    /// earlier size is replaced at start (the daemon writes the map whole at every
-    /// start, so nothing is lost).
+    /// the others.
     pub udp_stream_secs: u32,
     /// Entries one pod may hold in each flow table (see [`crate::budget`]); 0: no
     /// budget (the daemon wrote none: NAT off).

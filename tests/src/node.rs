@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 
 use aya::maps::{Map, MapData};
-use cni_ebpf_common::{NatEntry, NatKey};
+use cni_ebpf_common::NatEntry;
 
 use crate::{
     cni::{Call, Network},
@@ -76,27 +76,14 @@ impl Node {
             .unwrap_or_else(|error| panic!("{name} is not a hash: {error}"))
     }
 
-    /// Replaces the map pinned at `pin` (the daemon stopped) with an empty one of an
-    /// earlier release's layout, made by bpftool, named after the pin.
-    pub fn pin_earlier_map(
+    /// Replaces the map pinned at `pin` (the daemon stopped) with an empty one of
+    /// another layout, made by bpftool: `kind`, (key size, value size, entries), named
+    /// after the pin.
+    pub fn pin_map_of_another_layout(
         &self,
         pin: &std::path::Path,
         kind: &str,
-        key: u32,
-        value: u32,
-        entries: u32,
-    ) {
-        self.create_earlier_map(pin, &[kind], (key, value, entries), &[]);
-    }
-
-    /// `bpftool map create` at `pin` (removed first) of `kind`, (key size, value size,
-    /// entries), and `more` arguments after the name.
-    fn create_earlier_map(
-        &self,
-        pin: &std::path::Path,
-        kind: &[&str],
         (key, value, entries): (u32, u32, u32),
-        more: &[&str],
     ) {
         std::fs::remove_file(pin).expect("unpin");
         let path = pin.to_str().expect("a UTF-8 path");
@@ -105,85 +92,14 @@ impl Node {
             .and_then(|name| name.to_str())
             .expect("a map name");
         let (key, value, entries) = (key.to_string(), value.to_string(), entries.to_string());
-        let mut args = vec!["map", "create", path, "type"];
-        args.extend(kind);
-        args.extend([
-            "key", &key, "value", &value, "entries", &entries, "name", name,
-        ]);
-        args.extend(more);
-        let created = self.netns.run("bpftool", &args);
+        let created = self.netns.run(
+            "bpftool",
+            &[
+                "map", "create", path, "type", kind, "key", &key, "value", &value, "entries",
+                &entries, "name", name,
+            ],
+        );
         assert!(created.status.success(), "bpftool: {created:?}");
-    }
-
-    /// Replaces the map pinned at `pin` (the daemon stopped) with an earlier release's
-    /// LRU hash of `entries` entries with `key_size`-byte keys and one-byte values,
-    /// holding `items`.
-    pub fn pin_earlier_lru(
-        &self,
-        pin: &std::path::Path,
-        key_size: u32,
-        entries: u32,
-        items: &[(&[u8], u8)],
-    ) {
-        self.create_earlier_map(pin, &["lru_hash"], (key_size, 1, entries), &[]);
-        let path = pin.to_str().expect("a UTF-8 path");
-        for (key, value) in items {
-            let key: Vec<String> = key.iter().map(|byte| format!("{byte:02x}")).collect();
-            let value = format!("{value:02x}");
-            let mut args = vec!["map", "update", "pinned", path, "key", "hex"];
-            args.extend(key.iter().map(String::as_str));
-            args.extend(["value", "hex", &value]);
-            let updated = self.netns.run("bpftool", &args);
-            assert!(updated.status.success(), "bpftool: {updated:?}");
-        }
-    }
-
-    /// Replaces the LPM trie pinned at `pin` (the daemon stopped) with an earlier
-    /// release's of `entries` ranges, holding `ranges` ((prefix length, network) -> 1).
-    pub fn pin_earlier_trie(&self, pin: &std::path::Path, entries: u32, ranges: &[(u32, [u8; 4])]) {
-        // An LPM trie must be made without preallocation (flags 1).
-        self.create_earlier_map(pin, &["lpm_trie"], (8, 1, entries), &["flags", "1"]);
-        let path = pin.to_str().expect("a UTF-8 path");
-        for (prefix_len, network) in ranges {
-            let mut args = vec!["map", "update", "pinned", path, "key", "hex"];
-            let key: Vec<String> = prefix_len
-                .to_ne_bytes()
-                .iter()
-                .chain(network)
-                .map(|byte| format!("{byte:02x}"))
-                .collect();
-            args.extend(key.iter().map(String::as_str));
-            args.extend(["value", "hex", "01"]);
-            let updated = self.netns.run("bpftool", &args);
-            assert!(updated.status.success(), "bpftool: {updated:?}");
-        }
-    }
-
-    /// Replaces the flow table pinned as `name` (the daemon stopped) with an earlier
-    /// release's: an LRU hash of `entries` with `V` values, holding `flows`.
-    pub fn pin_earlier_flows<V: aya::Pod>(&self, name: &str, entries: u32, flows: &[(NatKey, V)]) {
-        self.pin_earlier_table(name, entries, flows);
-    }
-
-    /// [`Self::pin_earlier_flows`] for a table of any key (`NAT_IN`'s, for one).
-    pub fn pin_earlier_table<K: aya::Pod, V: aya::Pod>(
-        &self,
-        name: &str,
-        entries: u32,
-        flows: &[(K, V)],
-    ) {
-        let pin = self.instance.bpf_dir.join(name);
-        let key = u32::try_from(size_of::<K>()).expect("a small key");
-        let value = u32::try_from(size_of::<V>()).expect("a small value");
-        self.pin_earlier_map(&pin, "lru_hash", key, value, entries);
-        let data = MapData::from_pin(&pin).expect("the earlier map");
-        let mut table: aya::maps::HashMap<_, K, V> =
-            aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
-        for (key, value) in flows {
-            table
-                .insert(key, value, 0)
-                .expect("an earlier release's flow");
-        }
     }
 
     /// Whether the source counter (`ebpf-cnid counters`) counted packets from `source`.

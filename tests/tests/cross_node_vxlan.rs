@@ -10,8 +10,9 @@
 //! of the tunnel is checked: a host that is no node, speaking VXLAN for a node's pod
 //! range, is dropped and counted. Single packets for a pod are taken out of the tunnel
 //! by the uplink's program and the overlay device receives none of them; no
-//! translated UDP flow and no hostPort gets the overlay's port. An `OVERLAY_CONFIG` an earlier release
-//! pinned without the port is made anew at start.
+//! translated UDP flow and no hostPort gets the overlay's port. A node restarted over
+//! pins of another layout (an `OVERLAY_CONFIG` without the port) starts fresh, and its
+//! pods reach the other node's again.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -251,7 +252,7 @@ fn a_node_behind_a_router_is_reached_through_the_overlay() {
 }
 
 #[test]
-fn an_overlay_configuration_pinned_by_an_earlier_release_is_made_anew() {
+fn a_node_restarted_over_pins_of_another_layout_starts_fresh_and_reaches_the_others() {
     require_root();
     let mut cluster = TestCluster::start(&["10.244.126.0/24", "10.244.127.0/24"], &[]);
     let a = cluster.node(1).add_pod("earlier-a");
@@ -259,7 +260,8 @@ fn an_overlay_configuration_pinned_by_an_earlier_release_is_made_anew() {
     let _server = EchoServer::start(&b.netns, PORT);
     round_trip(&a.netns, to(b.ip), b"before").expect("pod a reaches pod b");
 
-    // An earlier release's OVERLAY_CONFIG: 8 bytes, before the UDP port.
+    // Another layout's pins: an OVERLAY_CONFIG of 8 bytes, before the UDP port, and no
+    // LAYOUT beside it.
     let node = &mut cluster.nodes[0];
     let pin = node.instance.bpf_dir.join(map_names::OVERLAY_CONFIG);
     let value_size = |pin: &std::path::Path| {
@@ -269,7 +271,8 @@ fn an_overlay_configuration_pinned_by_an_earlier_release_is_made_anew() {
     };
     assert_eq!(value_size(&pin), size_of::<OverlayConfig>());
     assert!(node.daemon.stop(), "the daemon stops cleanly");
-    node.pin_earlier_map(&pin, "array", 4, 8, 1);
+    node.pin_map_of_another_layout(&pin, "array", (4, 8, 1));
+    std::fs::remove_file(node.instance.bpf_dir.join(map_names::LAYOUT)).expect("unpin LAYOUT");
     let name = node_name(1);
     let [file_flag, path] = cluster.file.flags();
     node.daemon = Daemon::start_with(
@@ -281,12 +284,10 @@ fn an_overlay_configuration_pinned_by_an_earlier_release_is_made_anew() {
     assert_eq!(
         value_size(&pin),
         size_of::<OverlayConfig>(),
-        "made anew at this release's size"
+        "made anew at this layout's size"
     );
     assert!(
-        node.instance
-            .log()
-            .contains("OVERLAY_CONFIG pinned by an earlier release"),
+        node.instance.log().contains("of another layout"),
         "said in the log"
     );
     // The port the pod program encapsulates to comes from the new map: node 2's

@@ -2,8 +2,8 @@
 //! are rewritten by): they follow TCP's state, a closed one goes after the closed
 //! timeout while an idle open one stays and keeps working (also when the pod speaks
 //! first after the idle time, as a server pushing does), a deleted pod's go at once,
-//! and those an earlier release pinned (8 bytes a connection) are carried into this
-//! release's table at an upgrade, their connections unbroken.
+//! and they are carried into a table of a new size (`--nat-max-flows` changed), their
+//! connections unbroken.
 
 use std::{
     io::{Read, Write},
@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use cni_ebpf_common::{HostPortFlow, NatEntry, NatKey, map_names, tcp_state, udp_state};
+use cni_ebpf_common::{NatEntry, NatKey, map_names, tcp_state, udp_state};
 use ebpf_cni_tests::{
     daemon::{Daemon, eventually},
     node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings, socket},
@@ -23,7 +23,7 @@ use ebpf_cni_tests::{
 const CONTAINER_PORT: u16 = 8080;
 const HOST_PORT: u16 = 30080;
 
-/// A connection as the upgrade test compares it: key, state, host address and port,
+/// A connection as the resize test compares it: key, state, host address and port,
 /// pod address and port.
 type Carried = (NatKey, u8, [u8; 4], u16, [u8; 4], u16);
 
@@ -210,82 +210,39 @@ fn a_pod_speaking_first_on_an_idle_hostport_connection_still_leaves_by_the_host_
 }
 
 #[test]
-fn connections_pinned_by_an_earlier_release_are_carried_and_keep_working() {
+fn connections_are_carried_into_a_table_of_a_new_size_and_keep_working() {
     require_root();
-    let mut node = Node::start("10.244.88.0/24");
+    let mut node = Node::start_with("10.244.88.0/24", &[], &["--nat-max-flows", "4096"]);
     let pod = node.add_pod_with(
-        "hpf-old",
+        "hpf-size",
         &port_mappings(CONTAINER_PORT, &[(HOST_PORT, "tcp", None)]),
     );
     let _server = EchoServer::start(&pod.netns, CONTAINER_PORT);
     let to = socket(NODE_ADDR, HOST_PORT);
     let mut held = many_connections(&node.external, to, 1).expect("a connection held open");
-    let (live_key, _) = connections(&node)
-        .into_iter()
-        .next()
-        .expect("the held connection is followed");
+    let before: Vec<Carried> = connections(&node).iter().map(carried).collect();
+    assert_eq!(before.len(), 1, "the held connection is followed");
+    assert_eq!(node.pinned_layout(map_names::HOSTPORT_FLOWS).1, 4096);
     assert!(node.daemon.stop(), "the daemon stops cleanly");
-
-    // What the earlier release left: the host address and port per connection, 8
-    // bytes, in a table of 65,536; the held connection and a UDP one.
-    let udp_key = NatKey {
-        remote_port: 50001,
-        proto: 17,
-        ..live_key
-    };
-    let host = HostPortFlow {
-        host_addr: node_addr(),
-        host_port: HOST_PORT,
-        pad: [0; 2],
-    };
-    node.pin_earlier_flows(
-        map_names::HOSTPORT_FLOWS,
-        65536,
-        &[(live_key, host), (udp_key, host)],
-    );
 
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
     assert_eq!(
         node.pinned_layout(map_names::HOSTPORT_FLOWS),
         (size_of::<NatEntry>(), 262_144),
-        "created anew at this release's layout and the NAT tables' size"
+        "created anew at the NAT tables' new size"
     );
-    let mut carried: Vec<Carried> = connections(&node)
-        .iter()
-        .map(|(key, c)| {
-            (
-                *key,
-                c.state,
-                c.node_addr,
-                c.node_port,
-                c.pod_addr,
-                c.pod_port,
-            )
-        })
-        .collect();
-    carried.sort_by_key(|(key, ..)| key.proto);
-    let pod_addr = pod.ip.octets();
+    let after: Vec<Carried> = connections(&node).iter().map(carried).collect();
+    assert_eq!(after, before, "carried as it was");
+    let (_, state, host_addr, host_port, pod_addr, pod_port) = after[0];
     assert_eq!(
-        carried,
-        [
-            (
-                live_key,
-                tcp_state::ESTABLISHED,
-                node_addr(),
-                HOST_PORT,
-                pod_addr,
-                CONTAINER_PORT
-            ),
-            (
-                udp_key,
-                udp_state::STREAM,
-                node_addr(),
-                HOST_PORT,
-                pod_addr,
-                CONTAINER_PORT
-            ),
-        ],
-        "carried as answered connections (a UDP stream) through the same host address and port"
+        (state, host_addr, host_port, pod_addr, pod_port),
+        (
+            tcp_state::ESTABLISHED,
+            node_addr(),
+            HOST_PORT,
+            pod.ip.octets(),
+            CONTAINER_PORT
+        )
     );
     assert!(
         node.instance
@@ -296,7 +253,19 @@ fn connections_pinned_by_an_earlier_release_are_carried_and_keep_working() {
         "said in the log"
     );
     assert!(
-        still_echoes(&mut held[0], b"after the upgrade\n"),
-        "the connection opened before the upgrade still works"
+        still_echoes(&mut held[0], b"after the new size\n"),
+        "the connection opened before the restart still works"
     );
+}
+
+/// A connection as [`Carried`] compares it.
+fn carried((key, c): &(NatKey, NatEntry)) -> Carried {
+    (
+        *key,
+        c.state,
+        c.node_addr,
+        c.node_port,
+        c.pod_addr,
+        c.pod_port,
+    )
 }

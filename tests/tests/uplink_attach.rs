@@ -176,10 +176,10 @@ fn with_clsact_filters_source_nat_goes_on_across_restarts_and_uninstall_takes_th
     }
 }
 
-/// Attaches the program pinned at `pin` to `uplink0`'s `direction` inside `node` as the
-/// release before fixed preferences did: a netlink filter at the preference the kernel
-/// chooses, named after the program, left in the kernel.
-fn attach_as_an_earlier_release(node: &Node, pin: PathBuf, direction: TcAttachType) {
+/// Attaches the program pinned at `pin` to `uplink0`'s `direction` inside `node` without
+/// a fixed preference: a netlink filter at the preference the kernel chooses, named
+/// after the program, left in the kernel.
+fn attach_at_the_kernels_preference(node: &Node, pin: PathBuf, direction: TcAttachType) {
     run_in(&node.netns, move || {
         let mut program = SchedClassifier::from_pin(&pin).expect("the pinned program");
         let id = program
@@ -194,17 +194,17 @@ fn attach_as_an_earlier_release(node: &Node, pin: PathBuf, direction: TcAttachTy
 }
 
 #[test]
-fn the_filters_an_earlier_release_left_give_way_to_this_releases() {
+fn filters_of_the_programs_at_another_preference_give_way_to_the_daemons() {
     require_root();
     let mut node = Node::start_with("10.244.84.0/24", &[], &CLSACT);
     let pod = node.add_pod("upa-b");
     let _server = EchoServer::start(&node.external, PORT);
     let to: SocketAddr = format!("{EXTERNAL_ADDR}:{PORT}").parse().expect("address");
     assert!(node.daemon.stop());
-    // What the earlier release left: its own filters, at 0xc000 (the kernel's first
-    // choice), in place of this release's.
-    let mut earlier = BpfObject::load(
-        "upa-earlier",
+    // Filters of the same programs at 0xc000 (the kernel's first choice), as a build
+    // that let the kernel choose would leave them, in place of the daemon's.
+    let mut other = BpfObject::load(
+        "upa-other",
         &[program_names::UPLINK_INGRESS, program_names::UPLINK_EGRESS],
     );
     for (direction, name, tc_direction) in [
@@ -226,7 +226,7 @@ fn the_filters_an_earlier_release_left_give_way_to_this_releases() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        attach_as_an_earlier_release(&node, earlier.pin_program(name), tc_direction);
+        attach_at_the_kernels_preference(&node, other.pin_program(name), tc_direction);
         assert_eq!(
             uplink_filters(&node, direction),
             [(name.to_owned(), 0xc000)]

@@ -309,20 +309,9 @@ fn a_second_uplink_translates_to_its_own_address() {
     let to_storage =
         |port: u16| -> SocketAddr { format!("{storage_addr}:{port}").parse().expect("address") };
 
-    // Restarted with both uplinks. With TCX links, from pins as a daemon of one uplink
-    // named them (no device in the name): those go, and no device gets the programs
-    // twice. clsact filters (kernels before 6.6) have no pins.
+    // Restarted with both uplinks: no device gets the programs twice. clsact filters
+    // (kernels before 6.6) have no pins.
     assert!(node.daemon.stop(), "the daemon stops cleanly");
-    let links = node.instance.bpf_dir.join("links");
-    if kernel::has_tcx() {
-        for program in ["uplink_egress", "uplink_ingress"] {
-            std::fs::rename(
-                links.join(format!("{program}@uplink0")),
-                links.join(program),
-            )
-            .expect("an uplink pin to rename");
-        }
-    }
     let both = ["--uplink", "uplink0,uplink1"];
     node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &both);
     let pins: &[&str] = if kernel::has_tcx() {
@@ -338,7 +327,7 @@ fn a_second_uplink_translates_to_its_own_address() {
     assert_eq!(
         uplink_pins(&node),
         pins,
-        "one pair of pins per uplink (with TCX), the unnamed ones gone"
+        "one pair of pins per uplink (with TCX)"
     );
     for device in ["uplink0", "uplink1"] {
         assert_eq!(

@@ -30,8 +30,8 @@ pub const HANDLE: u32 = 1;
 /// Puts `program` (named `name`) into `interface`'s filter at ([`PRIORITY`], `handle`)
 /// on `attach_type`: the program replaced in place when the filter exists, else the
 /// filter created (the `clsact` qdisc must exist). Filters of the same name elsewhere
-/// on that hook (an earlier release's, at a preference the kernel chose) go afterwards,
-/// once this one runs.
+/// on that hook (added by hand or by a build that used another preference) go
+/// afterwards, once this one runs.
 pub(super) fn attach(
     program: &mut SchedClassifier,
     name: &'static str,
@@ -76,7 +76,7 @@ pub(super) fn attach(
             program = name,
             priority,
             handle,
-            "removing an earlier daemon's filter"
+            "removing another filter of the program"
         );
         SchedClassifierLink::attached(
             interface,

@@ -1,5 +1,5 @@
 //! The datapath, the daemon's lowest layer (synchronous): loading the eBPF object (after
-//! making pins of an earlier release fit it, [`upgrade`]), attaching its programs, and
+//! making the pins it finds fit it, [`upgrade`]), attaching its programs, and
 //! handing its maps to the modules that keep them. `from_pod` runs in the pods' shared
 //! TC block ([`tc_block`]), to which each pod's veth is bound ([`pod`]), or on the hook
 //! of a pod's netkit pair ([`netkit`]); the uplink
@@ -143,7 +143,7 @@ pub struct Datapath {
 impl Datapath {
     /// Loads the embedded object, reusing (or creating) the map pins under `bpf_dir`, with
     /// NAT tables (and `HOSTPORT_FLOWS`) of `nat_max_flows` entries each (pins of another
-    /// size or of an earlier release are made fit first, see [`upgrade`]), to attach
+    /// layout or size are made fit first, see [`upgrade`]), to attach
     /// through TCX links when `tcx` (else clsact filters), and starts forwarding aya-log
     /// records into `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32, tcx: bool) -> Result<Self, DatapathError> {
@@ -156,7 +156,7 @@ impl Datapath {
             .map_max_entries(map_names::HOSTPORT_FLOWS, nat_max_flows)
             .map_max_entries(map_names::DEST_PORTS, nat_max_flows)
             .load(OBJECT)?;
-        carried.write(&mut ebpf)?;
+        upgrade::after_load(&mut ebpf, &carried)?;
         spawn_log_forwarder(&mut ebpf);
         for name in [
             program_names::COUNT_BY_SOURCE,

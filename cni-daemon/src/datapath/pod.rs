@@ -13,7 +13,6 @@
 //! restart binds those veths to the block first, then removes the old links.
 
 use std::{
-    fs,
     os::fd::{AsFd, AsRawFd},
     path::PathBuf,
 };
@@ -21,15 +20,10 @@ use std::{
 use cni_api::{Attachment, naming};
 use cni_ebpf_common::program_names;
 
-use super::{
-    Datapath, DatapathError, classifier, links::remove_pin, netkit, tc_block, tc_block::DeviceKind,
-};
+use super::{Datapath, DatapathError, classifier, netkit, tc_block, tc_block::DeviceKind};
 
 /// How `status` shows the block's attachment.
 const BLOCK_MODE: &str = "tc block";
-
-/// Pin suffixes of the per-veth links earlier daemons made.
-const LEGACY_SUFFIXES: [&str; 2] = ["ingress", "egress"];
 
 impl Datapath {
     /// Puts this daemon's `from_pod` into the pods' block (replacing the previous
@@ -117,10 +111,9 @@ impl Datapath {
     }
 
     /// Binds `host_veth`'s ingress to the pods' block (already bound is fine; a block
-    /// whose anchor was deleted is installed again first), and removes the per-veth
-    /// links an earlier daemon left. A netkit primary gets this daemon's `from_pod` on
-    /// its pair's hook instead, in place of the program found there (an earlier
-    /// daemon's).
+    /// whose anchor was deleted is installed again first). A netkit primary gets this
+    /// daemon's `from_pod` on its pair's hook instead, in place of the program found
+    /// there (the previous daemon's).
     pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
         if let Some(facts) = tc_block::link_facts(host_veth)?
             && facts.kind == DeviceKind::NetkitPrimary
@@ -135,7 +128,7 @@ impl Datapath {
             self.install_pod_block()?;
             tc_block::bind_interface(host_veth)?;
         }
-        self.remove_legacy_links(host_veth)
+        Ok(())
     }
 
     /// Unbinds `host_veth` from the block, or takes the programs off a netkit pair's
@@ -148,7 +141,7 @@ impl Datapath {
             return detach_netkit(host_veth, facts.index);
         }
         tc_block::unbind_interface(host_veth)?;
-        self.remove_legacy_links(host_veth)
+        Ok(())
     }
 
     /// Puts `from_pod` on the hook of the netkit pair whose primary is `name` (index
@@ -183,41 +176,7 @@ impl Datapath {
         Ok(())
     }
 
-    /// Removes the per-veth links an earlier daemon pinned for `host_veth`, if any (a
-    /// TCX link ends with its pin).
-    fn remove_legacy_links(&self, host_veth: &str) -> Result<(), DatapathError> {
-        for suffix in LEGACY_SUFFIXES {
-            let pin = self.links_dir().join(format!("{host_veth}_{suffix}"));
-            if remove_pin(&pin)? {
-                tracing::info!(pin = %pin.display(), "removed an earlier daemon's link");
-            }
-        }
-        Ok(())
-    }
-
-    /// Host veths with per-veth links pinned by an earlier daemon (for reconciliation
-    /// after an upgrade); the uplink's pins are not a pod's.
-    pub fn pinned_pods(&self) -> Vec<String> {
-        let Ok(entries) = fs::read_dir(self.links_dir()) else {
-            return Vec::new();
-        };
-        let mut veths: Vec<String> = entries
-            .filter_map(Result::ok)
-            .filter_map(|entry| {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if super::uplink::is_uplink_pin(&name) || super::guard::is_guard_pin(&name) {
-                    return None;
-                }
-                name.rsplit_once('_').map(|(veth, _)| veth.to_owned())
-            })
-            .collect();
-        veths.sort();
-        veths.dedup();
-        veths
-    }
-
-    /// `<bpf dir>/links`, where the uplink links (and earlier daemons' pod links) are
-    /// pinned.
+    /// `<bpf dir>/links`, where the uplink and guard links are pinned.
     pub(super) fn links_dir(&self) -> PathBuf {
         self.bpf_dir.join("links")
     }

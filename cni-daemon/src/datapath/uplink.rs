@@ -1,9 +1,7 @@
 //! The uplink programs (source NAT), attached through TCX links pinned under
 //! `<bpf dir>/links/uplink_egress@<device>` and `uplink_ingress@<device>`, one pair per
 //! uplink, so translation goes on while the daemon is stopped (without TCX, as clsact
-//! filters at a fixed preference instead, see [`clsact`]). (A daemon of one uplink
-//! pinned its links without the device: such pins go at the next start, see
-//! [`Datapath::detach_uplinks_except`].)
+//! filters at a fixed preference instead, see [`clsact`]).
 
 use std::{fs, path::Path};
 
@@ -23,22 +21,12 @@ const UPLINK_PROGRAMS: [(&str, TcAttachType); 2] = [
     (program_names::UPLINK_INGRESS, TcAttachType::Ingress),
 ];
 
-/// Whether `name`, an entry of the links folder, is an uplink pin (not a pod's).
-pub(super) fn is_uplink_pin(name: &str) -> bool {
-    pin_device(name).is_some()
-}
-
-/// The device of the uplink pin `name`: `Some("")` for a pin without one (an earlier
-/// daemon's), `None` when `name` is no uplink pin.
+/// The device of the uplink pin `name`; `None` when `name` is no uplink pin.
 fn pin_device(name: &str) -> Option<&str> {
-    UPLINK_PROGRAMS.iter().find_map(|(program, _)| {
-        let rest = name.strip_prefix(program)?;
-        if rest.is_empty() {
-            Some(rest)
-        } else {
-            rest.strip_prefix('@')
-        }
-    })
+    UPLINK_PROGRAMS
+        .iter()
+        .find_map(|(program, _)| name.strip_prefix(program)?.strip_prefix('@'))
+        .filter(|device| !device.is_empty())
 }
 
 /// The pin of `program`'s link on `device`.
@@ -105,7 +93,7 @@ impl Datapath {
     }
 
     /// Detaches the uplink programs from every device but those of `keep`: with TCX,
-    /// each uplink pin of another device (or of none: an earlier daemon's) goes, and its
+    /// each uplink pin of another device goes, and its
     /// link with it; with clsact filters (no pins), those on the devices `previous`
     /// (ifindexes a previous daemon translated on) go. Nothing attached is not an error.
     pub fn detach_uplinks_except(
@@ -120,7 +108,7 @@ impl Datapath {
                 let Some(device) = pin_device(&name) else {
                     continue;
                 };
-                if device.is_empty() || !keep.contains(&device) {
+                if !keep.contains(&device) {
                     let pin = links_dir.join(&name);
                     tracing::info!(pin = %pin.display(), "detaching an uplink program");
                     remove_pin(&pin)?;
@@ -185,14 +173,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn uplink_pins_name_their_device_and_pod_pins_are_not_uplink_pins() {
+    fn uplink_pins_name_their_device_and_no_other_pin_is_an_uplink_pin() {
         assert_eq!(pin_device(&pin_name("uplink_egress", "eth1")), Some("eth1"));
         assert_eq!(pin_device("uplink_ingress@bond0.100"), Some("bond0.100"));
-        // An earlier daemon's pins, without a device.
-        assert_eq!(pin_device("uplink_egress"), Some(""));
-        for pod in ["veth1a2b3c_from_pod", "uplink_egressx", "cgroup", "uplink"] {
+        for pod in [
+            "veth1a2b3c_from_pod",
+            "uplink_egressx",
+            "uplink_egress",
+            "uplink_egress@",
+            "cgroup",
+            "uplink",
+        ] {
             assert_eq!(pin_device(pod), None, "{pod}");
-            assert!(!is_uplink_pin(pod), "{pod}");
         }
     }
 }

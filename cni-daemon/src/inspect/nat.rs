@@ -132,20 +132,12 @@ pub fn nat_view(tables: NatTables, now_ns: u64) -> NatView {
         let inbound = flows_in
             .get(&key.reverse(out.node_port))
             .filter(|e| e.pod_addr == key.pod_addr && e.pod_port == key.pod_port);
-        entries.push(flow_view(
-            &key,
-            &out,
-            inbound,
-            node_addr.unwrap_or(Ipv4Addr::UNSPECIFIED),
-            now_ns,
-            &timeouts,
-        ));
+        entries.push(flow_view(&key, &out, inbound, now_ns, &timeouts));
     }
     entries.sort_by(by_pod);
     let mut from_outside = Vec::new();
     for (key, note) in notes {
-        let own = Ipv4Addr::from(key.pod_addr);
-        from_outside.push(flow_view(&key, &note, None, own, now_ns, &timeouts));
+        from_outside.push(flow_view(&key, &note, None, now_ns, &timeouts));
     }
     from_outside.sort_by(by_pod);
     NatView {
@@ -206,22 +198,16 @@ fn by_pod(a: &FlowView, b: &FlowView) -> std::cmp::Ordering {
     (a.pod, a.remote, &a.proto).cmp(&(b.pod, b.remote, &b.proto))
 }
 
-/// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`. Its node
-/// address is the one it records, else (an entry of an earlier datapath) `node_addr`.
+/// The view of the flow `key` -> `out`, whose `NAT_IN` pair is `inbound`.
 pub fn flow_view(
     key: &NatKey,
     out: &NatEntry,
     inbound: Option<&NatEntry>,
-    node_addr: Ipv4Addr,
     now_ns: u64,
     timeouts: &Timeouts,
 ) -> FlowView {
     let entry = expiry::latest(out, inbound);
-    let node_addr = if out.node_addr == [0; 4] {
-        node_addr
-    } else {
-        Ipv4Addr::from(out.node_addr)
-    };
+    let node_addr = Ipv4Addr::from(out.node_addr);
     FlowView {
         proto: proto_name(key.proto),
         pod: SocketAddrV4::new(key.pod_addr.into(), key.pod_port),
@@ -300,21 +286,10 @@ mod tests {
             udp_stream: 120,
             icmp: 30,
         };
-        let node = Ipv4Addr::new(198, 18, 0, 1);
-        let view = flow_view(&key, &entry, None, node, now, &timeouts);
+        let view = flow_view(&key, &entry, None, now, &timeouts);
         assert_eq!(view.proto, "tcp");
         assert_eq!(view.pod.to_string(), "10.244.1.2:40000");
         assert_eq!(view.node.to_string(), "192.0.2.7:61007", "the flow's own");
-        let earlier = NatEntry {
-            node_addr: [0; 4],
-            ..entry
-        };
-        let view_earlier = flow_view(&key, &earlier, None, node, now, &timeouts);
-        assert_eq!(
-            view_earlier.node.to_string(),
-            "198.18.0.1:61007",
-            "an entry without one: the first uplink's"
-        );
         assert_eq!(view.remote.to_string(), "198.18.0.9:443");
         assert_eq!(view.state, "established");
         assert_eq!(view.idle_secs, 7);
@@ -355,10 +330,9 @@ mod tests {
             udp_stream: 120,
             icmp: 30,
         };
-        let node = Ipv4Addr::new(198, 18, 0, 1);
-        let view = flow_view(&key, &out, Some(&inbound), node, now, &timeouts);
+        let view = flow_view(&key, &out, Some(&inbound), now, &timeouts);
         assert_eq!((view.idle_secs, view.expires_in_secs), (1, 29));
-        let alone = flow_view(&key, &out, None, node, now, &timeouts);
+        let alone = flow_view(&key, &out, None, now, &timeouts);
         assert_eq!((alone.idle_secs, alone.expires_in_secs), (100, 0));
     }
 

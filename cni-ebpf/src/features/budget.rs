@@ -124,7 +124,7 @@ pub fn increment(count: *mut u32) {
 }
 
 /// Takes one from the count at `count`, atomically, unless it is 0 already (an entry
-/// created before the count existed: carried over from an earlier release). Two CPUs
+/// that was never counted: carried into a table created anew at another size). Two CPUs
 /// taking the last one at once could wrap it; the only remover of most entries is the
 /// sweep, one program run at a time.
 #[inline(always)]

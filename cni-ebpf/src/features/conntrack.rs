@@ -85,8 +85,7 @@ pub fn refresh<K>(
 /// protocols) of a reply of the flow, and is `None` for an ICMP error about it, which
 /// changes no state (as
 /// conntrack's related packets do not). A flow that left with another address (by
-/// another uplink) is not this packet's; an entry without one (written by an earlier
-/// datapath) matches any.
+/// another uplink) is not this packet's.
 #[inline(always)]
 pub fn live_entry(
     key: &NatReverseKey,
@@ -98,7 +97,7 @@ pub fn live_entry(
     let now = clock::now_ns();
     // SAFETY: a pointer into the map value, valid for the program run; copied at once.
     let entry = unsafe { *slot };
-    if entry.node_addr != node_addr && entry.node_addr != [0; 4] {
+    if entry.node_addr != node_addr {
         return None;
     }
     if expired(&entry, key.proto, config, now) {

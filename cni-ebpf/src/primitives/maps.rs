@@ -20,6 +20,11 @@ use cni_ebpf_common::{
     SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
 };
 
+/// The layout version of the pins (`cni_ebpf_common::LAYOUT_VERSION`): no program reads
+/// it; the daemon writes it and checks it at the next start.
+#[map(name = "LAYOUT")]
+static LAYOUT: Array<u32> = Array::pinned(1, 0);
+
 // Endpoints and counters.
 
 /// Pods per node; Kubernetes' default maximum is 110, this leaves room for churn.

@@ -53,9 +53,7 @@ pub(super) fn icmp_error(
         .copied()
         .filter(|entry| !conntrack::expired(entry, proto, config, now));
     let (addr, port) = match translated {
-        Some(entry) if entry.node_addr != [0; 4] => (entry.node_addr, entry.node_port),
-        // Written by an earlier datapath, without the address it left with.
-        Some(entry) => (config.node_addr, entry.node_port),
+        Some(entry) => (entry.node_addr, entry.node_port),
         None => match hostport::host_of(&flow, None) {
             Some(host) => (host.host_addr, host.host_port),
             None => return Ok(TC_ACT_OK),
