@@ -4,8 +4,10 @@
 //!
 //! - [`messages`]: the requests and responses, versioned by [`PROTOCOL_VERSION`];
 //! - [`frame`]: their framing on the unix socket, and the synchronous client [`call`];
-//! - [`naming`]: the pods' host veth names and aliases.
+//! - [`naming`]: the pods' host veth names and aliases;
+//! - [`files`]: files written whole or not at all, as both keep them.
 
+pub mod files;
 pub mod frame;
 pub mod messages;
 pub mod naming;

@@ -82,13 +82,11 @@ pub async fn run(
     }
 }
 
-/// Writes `cidrs` as a JSON list to `path`, through a temporary file and a rename: the
+/// Writes `cidrs` as a JSON list to `path`, whole or not at all (`cni_api::files`): the
 /// plugin never reads half a list.
 fn write_pod_cidrs(path: &Path, cidrs: &[Ipv4Net]) -> std::io::Result<()> {
     let text = serde_json::to_vec(cidrs).map_err(std::io::Error::other)?;
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, text)?;
-    std::fs::rename(&temporary, path)
+    cni_api::files::write_atomic(path, &text, 0o644)
 }
 
 #[cfg(test)]

@@ -11,10 +11,8 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs,
-    io::{self, Write},
+    fs, io,
     net::{IpAddr, Ipv4Addr},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -509,31 +507,14 @@ fn read_record(path: &Path) -> Result<Endpoint, EndpointError> {
     })
 }
 
-/// Writes through a temporary file (mode 0600), fsync, a rename and an fsync of the
-/// folder, so that a crash, even of the machine, leaves the old record or the new one,
-/// never half of one.
+/// Writes the record whole or not at all (mode 0600, see `cni_api::files`): a crash,
+/// even of the machine, leaves the old record or the new one, never half of one.
 fn write_record(path: &Path, endpoint: &Endpoint) -> Result<(), EndpointError> {
-    let tmp = path.with_extension(&TMP_SUFFIX[1..]);
     let bytes = serde_json::to_vec_pretty(endpoint).map_err(|source| EndpointError::Corrupt {
         path: path.display().to_string(),
         source,
     })?;
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|source| state_error(&tmp, source))?;
-    file.write_all(&bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|source| state_error(&tmp, source))?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(|source| state_error(path, source))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|source| state_error(dir, source))
+    cni_api::files::write_atomic(path, &bytes, 0o600).map_err(|source| state_error(path, source))
 }
 
 fn remove_file(path: &Path) -> Result<(), EndpointError> {

@@ -11,9 +11,8 @@
 //! docs/decisions.md).
 
 use std::{
-    fs,
-    io::{self, Write},
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    fs, io,
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
 
@@ -148,10 +147,10 @@ fn beside_this_executable() -> io::Result<PathBuf> {
     Ok(dir.join(PLUGIN_TYPE))
 }
 
-/// Writes `bytes` to `path` with `mode` through `.<name>.tmp` in the same folder (a
-/// name runtimes neither read as a config nor execute), fsync, a rename and an fsync of
-/// the folder; makes the folder if missing. Returns whether anything changed: a file
-/// already holding `bytes` with `mode` is left as it is.
+/// Writes `bytes` to `path` with `mode` whole or not at all (`cni_api::files`; the
+/// temporary `<name>.tmp` is a name runtimes neither read as a config nor execute);
+/// makes the folder if missing. Returns whether anything changed: a file already
+/// holding `bytes` with `mode` is left as it is.
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, InstallError> {
     let failed = |at: &Path| {
         let path = at.display().to_string();
@@ -164,31 +163,7 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, InstallErr
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(failed(dir))?;
-    let name = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let written = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .and_then(|mut file| {
-            // The mode given at creation is masked by the umask; a leftover keeps its own.
-            file.set_permissions(fs::Permissions::from_mode(mode))?;
-            file.write_all(bytes)?;
-            file.sync_all()
-        });
-    if let Err(error) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(failed(&tmp)(error));
-    }
-    fs::rename(&tmp, path).map_err(failed(path))?;
-    fs::File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(failed(dir))?;
+    cni_api::files::write_atomic(path, bytes, mode).map_err(failed(path))?;
     Ok(true)
 }
 

@@ -90,7 +90,7 @@ fn record_block_netns(state_dir: &Path) -> Result<(), NodeError> {
     let cookie = crate::datapath::sock::netns_cookie().map_err(NodeError::NetnsCookie)?;
     let path = state_dir.join(BLOCK_NETNS_FILE);
     std::fs::create_dir_all(state_dir)
-        .and_then(|()| std::fs::write(&path, cookie.to_string()))
+        .and_then(|()| cni_api::files::write_atomic(&path, cookie.to_string().as_bytes(), 0o644))
         .map_err(|source| NodeError::State {
             path: path.display().to_string(),
             source,

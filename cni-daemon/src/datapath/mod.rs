@@ -54,6 +54,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cn
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
+    #[error("this ebpf-cnid was built without its eBPF object: build it with `cargo xtask build`")]
+    NoObject,
     #[error("cannot load the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("the eBPF object has no program {0}")]
@@ -147,6 +149,9 @@ impl Datapath {
     /// through TCX links when `tcx` (else clsact filters), and starts forwarding aya-log
     /// records into `tracing` (must run inside tokio).
     pub fn load(bpf_dir: &Path, nat_max_flows: u32, tcx: bool) -> Result<Self, DatapathError> {
+        if OBJECT.is_empty() {
+            return Err(DatapathError::NoObject);
+        }
         let carried = upgrade::before_load(bpf_dir, nat_max_flows)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_dir)

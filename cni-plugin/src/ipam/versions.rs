@@ -128,16 +128,12 @@ fn read(file: &Path) -> Entries {
         .unwrap_or_default()
 }
 
-/// Writes a temp file beside `file` and renames it over; the temp file never outlives a
-/// failure. Fails (with nothing written) when the folder does not exist.
+/// Writes the cache whole or not at all, through a temporary file of this process's
+/// (`cni_api::files::write_shared`: plugins run in parallel). Fails (with nothing
+/// written) when the folder does not exist.
 fn write(file: &Path, entries: &Entries) -> io::Result<()> {
-    let tmp = file.with_file_name(format!("{FILE_NAME}.{}.tmp", std::process::id()));
     let json = serde_json::to_vec_pretty(entries)?;
-    let written = fs::write(&tmp, json).and_then(|()| fs::rename(&tmp, file));
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written
+    cni_api::files::write_shared(file, &json, 0o644)
 }
 
 #[cfg(test)]
