@@ -12,16 +12,18 @@ use clap::{Parser, Subcommand, ValueEnum};
 use cni_api::{self as api, Request, Response};
 
 use cni_daemon::{
-    bpffs, clock,
-    cluster::ClusterArgs,
-    datapath::{self, sock, tc_block},
-    files,
-    inspect::{join, nat as nat_view, read, render},
-    install::{self, InstallArgs},
-    metrics,
-    nat::{NatArgs, PortRange},
-    node,
-    run::{self, RunConfig},
+    clock,
+    front::{
+        inspect::{join, nat as nat_view, read, render},
+        install::InstallArgs,
+        metrics,
+        run::{self, RunConfig},
+        uninstall,
+    },
+    model::{
+        cluster::ClusterArgs,
+        nat::{NatArgs, PortRange},
+    },
 };
 use ipnet::Ipv4Net;
 use tracing_subscriber::EnvFilter;
@@ -321,74 +323,13 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Output::Table => print(&render::counters_table(&rows)),
             }
         }
-        Command::Uninstall { cni_conf_dir } => {
-            if api::call(&cli.socket, &Request::Status, Duration::from_secs(2)).is_ok() {
-                bail!(
-                    "a daemon still answers on {}; stop it before uninstalling",
-                    cli.socket.display()
-                );
-            }
-            // First: a runtime stops handing new pods to this network before its
-            // datapath goes.
-            if let Some(conf_dir) = &cni_conf_dir {
-                let removed = install::remove_conflist(conf_dir).with_context(|| {
-                    format!(
-                        "cannot remove the CNI configuration from {}",
-                        conf_dir.display()
-                    )
-                })?;
-                tracing::info!(dir = %conf_dir.display(), removed, "CNI configuration");
-            }
-            remove_pod_block(&cli.state_dir)?;
-            let pairs = datapath::detach_netkit_pods()
-                .context("cannot take the pod program off the pods' netkit pairs")?;
-            tracing::info!(pairs, "pod program taken off the netkit pairs");
-            // The ways to other nodes' pods: the overlay device and the daemon's routes.
-            datapath::overlay::remove_device()?;
-            datapath::node_routes::sync(&std::collections::BTreeMap::new(), false)
-                .context("cannot remove the routes to other nodes' pods")?;
-            // The pods' gateways, before the uplink's programs that keep them the pods'.
-            datapath::gateways::remove_all().context("cannot remove the pods' gateways")?;
-            datapath::remove_uplink_filters(&cli.bpf_dir)
-                .context("cannot remove the uplink programs' filters")?;
-            datapath::remove_guard_filters()
-                .context("cannot remove the gateway guard's filters")?;
-            bpffs::remove(&cli.bpf_dir)?;
-            // Emptied, and left when it is a mount point (uninstall run in the
-            // DaemonSet's pod, whose state folder is the host's, mounted).
-            files::empty_and_remove_dir(&cli.state_dir)
-                .with_context(|| format!("cannot remove {}", cli.state_dir.display()))?;
-            // The socket, the plugin's cache of IPAM versions and this node's pod ranges
-            // beside it, and their folder
-            // when nothing else is in it, go too.
-            let _ = std::fs::remove_file(&cli.socket);
-            if let Some(folder) = cli.socket.parent() {
-                let _ = std::fs::remove_file(folder.join(api::IPAM_VERSIONS_FILE));
-                let _ = std::fs::remove_file(folder.join(api::NODE_POD_CIDRS_FILE));
-                let _ = std::fs::remove_dir(folder);
-            }
-            tracing::info!(bpf_dir = %cli.bpf_dir.display(), "uninstalled");
-            Ok(())
-        }
+        Command::Uninstall { cni_conf_dir } => uninstall::uninstall(&uninstall::Paths {
+            bpf_dir: cli.bpf_dir,
+            state_dir: cli.state_dir,
+            socket: cli.socket,
+            cni_conf_dir,
+        }),
     }
-}
-
-/// Removes the pods' TC block filter and its anchor. They live in the daemon's network
-/// namespace, which the daemon recorded (`<state dir>/tc-block-netns`): from any other
-/// namespace uninstall refuses before removing anything, rather than leave the pods'
-/// program running without its maps' pins, or touch another namespace's block.
-fn remove_pod_block(state_dir: &Path) -> anyhow::Result<()> {
-    let recorded = std::fs::read_to_string(state_dir.join(node::BLOCK_NETNS_FILE)).ok();
-    let Some(recorded) = recorded.and_then(|text| text.trim().parse::<u64>().ok()) else {
-        return Ok(());
-    };
-    if sock::netns_cookie().context("cannot read this namespace's cookie")? != recorded {
-        bail!(
-            "the daemon ran in another network namespace: run uninstall inside it (for \
-             example with nsenter --net=<its netns path>); nothing was removed"
-        );
-    }
-    tc_block::remove().context("cannot remove the pods' TC block")
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

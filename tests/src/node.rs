@@ -248,7 +248,7 @@ pub fn external_host(node: &Netns) -> Netns {
 
 /// Gives the node's uplink and the external host's end of it IPv4 BIG TCP (GSO and GRO
 /// sizes of 192 KiB), as on a node whose NIC has it switched on; new ebpf-cni pods
-/// follow it (`cni_daemon::big_tcp`).
+/// follow it (`cni_daemon::front::big_tcp`).
 pub fn big_tcp_uplink(node: &Netns, external: &Netns) {
     crate::big_tcp::set(node, "uplink0", crate::big_tcp::SIZE);
     crate::big_tcp::set(external, "eth0", crate::big_tcp::SIZE);

@@ -10,6 +10,7 @@
 //! source NAT's maps; netlink requests go through one connection ([`netlink`]). Nothing
 //! here uses the node's model above it (endpoints, NAT, hostPorts).
 
+pub mod bpffs;
 mod clsact;
 pub mod gateways;
 mod guard;
@@ -226,7 +227,7 @@ impl Datapath {
         Ok(self.attachments.last().expect("just pushed"))
     }
 
-    /// Hands the endpoints map to its owner ([`crate::endpoints::Endpoints`]).
+    /// Hands the endpoints map to its owner ([`crate::model::endpoints::Endpoints`]).
     /// `RATE_LIMITS`, the pods' egress token buckets.
     pub fn take_rate_limits_map(
         &mut self,
@@ -257,7 +258,7 @@ impl Datapath {
         Ok(HashMap::try_from(map)?)
     }
 
-    /// Hands the hostPort map to its owner ([`crate::hostports::HostPorts`]).
+    /// Hands the hostPort map to its owner ([`crate::model::hostports::HostPorts`]).
     pub fn take_hostports_map(
         &mut self,
     ) -> Result<HashMap<MapData, PortKey, PortTarget>, DatapathError> {

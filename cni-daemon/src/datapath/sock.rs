@@ -78,7 +78,7 @@ impl Datapath {
         Ok(())
     }
 
-    /// Hands the hostPort helper maps to their owner ([`crate::hostports`]).
+    /// Hands the hostPort helper maps to their owner ([`crate::model::hostports`]).
     pub fn take_hostport_maps(&mut self) -> Result<HostPortMaps, DatapathError> {
         let mut take = |name: &'static str| {
             self.ebpf

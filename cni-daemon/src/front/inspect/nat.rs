@@ -16,7 +16,7 @@ use cni_ebpf_common::{
 use serde::Serialize;
 
 use super::read::NatTables;
-use crate::nat::{PortRange, Timeouts, expiry};
+use crate::model::nat::{PortRange, Timeouts, expiry};
 
 /// The NAT configuration in force, the counters, and every entry of `NAT_OUT` (one per
 /// translated flow).

@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use super::InspectError;
 use crate::{
-    bpffs,
-    nat::{Timeouts, flows},
+    datapath::bpffs,
+    model::nat::{Timeouts, flows},
 };
 
 /// The map pinned as `name` under `bpf_dir`.

@@ -6,7 +6,7 @@ use std::collections::{HashMap as StdHashMap, HashSet};
 
 use cni_ebpf_common::{NatEntry, NatKey, NatReverseKey, flow::early_droppable};
 
-use crate::nat::{Timeouts, expiry};
+use crate::model::nat::{Timeouts, expiry};
 
 /// What a sweep removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

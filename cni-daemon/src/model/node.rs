@@ -22,18 +22,18 @@ use tokio::sync::Notify;
 use cni_api::{Endpoint, EndpointId, Status, UplinkStatus};
 
 use crate::{
-    cluster::{Cluster, Routing},
     datapath::{
         Datapath, DatapathError,
         gateways::Gateways,
         node_routes::{self, Via},
         overlay::{self, ClusterNodes, OverlaySettings, RemoteNodes},
     },
-    endpoints::{EndpointError, Endpoints},
-    hostports::{self, HostPortError, HostPorts},
-    nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
-    node_addrs::{NodeAddrError, NodeAddrs},
-    rate_limits::RateLimits,
+    model::cluster::{Cluster, Routing},
+    model::endpoints::{EndpointError, Endpoints},
+    model::hostports::{self, HostPortError, HostPorts},
+    model::nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
+    model::node_addrs::{NodeAddrError, NodeAddrs},
+    model::rate_limits::RateLimits,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -425,7 +425,7 @@ impl Node {
     }
 
     /// What no other node's pod range may overlap (with link-local, see
-    /// [`crate::cluster::vet::Bounds`]): the Service ranges, the host-firewall ranges
+    /// [`crate::model::cluster::vet::Bounds`]): the Service ranges, the host-firewall ranges
     /// and the networks the node reaches directly.
     fn reserved_ranges(&self) -> Vec<(Ipv4Net, String)> {
         let named = |nets: &[Ipv4Net], what: &str| {
@@ -557,7 +557,7 @@ impl Node {
         if !prepared {
             self.datapath.check_pod_veth(&veth)?;
         }
-        let host_mac = crate::endpoints::parse_mac(&endpoint.host_mac)?;
+        let host_mac = crate::model::endpoints::parse_mac(&endpoint.host_mac)?;
         self.datapath
             .check_pod_link(&veth, endpoint.host_ifindex, host_mac)?;
         let id = endpoint.id.clone();

@@ -35,7 +35,7 @@ pub fn pod_size(uplink_gso: u32, uplink_gro: u32) -> Option<u32> {
 /// [`pod_size`] for the interface named `uplink` of the daemon's namespace; `None` also
 /// when the kernel does not report IPv4 sizes (before 6.3, without IPv4 BIG TCP).
 pub async fn pod_size_for(uplink: &str) -> std::io::Result<Option<u32>> {
-    let links = crate::link_stats::links(Some(uplink)).await?;
+    let links = crate::front::link_stats::links(Some(uplink)).await?;
     let Some(link) = links.first() else {
         return Ok(None);
     };

@@ -3,7 +3,7 @@
 //! `--health-address` (loopback, for kubelet's probes).
 //!
 //! Nothing here holds the node (`Arc<Mutex<Node>>`), so serving never waits for the lock
-//! ADD and DEL take: counters come from the pinned maps ([`crate::inspect::read`]), and
+//! ADD and DEL take: counters come from the pinned maps ([`crate::front::inspect::read`]), and
 //! what only the daemon knows lives in [`Telemetry`]: readiness flags, a [`NodeView`]
 //! the front publishes after every change of the node (made while it holds the lock,
 //! swapped in under a lock of its own that is only held to clone an `Arc`), and the

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use cni_nodes::NodeSet;
 
 use crate::{
-    metrics::{NodeView, Telemetry},
-    node::Node,
+    front::metrics::{NodeView, Telemetry},
+    model::node::Node,
 };
 
 /// Runs until the node source ends (it does not: both sources retry on their own), applying

@@ -1,5 +1,5 @@
 //! `/metrics`: a registry built at each scrape from the pinned maps (read as the
-//! inspection commands read them, [`crate::inspect::read`]), the published
+//! inspection commands read them, [`crate::front::inspect::read`]), the published
 //! [`NodeView`](super::NodeView) and the histograms of [`Telemetry`], encoded in the
 //! Prometheus text format. Map reads are system calls: call this on a blocking thread.
 //!
@@ -15,7 +15,7 @@ use prometheus_client::{
 };
 
 use super::{Telemetry, view::EndpointView};
-use crate::inspect::{InspectError, read};
+use crate::front::inspect::{InspectError, read};
 
 /// Every metric's name starts with it.
 pub const PREFIX: &str = "ebpf_cni";

@@ -9,7 +9,7 @@ use serde::Serialize;
 use cni_api::{Endpoint, LinkCounters, Status};
 
 use super::read::HostPortConnections;
-use crate::hostports;
+use crate::model::hostports;
 
 /// An endpoint with its counters, as `ebpf-cnid endpoints` shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -290,7 +290,7 @@ mod tests {
             timeouts,
             now_ns: 1_000 * SEC,
         };
-        let timeouts = crate::nat::Timeouts {
+        let timeouts = crate::model::nat::Timeouts {
             tcp_established: 10,
             tcp_transitory: 10,
             tcp_closed: 10,

@@ -14,16 +14,19 @@ use tokio::{
 };
 
 use crate::{
-    address_watch, bpffs, clock,
-    cluster::{Cluster, ClusterArgs, NodeSource},
-    cluster_watch,
-    datapath::sock::cgroup2_mount,
-    datapath::{Datapath, overlay, overlay::OverlaySettings},
-    install::{self, InstallArgs, NodeSettings},
-    metrics::{self, Install, NodeView, Telemetry},
-    nat::{Flows, NatArgs, PortRange, Timeouts},
-    node::Node,
-    server,
+    clock,
+    datapath::{Datapath, bpffs, overlay, overlay::OverlaySettings, sock::cgroup2_mount},
+    front::{
+        address_watch, cluster_watch,
+        install::{self, InstallArgs, NodeSettings},
+        metrics::{self, Install, NodeView, Telemetry},
+        server,
+    },
+    model::{
+        cluster::{Cluster, ClusterArgs, NodeSource},
+        nat::{Flows, NatArgs, PortRange, Timeouts},
+        node::Node,
+    },
 };
 
 /// What `run` needs; every path is a flag so several simulated nodes can share a machine.
@@ -63,7 +66,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // install without a node source stops the daemon with nothing changed.
     let nat_settings = config.nat.resolve().context("cannot set up source NAT")?;
     let node_name = config.cluster.node_name()?;
-    let node_source = config.cluster.source(crate::cluster::in_cluster());
+    let node_source = config.cluster.source(crate::model::cluster::in_cluster());
     if config.install.cni_conf_dir.is_some() && node_source.is_none() {
         anyhow::bail!(
             "--cni-conf-dir needs a node source (--nodes-file, --kubeconfig, or a daemon \
@@ -142,10 +145,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     )?;
     if !config.service_cidrs.is_empty() || !config.host_firewall_cidrs.is_empty() {
         // That traffic, and its replies between pods, is routed by the stack.
-        crate::nat::sysctl::enable_ip_forward(
+        crate::model::nat::sysctl::enable_ip_forward(
             "pods' Service and host firewall traffic is routed by the node's stack",
         )
-        .with_context(|| format!("cannot set {}", crate::nat::sysctl::IP_FORWARD))?;
+        .with_context(|| format!("cannot set {}", crate::model::nat::sysctl::IP_FORWARD))?;
     }
     for interface in &config.attach {
         datapath

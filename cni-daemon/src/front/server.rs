@@ -23,11 +23,11 @@ use tokio::{
 use cni_api::{self as api, Envelope, PROTOCOL_VERSION, Request, Response};
 
 use crate::{
-    big_tcp,
-    hostports::HostPortError,
-    link_stats,
-    metrics::{self, NodeView, Telemetry},
-    node::{Node, NodeError},
+    front::big_tcp,
+    front::link_stats,
+    front::metrics::{self, NodeView, Telemetry},
+    model::hostports::HostPortError,
+    model::node::{Node, NodeError},
 };
 
 /// Connections served at once. Requests run one at a time under the node's lock, so

@@ -11,7 +11,7 @@ use cni_ebpf_common::{
 };
 
 use super::decide::{EARLY_DROP_ABOVE, EARLY_DROP_TO, Removal, early_drop};
-use crate::nat::Timeouts;
+use crate::model::nat::Timeouts;
 
 /// A snapshot of one Service table, and what its removals need to know of it.
 pub(super) struct Table<'a, K> {

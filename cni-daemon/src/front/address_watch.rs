@@ -17,8 +17,8 @@ use rtnetlink::{
 
 use crate::{
     datapath::{self, tc_block},
-    metrics::{NodeView, Telemetry},
-    node::Node,
+    front::metrics::{NodeView, Telemetry},
+    model::node::Node,
 };
 
 /// The IPv4 address and route announcements.

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use cni_api::{Endpoint, UplinkStatus};
 
-use crate::node::Node;
+use crate::model::node::Node;
 
 /// Where installing the CNI configuration stands (`--cni-conf-dir`, `--cni-bin-dir`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +163,7 @@ pub fn not_ready(telemetry: &super::Telemetry) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Telemetry;
+    use crate::front::metrics::Telemetry;
 
     fn uplink(addr: Option<[u8; 4]>) -> UplinkStatus {
         UplinkStatus {

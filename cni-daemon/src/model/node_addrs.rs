@@ -1,6 +1,6 @@
 //! The node's own IPv4 addresses in `NODE_ADDRS`: what a hostPort mapping without
 //! hostIP covers (portmap's `--dst-type LOCAL`). The map is filled at start and
-//! refilled on every address change the kernel announces (`crate::address_watch`), so an
+//! refilled on every address change the kernel announces (`crate::front::address_watch`), so an
 //! address added later is a hostPort address at once. The map holds
 //! [`NODE_ADDRS_MAX`] addresses; past that, the node's interface addresses go first and
 //! the rest is left out with a warning, never an error that stops the daemon.
