@@ -6,7 +6,7 @@
 use std::{
     io::{self, Read, Write},
     os::unix::net::UnixStream,
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -20,8 +20,8 @@ pub const MAX_FRAME: u32 = 4 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nobody listens: the daemon is down or the path is wrong (CNI code 11 territory).
-    #[error("the daemon is not reachable at {path}: {source}")]
-    Unreachable { path: String, source: io::Error },
+    #[error("the daemon is not reachable at {}: {source}", path.display())]
+    Unreachable { path: PathBuf, source: io::Error },
     #[error("talking to the daemon failed: {0}")]
     Io(#[from] io::Error),
     #[error("the daemon sent a malformed response: {0}")]
@@ -35,7 +35,7 @@ pub enum ClientError {
 /// Sends one request and waits (at most `timeout` per read or write) for its response.
 pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Response, ClientError> {
     let mut stream = UnixStream::connect(socket).map_err(|source| ClientError::Unreachable {
-        path: socket.display().to_string(),
+        path: socket.to_path_buf(),
         source,
     })?;
     stream.set_read_timeout(Some(timeout))?;

@@ -5,15 +5,19 @@
 //! - [`messages`]: the requests and responses, versioned by [`PROTOCOL_VERSION`];
 //! - [`frame`]: their framing on the unix socket, and the synchronous client [`call`];
 //! - [`naming`]: the pods' host veth names and aliases;
-//! - [`files`]: files written whole or not at all, as both keep them.
+//! - [`files`]: files written whole or not at all, as both keep them;
+//! - [`values`]: the typed values the messages carry as strings ([`MacAddr`],
+//!   [`Protocol`]).
 
 pub mod files;
 pub mod frame;
 pub mod messages;
 pub mod naming;
+pub mod values;
 
 pub use frame::{ClientError, MAX_FRAME, call, encode, frame_len};
 pub use messages::*;
+pub use values::{MacAddr, MacError, Protocol};
 
 /// Where the daemon listens unless told otherwise (`ebpf-cnid --socket`, the plugin's
 /// `daemonSocket`).

@@ -1,7 +1,11 @@
 //! The messages: a request and its response, each in an [`Envelope`] carrying the
 //! protocol version.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
+
+use crate::{MacAddr, Protocol};
 
 /// Bumped on any incompatible change of [`Request`] or [`Response`].
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -111,13 +115,13 @@ pub struct Endpoint {
     pub id: EndpointId,
     /// The CNI network name (GC works per network).
     pub network: String,
-    pub netns: String,
+    pub netns: PathBuf,
     pub host_veth: String,
     pub host_ifindex: u32,
     /// The host-side veth's MAC: the pod's ARP requests are answered with it.
-    pub host_mac: String,
-    /// The pod interface's MAC, `aa:bb:cc:dd:ee:ff`.
-    pub mac: String,
+    pub host_mac: MacAddr,
+    /// The pod interface's MAC.
+    pub mac: MacAddr,
     pub ips: Vec<ipnet::IpNet>,
     /// Source-NAT this pod's traffic to destinations outside `cluster_cidrs`.
     pub masquerade: bool,
@@ -155,8 +159,8 @@ pub struct PodRef {
 pub struct PortMapping {
     pub host_port: u16,
     pub container_port: u16,
-    /// `tcp` or `udp`.
-    pub protocol: String,
+    /// The daemon maps `tcp` and `udp`.
+    pub protocol: Protocol,
     pub host_ip: Option<std::net::IpAddr>,
 }
 
@@ -174,7 +178,7 @@ pub struct Bandwidth {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub daemon_version: String,
-    pub bpf_dir: String,
+    pub bpf_dir: PathBuf,
     /// The eBPF object is loaded and its maps are pinned: the datapath can take pods.
     pub datapath_loaded: bool,
     pub endpoints: usize,
@@ -299,11 +303,11 @@ mod tests {
                 ifname: "eth0".to_owned(),
             },
             network: "pods".to_owned(),
-            netns: "/run/netns/p".to_owned(),
+            netns: "/run/netns/p".into(),
             host_veth: "veb000000000000".to_owned(),
             host_ifindex: 7,
-            host_mac: "02:00:00:00:00:01".to_owned(),
-            mac: "02:00:00:00:00:02".to_owned(),
+            host_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            mac: MacAddr([2, 0, 0, 0, 0, 2]),
             ips: vec!["10.1.0.2/24".parse().expect("an address")],
             masquerade: true,
             cluster_cidrs: Vec::new(),

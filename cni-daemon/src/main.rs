@@ -1,11 +1,6 @@
 //! `ebpf-cnid`: run the node daemon, or inspect and uninstall it.
 
-use std::{
-    io::IsTerminal,
-    path::{Path, PathBuf},
-    process::ExitCode,
-    time::Duration,
-};
+use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -256,7 +251,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 Response::Error { message } => bail!("the daemon refused: {message}"),
                 other => bail!("unexpected answer from the daemon: {other:?}"),
             };
-            let bpf_dir = Path::new(&status.bpf_dir);
+            let bpf_dir = status.bpf_dir.as_path();
             let view = join::StatusView {
                 drops: read::drops(bpf_dir)?,
                 nat_counters: read::nat_counters(bpf_dir)?,

@@ -465,11 +465,3 @@ fn route_info(message: &RouteMessage) -> Option<RouteInfo> {
     // the pod's routes from the main table to one of their own.
     (message.header.table != libc::RT_TABLE_LOCAL).then_some(RouteInfo { dst, gateway, oif })
 }
-
-/// `aa:bb:cc:dd:ee:ff`.
-pub fn format_mac(mac: [u8; 6]) -> String {
-    mac.iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}

@@ -237,16 +237,14 @@ impl Drop for Netns {
     }
 }
 
-/// Runs `command`, panicking with its stderr when it fails.
 /// `aa:bb:cc:dd:ee:ff` as bytes.
 pub fn parse_mac(text: &str) -> [u8; 6] {
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-        *byte = u8::from_str_radix(part, 16).expect("hex");
-    }
-    mac
+    text.parse::<cni_api::MacAddr>()
+        .unwrap_or_else(|error| panic!("{text:?} is no MAC: {error}"))
+        .octets()
 }
 
+/// Runs `command`, panicking with its stderr when it fails.
 pub fn run_ok(command: &mut Command) -> Output {
     let out = command
         .output()

@@ -154,7 +154,7 @@ fn an_attach_that_misnames_its_veth_takes_a_node_address_or_a_path_is_refused() 
     let mut other_index = record.clone();
     other_index.host_ifindex = record.host_ifindex + 1000;
     let mut other_mac = record.clone();
-    other_mac.host_mac = "02:00:00:00:00:01".into();
+    other_mac.host_mac = "02:00:00:00:00:01".parse().expect("a MAC");
     let mut node_address = record.clone();
     node_address.ips = vec![format!("{NODE_ADDR}/24").parse().expect("a prefix")];
     let mut path = record.clone();

@@ -16,7 +16,7 @@ use cni_ebpf_common::{
     ip_proto::{TCP, UDP},
 };
 
-use cni_api::{Endpoint, PortMapping};
+use cni_api::{Endpoint, PortMapping, Protocol};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostPortError {
@@ -131,11 +131,11 @@ impl HostPorts {
 
 /// The IP protocol number of a mapping's `protocol`, for those hostPorts support (TCP
 /// and UDP).
-pub fn ip_proto(protocol: &str) -> Option<u8> {
+pub fn ip_proto(protocol: Protocol) -> Option<u8> {
     match protocol {
-        "tcp" => Some(TCP),
-        "udp" => Some(UDP),
-        _ => None,
+        Protocol::Tcp => Some(TCP),
+        Protocol::Udp => Some(UDP),
+        Protocol::Sctp => None,
     }
 }
 
@@ -156,7 +156,7 @@ pub fn entries(endpoint: &Endpoint) -> Result<Vec<(PortKey, PortTarget)>, HostPo
         .port_mappings
         .iter()
         .map(|mapping| {
-            let Some(proto) = ip_proto(&mapping.protocol) else {
+            let Some(proto) = ip_proto(mapping.protocol) else {
                 return Err(HostPortError::Invalid(
                     describe(mapping),
                     "protocol is not tcp or udp",
@@ -227,7 +227,7 @@ pub fn overlays(candidate: &Endpoint, port: u16) -> Option<String> {
     candidate
         .port_mappings
         .iter()
-        .find(|mapping| ip_proto(&mapping.protocol) == Some(UDP) && mapping.host_port == port)
+        .find(|mapping| ip_proto(mapping.protocol) == Some(UDP) && mapping.host_port == port)
         .map(|mapping| {
             format!(
                 "host port {} is the overlay's (--routing vxlan): every node's tunnel \
@@ -335,8 +335,8 @@ mod tests {
             netns: "/run/netns/x".into(),
             host_veth: "veb0".into(),
             host_ifindex: 5,
-            host_mac: "02:00:00:00:00:01".into(),
-            mac: "02:00:00:00:00:02".into(),
+            host_mac: "02:00:00:00:00:01".parse().expect("a MAC"),
+            mac: "02:00:00:00:00:02".parse().expect("a MAC"),
             ips: vec!["10.244.0.5/24".parse().expect("net")],
             masquerade: true,
             cluster_cidrs: Vec::new(),
@@ -345,7 +345,7 @@ mod tests {
                 .map(|(port, proto, ip)| PortMapping {
                     host_port: *port,
                     container_port: 80,
-                    protocol: (*proto).into(),
+                    protocol: proto.parse().expect("a protocol"),
                     host_ip: ip.map(|ip| ip.parse().expect("ip")),
                 })
                 .collect(),

@@ -282,7 +282,9 @@ impl Node {
     pub fn status(&self) -> Status {
         Status {
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
-            bpf_dir: self.datapath.bpf_dir().display().to_string(),
+            // Through its display form: an answer must encode as JSON, which only
+            // takes UTF-8 paths.
+            bpf_dir: self.datapath.bpf_dir().display().to_string().into(),
             datapath_loaded: true,
             endpoints: self.endpoints.len(),
             attachments: self.datapath.attachments().to_vec(),
@@ -557,9 +559,8 @@ impl Node {
         if !prepared {
             self.datapath.check_pod_veth(&veth)?;
         }
-        let host_mac = crate::model::endpoints::parse_mac(&endpoint.host_mac)?;
         self.datapath
-            .check_pod_link(&veth, endpoint.host_ifindex, host_mac)?;
+            .check_pod_link(&veth, endpoint.host_ifindex, endpoint.host_mac.octets())?;
         let id = endpoint.id.clone();
         let previous = self.endpoints.get(&id).cloned();
         // Bound already: prepared, or the live endpoint's own veth (a re-ADD).

@@ -9,7 +9,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use cni_api::{self as api, Endpoint};
+use cni_api::{self as api, Endpoint, MacAddr};
 use ipnet::{IpNet, Ipv4Net};
 
 use crate::{
@@ -18,7 +18,7 @@ use crate::{
         teardown::{self, Failures, setup_error},
     },
     ipam::{self, Ipam},
-    link::{LinkError, LinkInfo, Netlink, VethPair, format_mac},
+    link::{LinkError, LinkInfo, Netlink, VethPair},
     netns,
     spec::{
         CniError, CniResult, DEFAULT_MTU, ErrorCode, Interface, IpConfig, NetConf, Route, Shaping,
@@ -198,16 +198,21 @@ fn apply(
     .map_err(setup_error)?;
     let pod_mac = pod
         .mac
+        .map(MacAddr::from)
         .ok_or_else(|| CniError::new(ErrorCode::InterfaceSetup, "the pod interface has no MAC"))?;
+    let host_mac = host
+        .mac
+        .map(MacAddr::from)
+        .ok_or_else(|| CniError::new(ErrorCode::InterfaceSetup, "the host veth has no MAC"))?;
 
     inv.daemon().attach(Endpoint {
         id: inv.endpoint_id()?,
         network: inv.conf.name.clone(),
-        netns: inv.netns()?.display().to_string(),
+        netns: inv.netns()?.to_path_buf(),
         host_veth: host_veth.to_owned(),
         host_ifindex: host.index,
-        host_mac: host.mac.map(format_mac).unwrap_or_default(),
-        mac: format_mac(pod_mac),
+        host_mac,
+        mac: pod_mac,
         ips: result.ips.iter().map(|ip| ip.address).collect(),
         masquerade: inv.conf.ip_masq,
         cluster_cidrs: cluster_cidrs(&inv.conf, &result),
@@ -221,13 +226,13 @@ fn apply(
     result.interfaces = vec![
         Interface {
             name: host_veth.to_owned(),
-            mac: host.mac.map(format_mac).unwrap_or_default(),
+            mac: host_mac.to_string(),
             mtu: host.mtu,
             ..Interface::default()
         },
         Interface {
             name: ifname.to_owned(),
-            mac: format_mac(pod_mac),
+            mac: pod_mac.to_string(),
             mtu: pod.mtu,
             sandbox: Some(inv.netns()?.display().to_string()),
             ..Interface::default()
@@ -365,7 +370,7 @@ fn port_mappings(conf: &NetConf) -> Vec<api::PortMapping> {
         .map(|mapping| api::PortMapping {
             host_port: mapping.host_port,
             container_port: mapping.container_port,
-            protocol: mapping.protocol.to_string(),
+            protocol: mapping.protocol.into(),
             host_ip: mapping.host_ip,
         })
         .collect()

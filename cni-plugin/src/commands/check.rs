@@ -11,7 +11,7 @@ use crate::{
         block_on,
         teardown::setup_error,
     },
-    link::{Netlink, format_mac},
+    link::Netlink,
     netns,
     spec::{CniError, CniResult, DEFAULT_MTU, ErrorCode, Limit},
     tbf::{Dumped, Tbf},
@@ -37,7 +37,10 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
         .iter()
         .find(|interface| interface.name == ifname && interface.sandbox.is_some())
     {
-        let actual = pod.mac.map(format_mac).unwrap_or_default();
+        let actual = pod
+            .mac
+            .map(|mac| cni_api::MacAddr::from(mac).to_string())
+            .unwrap_or_default();
         if !expected.mac.eq_ignore_ascii_case(&actual) {
             return Err(failed(format!(
                 "{ifname} has MAC {actual}, prevResult says {}",

@@ -147,7 +147,7 @@ pub struct StatusView {
 /// One hostPort mapping, as `ebpf-cnid ports` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PortRow {
-    pub protocol: String,
+    pub protocol: cni_api::Protocol,
     /// `None`: every node address.
     pub host_ip: Option<std::net::IpAddr>,
     pub host_port: u16,
@@ -182,7 +182,7 @@ pub fn live_connections(read: HostPortConnections) -> Vec<(NatKey, NatEntry)> {
 
 /// Whether `connection` (keyed by `key`) goes through the mapping `row`.
 fn through(row: &PortRow, key: &NatKey, connection: &NatEntry) -> bool {
-    let Some(proto) = hostports::ip_proto(&row.protocol) else {
+    let Some(proto) = hostports::ip_proto(row.protocol) else {
         return false;
     };
     let host_matches = match row.host_ip {
@@ -209,7 +209,7 @@ pub fn port_rows(endpoints: &[Endpoint], connections: &[(NatKey, NatEntry)]) -> 
                 .map(ipnet::IpNet::addr)
                 .find(std::net::IpAddr::is_ipv4);
             endpoint.port_mappings.iter().map(move |mapping| PortRow {
-                protocol: mapping.protocol.clone(),
+                protocol: mapping.protocol,
                 host_ip: mapping.host_ip.filter(|ip| !ip.is_unspecified()),
                 host_port: mapping.host_port,
                 pod_ip,
@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn a_connection_counts_for_the_mapping_it_went_through_only() {
         let row = |protocol: &str, host_ip: Option<&str>| PortRow {
-            protocol: protocol.into(),
+            protocol: protocol.parse().expect("a protocol"),
             host_ip: host_ip.map(|ip| ip.parse().expect("an address")),
             host_port: 30080,
             pod_ip: Some("10.244.0.2".parse().expect("an address")),

@@ -17,7 +17,7 @@ pub fn status_table(view: &StatusView) -> String {
     let mut out = format!(
         "daemon {}  bpf dir {}  datapath {}  endpoints {}\n",
         status.daemon_version,
-        status.bpf_dir,
+        status.bpf_dir.display(),
         if status.datapath_loaded {
             "loaded"
         } else {

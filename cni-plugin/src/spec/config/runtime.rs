@@ -63,6 +63,15 @@ impl Protocol {
     }
 }
 
+impl From<Protocol> for cni_api::Protocol {
+    fn from(protocol: Protocol) -> Self {
+        match protocol {
+            Protocol::Tcp => Self::Tcp,
+            Protocol::Udp => Self::Udp,
+        }
+    }
+}
+
 impl fmt::Display for Protocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -81,25 +90,15 @@ pub struct Bandwidth {
 
 /// Parses `aa:bb:cc:dd:ee:ff` (either case) and requires a unicast, non-zero address: a
 /// multicast source MAC is invalid on Ethernet and the kernel refuses it.
-pub fn parse_unicast_mac(text: &str) -> Result<[u8; 6], &'static str> {
-    let mut mac = [0u8; 6];
-    let mut parts = text.split(':');
-    for byte in &mut mac {
-        let part = parts.next().ok_or("expected six ':'-separated octets")?;
-        // Checked by hand: from_str_radix would also accept a sign, as in "+f".
-        if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err("each octet must be two hex digits");
-        }
-        *byte = u8::from_str_radix(part, 16).map_err(|_| "each octet must be two hex digits")?;
+pub fn parse_unicast_mac(text: &str) -> Result<[u8; 6], String> {
+    let mac: cni_api::MacAddr = text
+        .parse()
+        .map_err(|error: cni_api::MacError| error.to_string())?;
+    if mac.is_multicast() {
+        return Err("is a multicast address".to_owned());
     }
-    if parts.next().is_some() {
-        return Err("expected six ':'-separated octets");
+    if mac.is_zero() {
+        return Err("is the all-zero address".to_owned());
     }
-    if mac[0] & 1 == 1 {
-        return Err("is a multicast address");
-    }
-    if mac == [0; 6] {
-        return Err("is the all-zero address");
-    }
-    Ok(mac)
+    Ok(mac.octets())
 }
