@@ -3,18 +3,21 @@
 //! this crate and nothing of each other.
 //!
 //! - [`messages`]: the requests and responses, versioned by [`PROTOCOL_VERSION`];
-//! - [`frame`]: their framing on the unix socket, and the synchronous client [`call`];
+//! - [`frame`]: their framing on the unix socket, and one synchronous exchange [`call`];
+//! - [`client`]: the typed [`Client`] the plugin and the daemon's CLI use;
 //! - [`naming`]: the pods' host veth names and aliases;
 //! - [`files`]: files written whole or not at all, as both keep them;
 //! - [`values`]: the typed values the messages carry as strings ([`MacAddr`],
 //!   [`Protocol`]).
 
+pub mod client;
 pub mod files;
 pub mod frame;
 pub mod messages;
 pub mod naming;
 pub mod values;
 
+pub use client::{CallError, Client, EndpointList};
 pub use frame::{ClientError, MAX_FRAME, call, encode, frame_len};
 pub use messages::*;
 pub use values::{MacAddr, MacError, Protocol};

@@ -77,13 +77,56 @@ pub enum Response {
         removed: Vec<Endpoint>,
     },
     Nodes(NodesView),
-    /// A hostPort another endpoint holds (CNI code 105 for the plugin).
+    /// A hostPort another endpoint holds (CNI code 105 for the plugin). Kept beside
+    /// [`ErrorKind::PortConflict`] so that plugins reading no kind still give 105.
     PortConflict {
         message: String,
     },
-    Error {
-        message: String,
-    },
+    /// The request was refused or failed; see [`DaemonError`].
+    Error(DaemonError),
+}
+
+/// Why the daemon refused a request, with what it says of it. Written flat into the
+/// response (`{"response": "error", "kind": ..., "message": ...}`); a response without a
+/// kind (an older daemon's) reads as [`ErrorKind::Unspecified`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct DaemonError {
+    #[serde(default)]
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl DaemonError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// What kind of refusal a [`DaemonError`] is; the plugin maps kinds to CNI codes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// A message of another protocol version, or none that decodes.
+    Protocol,
+    /// The request's own content: an id no file name may carry, a veth that is not
+    /// the plugin's or not as described, a malformed port mapping.
+    InvalidRequest,
+    /// An address another endpoint, or the node itself, has.
+    AddressTaken,
+    /// A hostPort another endpoint holds.
+    PortConflict,
+    /// The node could not do it (a map, a file, netlink).
+    NodeFailure,
+    /// The daemon failed answering (a panicked worker).
+    Internal,
+    /// No kind given (an older daemon), or one this side does not know.
+    #[default]
+    #[serde(other)]
+    Unspecified,
 }
 
 /// What identifies an attachment, as in the CNI spec: (container id, interface name).

@@ -2,9 +2,9 @@
 
 use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use cni_api::{self as api, Request, Response};
+use cni_api as api;
 
 use cni_daemon::{
     clock,
@@ -246,11 +246,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 .block_on(run::run(config))
         }
         Command::Status => {
-            let status = match api::call(&cli.socket, &Request::Status, Duration::from_secs(5))? {
-                Response::Status(status) => status,
-                Response::Error { message } => bail!("the daemon refused: {message}"),
-                other => bail!("unexpected answer from the daemon: {other:?}"),
-            };
+            let status = client(&cli).status()?;
             let bpf_dir = status.bpf_dir.as_path();
             let view = join::StatusView {
                 drops: read::drops(bpf_dir)?,
@@ -263,15 +259,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Endpoints => {
-            let (endpoints, stack_sent, queued) =
-                match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
-                    Response::Endpoints {
-                        endpoints,
-                        stack_sent,
-                        queued,
-                    } => (endpoints, stack_sent, queued),
-                    other => bail!("unexpected answer from the daemon: {other:?}"),
-                };
+            let api::EndpointList {
+                endpoints,
+                stack_sent,
+                queued,
+            } = client(&cli).list()?;
             let counters = read::endpoint_counters(&cli.bpf_dir)?;
             let views = join::endpoint_views(endpoints, &counters, &stack_sent, &queued);
             match cli.output {
@@ -288,11 +280,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Nodes => {
-            let view = match api::call(&cli.socket, &Request::Nodes, Duration::from_secs(5))? {
-                Response::Nodes(view) => view,
-                Response::Error { message } => bail!("the daemon refused: {message}"),
-                other => bail!("unexpected answer from the daemon: {other:?}"),
-            };
+            let view = client(&cli).nodes()?;
             let table = join::nodes_table(view, &read::node_counters(&cli.bpf_dir)?);
             match cli.output {
                 Output::Json => print_json(&table),
@@ -300,10 +288,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Ports => {
-            let endpoints = match api::call(&cli.socket, &Request::List, Duration::from_secs(5))? {
-                Response::Endpoints { endpoints, .. } => endpoints,
-                other => bail!("unexpected answer from the daemon: {other:?}"),
-            };
+            let endpoints = client(&cli).list()?.endpoints;
             let connections = join::live_connections(read::hostport_connections(&cli.bpf_dir)?);
             let rows = join::port_rows(&endpoints, &connections);
             match cli.output {
@@ -325,6 +310,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             cni_conf_dir,
         }),
     }
+}
+
+/// The daemon of `cli`'s socket, for the views' requests.
+fn client(cli: &Cli) -> api::Client {
+    api::Client::new(cli.socket.clone(), Duration::from_secs(5))
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

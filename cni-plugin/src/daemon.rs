@@ -6,29 +6,29 @@ use std::{
     time::Duration,
 };
 
-use cni_api::{self as api, ClientError, Endpoint, EndpointId, Request, Response, Status};
+use cni_api::{self as api, CallError, ClientError, Endpoint, EndpointId, ErrorKind, Status};
 
 use crate::spec::{CniError, ErrorCode};
 
 /// Requests are small map and file operations; a daemon that takes longer is stuck.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The daemon as the plugin's commands call it: [`api::Client`] with every failure a
+/// CNI error ([`cni_error`]).
 pub struct Daemon {
-    socket: PathBuf,
+    client: api::Client,
 }
 
 impl Daemon {
     pub fn new(socket: Option<PathBuf>) -> Self {
+        let socket = socket.unwrap_or_else(|| PathBuf::from(api::DEFAULT_SOCKET));
         Self {
-            socket: socket.unwrap_or_else(|| PathBuf::from(api::DEFAULT_SOCKET)),
+            client: api::Client::new(socket, TIMEOUT),
         }
     }
 
     pub fn status(&self) -> Result<Status, CniError> {
-        match self.call(&Request::Status)? {
-            Response::Status(status) => Ok(status),
-            other => Err(unexpected(&other)),
-        }
+        self.client.status().map_err(cni_error)
     }
 
     /// Fails with 11 unless the daemon answers and its datapath is loaded: checked
@@ -46,78 +46,58 @@ impl Daemon {
 
     /// Has the pod program attached to `host_veth` ahead of [`Self::attach`].
     pub fn prepare(&self, host_veth: &str) -> Result<(), CniError> {
-        let request = Request::Prepare {
-            host_veth: host_veth.to_owned(),
-        };
-        match self.call(&request)? {
-            Response::Prepared => Ok(()),
-            other => Err(unexpected(&other)),
-        }
+        self.client.prepare(host_veth).map_err(cni_error)
     }
 
     /// Undoes [`Self::prepare`] (a failed ADD's rollback).
     pub fn unprepare(&self, host_veth: &str) -> Result<(), CniError> {
-        let request = Request::Unprepare {
-            host_veth: host_veth.to_owned(),
-        };
-        match self.call(&request)? {
-            Response::Unprepared { .. } => Ok(()),
-            other => Err(unexpected(&other)),
-        }
+        self.client
+            .unprepare(host_veth)
+            .map(drop)
+            .map_err(cni_error)
     }
 
     pub fn attach(&self, endpoint: Endpoint) -> Result<(), CniError> {
-        match self.call(&Request::Attach(Box::new(endpoint)))? {
-            Response::Attached => Ok(()),
-            other => Err(unexpected(&other)),
-        }
+        self.client.attach(endpoint).map_err(cni_error)
     }
 
     /// Returns whether the daemon knew the endpoint.
     pub fn detach(&self, id: EndpointId) -> Result<bool, CniError> {
-        match self.call(&Request::Detach(id))? {
-            Response::Detached { existed } => Ok(existed),
-            other => Err(unexpected(&other)),
-        }
+        self.client.detach(id).map_err(cni_error)
     }
 
     pub fn get(&self, id: EndpointId) -> Result<Option<Endpoint>, CniError> {
-        match self.call(&Request::Get(id))? {
-            Response::Endpoint { endpoint } => Ok(endpoint),
-            other => Err(unexpected(&other)),
-        }
+        self.client.get(id).map_err(cni_error)
     }
 
     /// Forgets this network's endpoints not in `keep`; returns them.
     pub fn gc(&self, network: &str, keep: Vec<EndpointId>) -> Result<Vec<Endpoint>, CniError> {
-        let request = Request::Gc {
-            network: network.to_owned(),
-            keep,
-        };
-        match self.call(&request)? {
-            Response::Collected { removed } => Ok(removed),
-            other => Err(unexpected(&other)),
-        }
+        self.client.gc(network, keep).map_err(cni_error)
     }
+}
 
-    fn call(&self, request: &Request) -> Result<Response, CniError> {
-        match api::call(&self.socket, request, TIMEOUT) {
-            Ok(Response::Error { message }) => Err(CniError::new(
-                ErrorCode::DaemonRefused,
-                format!("ebpf-cnid refused: {message}"),
-            )),
-            Ok(Response::PortConflict { message }) => {
-                Err(CniError::new(ErrorCode::PortConflict, message))
-            }
-            Ok(response) => Ok(response),
-            Err(error @ ClientError::Unreachable { .. }) => Err(CniError::try_again_later(
-                "ebpf-cnid is not running on this node",
-            )
-            .with_details(error.to_string())),
-            Err(error) => Err(
-                CniError::try_again_later("ebpf-cnid did not answer properly")
-                    .with_details(error.to_string()),
-            ),
+/// The CNI error of a failed call: not reached or no whole answer is 11 (try again
+/// later), a hostPort conflict 105, any other refusal 104, an answer of the wrong kind
+/// 100 (internal).
+fn cni_error(error: CallError) -> CniError {
+    match error {
+        CallError::Transport(error @ ClientError::Unreachable { .. }) => {
+            CniError::try_again_later("ebpf-cnid is not running on this node")
+                .with_details(error.to_string())
+        }
+        CallError::Transport(error) => {
+            CniError::try_again_later("ebpf-cnid did not answer properly")
+                .with_details(error.to_string())
+        }
+        CallError::Refused(refusal) if refusal.kind == ErrorKind::PortConflict => {
+            CniError::new(ErrorCode::PortConflict, refusal.message)
+        }
+        CallError::Refused(refusal) => CniError::new(
+            ErrorCode::DaemonRefused,
+            format!("ebpf-cnid refused: {}", refusal.message),
+        ),
+        CallError::Unexpected(response) => {
+            CniError::internal(format!("ebpf-cnid answered with {response:?}"))
         }
     }
 }
@@ -136,8 +116,4 @@ pub fn beside_socket(socket: Option<&Path>, name: &str) -> Option<PathBuf> {
 /// Whether `error` means the daemon could not be reached (as opposed to a refusal).
 pub fn is_unreachable(error: &CniError) -> bool {
     error.code == ErrorCode::TryAgainLater
-}
-
-fn unexpected(response: &Response) -> CniError {
-    CniError::internal(format!("ebpf-cnid answered with {response:?}"))
 }

@@ -3,7 +3,7 @@
 //! that is not a veth is refused with an error, and a `clsact` qdisc the daemon did not
 //! create (the uplink's, which holds the NAT filters without TCX) is never removed.
 
-use cni_api::{Request, Response};
+use cni_api::{ErrorKind, Request, Response};
 use ebpf_cni_tests::{daemon::Daemon, node::Node, require_root};
 
 /// The clsact path for the uplink programs: their filters then sit in a clsact qdisc.
@@ -15,9 +15,13 @@ fn qdiscs(node: &Node, device: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn refused(node: &Node, request: Request) -> String {
+/// The daemon's refusal of `request`, which must be of `kind`.
+fn refused(node: &Node, request: Request, kind: ErrorKind) -> String {
     match node.instance.request(&request) {
-        Response::Error { message } => message,
+        Response::Error(refusal) => {
+            assert_eq!(refusal.kind, kind, "{request:?}: {refusal:?}");
+            refusal.message
+        }
         other => panic!("{request:?} must be refused, the daemon answered {other:?}"),
     }
 }
@@ -38,6 +42,7 @@ fn prepare_refuses_the_uplink_and_leaves_its_nat_filters_in_place() {
         Request::Prepare {
             host_veth: "uplink0".into(),
         },
+        ErrorKind::InvalidRequest,
     );
     assert!(
         message.contains("uplink0"),
@@ -86,6 +91,7 @@ fn prepare_refuses_look_alikes_and_never_removes_a_foreign_clsact() {
         Request::Prepare {
             host_veth: "veb0000000000a1".into(),
         },
+        ErrorKind::InvalidRequest,
     );
     assert!(message.contains("alias"), "{message}");
     // The alias, but not a veth.
@@ -103,6 +109,7 @@ fn prepare_refuses_look_alikes_and_never_removes_a_foreign_clsact() {
         Request::Prepare {
             host_veth: "veb0000000000a2".into(),
         },
+        ErrorKind::InvalidRequest,
     );
     assert!(
         message.contains("neither a veth nor a netkit primary"),
@@ -136,6 +143,7 @@ fn prepare_refuses_look_alikes_and_never_removes_a_foreign_clsact() {
         Request::Prepare {
             host_veth: "veb0000000000a3".into(),
         },
+        ErrorKind::NodeFailure,
     );
     let _ = node.instance.request(&Request::Unprepare {
         host_veth: "veb0000000000a3".into(),

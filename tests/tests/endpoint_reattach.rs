@@ -3,7 +3,7 @@
 //! entries, its hostPorts and its veth's binding to the pods' block; one with more
 //! addresses than the endpoints map holds leaves no record of them.
 
-use cni_api::{EndpointId, Request, Response};
+use cni_api::{EndpointId, ErrorKind, Request, Response};
 use ebpf_cni_tests::{
     node::{NODE_ADDR, Node, Pod, port_mappings, socket},
     require_root,
@@ -67,8 +67,12 @@ fn a_refused_re_add_keeps_the_live_endpoint_its_host_ports_and_binding() {
         .instance
         .request(&Request::Attach(Box::new(conflicting)))
     {
-        Response::Error { message } => {
-            assert!(message.contains(&other.ip.to_string()), "{message}");
+        Response::Error(refusal) => {
+            assert!(
+                refusal.message.contains(&other.ip.to_string()),
+                "{refusal:?}"
+            );
+            assert_eq!(refusal.kind, ErrorKind::AddressTaken);
         }
         other => panic!("a taken address must be refused, the daemon answered {other:?}"),
     }
@@ -121,7 +125,7 @@ fn a_re_add_past_the_endpoints_map_size_leaves_no_stale_record() {
         })
         .collect();
     match node.instance.request(&Request::Attach(Box::new(huge))) {
-        Response::Error { .. } => {}
+        Response::Error(_) => {}
         other => panic!("more addresses than the map holds must fail, got {other:?}"),
     }
     assert_eq!(get(&node), record, "the record is as it was");
@@ -161,16 +165,21 @@ fn an_attach_that_misnames_its_veth_takes_a_node_address_or_a_path_is_refused() 
     path.id.container_id = "../../escaped".into();
     let mut ifname = record.clone();
     ifname.id.ifname = "../eth0".into();
-    for (endpoint, expected) in [
-        (other_index, "index"),
-        (other_mac, "MAC"),
-        (node_address, "address of this node"),
-        (path, "container id"),
-        (ifname, "interface name"),
+    let (invalid, taken) = (ErrorKind::InvalidRequest, ErrorKind::AddressTaken);
+    for (endpoint, expected, kind) in [
+        (other_index, "index", invalid),
+        (other_mac, "MAC", invalid),
+        (node_address, "address of this node", taken),
+        (path, "container id", invalid),
+        (ifname, "interface name", invalid),
     ] {
         match node.instance.request(&Request::Attach(Box::new(endpoint))) {
-            Response::Error { message } => {
-                assert!(message.contains(expected), "{expected}: {message}");
+            Response::Error(refusal) => {
+                assert!(
+                    refusal.message.contains(expected),
+                    "{expected}: {refusal:?}"
+                );
+                assert_eq!(refusal.kind, kind, "{expected}: {refusal:?}");
             }
             other => panic!("{expected}: must be refused, the daemon answered {other:?}"),
         }
@@ -182,7 +191,7 @@ fn an_attach_that_misnames_its_veth_takes_a_node_address_or_a_path_is_refused() 
     assert!(
         matches!(
             node.instance.request(&Request::Detach(escaped)),
-            Response::Error { .. }
+            Response::Error(refusal) if refusal.kind == ErrorKind::InvalidRequest
         ),
         "a Detach naming a path is refused"
     );

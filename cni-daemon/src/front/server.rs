@@ -20,14 +20,17 @@ use tokio::{
     sync::Semaphore,
 };
 
-use cni_api::{self as api, Envelope, PROTOCOL_VERSION, Request, Response};
+use cni_api::{self as api, DaemonError, Envelope, ErrorKind, PROTOCOL_VERSION, Request, Response};
 
 use crate::{
-    front::big_tcp,
-    front::link_stats,
-    front::metrics::{self, NodeView, Telemetry},
-    model::hostports::HostPortError,
-    model::node::{Node, NodeError},
+    front::{
+        big_tcp, link_stats,
+        metrics::{self, NodeView, Telemetry},
+    },
+    model::{
+        hostports::HostPortError,
+        node::{Node, NodeError},
+    },
 };
 
 /// Connections served at once. Requests run one at a time under the node's lock, so
@@ -146,8 +149,11 @@ async fn handle(
             let mut response =
                 tokio::task::spawn_blocking(move || answer(envelope.body, &node, &published))
                     .await
-                    .unwrap_or_else(|error| Response::Error {
-                        message: format!("the request failed: {error}"),
+                    .unwrap_or_else(|error| {
+                        Response::Error(DaemonError::new(
+                            ErrorKind::Internal,
+                            format!("the request failed: {error}"),
+                        ))
                     });
             telemetry.observe_request(command, arrived.elapsed());
             match &mut response {
@@ -170,15 +176,17 @@ async fn handle(
             }
             response
         }
-        Ok(envelope) => Response::Error {
-            message: format!(
+        Ok(envelope) => Response::Error(DaemonError::new(
+            ErrorKind::Protocol,
+            format!(
                 "protocol version {} is not served (this daemon: {PROTOCOL_VERSION})",
                 envelope.version
             ),
-        },
-        Err(error) => Response::Error {
-            message: format!("malformed request: {error}"),
-        },
+        )),
+        Err(error) => Response::Error(DaemonError::new(
+            ErrorKind::Protocol,
+            format!("malformed request: {error}"),
+        )),
     };
     let frame = api::encode(&Envelope {
         version: PROTOCOL_VERSION,
@@ -210,7 +218,7 @@ fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Respon
         Err(poisoned) => poisoned.into_inner(),
     };
     if let Some(message) = id_problem(&request) {
-        return Response::Error { message };
+        return Response::Error(DaemonError::new(ErrorKind::InvalidRequest, message));
     }
     let changes = matches!(
         request,
@@ -245,8 +253,6 @@ fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Respon
     }
     outcome.unwrap_or_else(|error| match error {
         NodeError::HostPort(HostPortError::Conflict(message)) => Response::PortConflict { message },
-        other => Response::Error {
-            message: other.to_string(),
-        },
+        other => Response::Error(DaemonError::new(other.kind(), other.to_string())),
     })
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use cni_api::{self as api, Request};
+use cni_api as api;
 
 use crate::{
     datapath::{self, bpffs, sock, tc_block},
@@ -30,7 +30,7 @@ pub struct Paths {
 
 /// Removes everything the daemon left (see the module doc).
 pub fn uninstall(paths: &Paths) -> anyhow::Result<()> {
-    if api::call(&paths.socket, &Request::Status, Duration::from_secs(2)).is_ok() {
+    if api::Client::new(paths.socket.clone(), Duration::from_secs(2)).answers() {
         bail!(
             "a daemon still answers on {}; stop it before uninstalling",
             paths.socket.display()

@@ -19,7 +19,7 @@ use ipnet::Ipv4Net;
 use cni_ebpf_common::SockConfig;
 use tokio::sync::Notify;
 
-use cni_api::{Endpoint, EndpointId, Status, UplinkStatus};
+use cni_api::{Endpoint, EndpointId, ErrorKind, Status, UplinkStatus};
 
 use crate::{
     datapath::{
@@ -28,12 +28,14 @@ use crate::{
         node_routes::{self, Via},
         overlay::{self, ClusterNodes, OverlaySettings, RemoteNodes},
     },
-    model::cluster::{Cluster, Routing},
-    model::endpoints::{EndpointError, Endpoints},
-    model::hostports::{self, HostPortError, HostPorts},
-    model::nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
-    model::node_addrs::{NodeAddrError, NodeAddrs},
-    model::rate_limits::RateLimits,
+    model::{
+        cluster::{Cluster, Routing},
+        endpoints::{EndpointError, Endpoints},
+        hostports::{self, HostPortError, HostPorts},
+        nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
+        node_addrs::{NodeAddrError, NodeAddrs},
+        rate_limits::RateLimits,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,23 @@ pub enum NodeError {
         path: String,
         source: std::io::Error,
     },
+}
+
+impl NodeError {
+    /// What kind of refusal this is for the plugin (`cni_api::ErrorKind`).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::HostPort(HostPortError::Conflict(_)) => ErrorKind::PortConflict,
+            Self::HostPort(HostPortError::Invalid(..))
+            | Self::Datapath(DatapathError::NotPodVeth { .. } | DatapathError::NoInterface(_)) => {
+                ErrorKind::InvalidRequest
+            }
+            Self::Endpoint(EndpointError::AddressTaken { .. }) | Self::NodeAddressForPod(_) => {
+                ErrorKind::AddressTaken
+            }
+            _ => ErrorKind::NodeFailure,
+        }
+    }
 }
 
 /// The gateways the records' pods route through: unicast addresses that are no pod's

@@ -13,7 +13,7 @@ use crate::{
     },
     link::Netlink,
     netns,
-    spec::{CniError, CniResult, DEFAULT_MTU, ErrorCode, Limit},
+    spec::{CniError, CniResult, Command, DEFAULT_MTU, ErrorCode, Limit},
     tbf::{Dumped, Tbf},
 };
 
@@ -90,7 +90,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
 
     let ipam = inv.ipam()?;
     let config = inv.ipam_config(None)?;
-    ipam.run(&inv.ipam_env("CHECK"), &config)
+    ipam.run(&inv.ipam_env(Command::Check), &config)
 }
 
 /// Checks the pod's addresses and routes; returns the `tbf` at the root of its

@@ -10,7 +10,7 @@ use crate::{
         Invocation,
         teardown::{self, Failures},
     },
-    spec::CniError,
+    spec::{CniError, Command},
 };
 
 pub fn run(inv: &Invocation) -> Result<(), CniError> {
@@ -24,7 +24,10 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     if let Some(ipam) = failures.record("IPAM lookup", inv.ipam())
         && let Some(config) = failures.record("IPAM config", inv.ipam_config(None))
     {
-        failures.record("IPAM release", ipam.run(&inv.ipam_env("DEL"), &config));
+        failures.record(
+            "IPAM release",
+            ipam.run(&inv.ipam_env(Command::Del), &config),
+        );
     }
     failures.into_result("DEL")
 }

@@ -15,7 +15,7 @@ use crate::{
     },
     ipam::CallEnv,
     link::Netlink,
-    spec::{CniError, CniVersion},
+    spec::{CniError, CniVersion, Command},
 };
 
 pub fn run(inv: &Invocation) -> Result<(), CniError> {
@@ -50,10 +50,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
     {
         match failures.record("IPAM VERSION", ipam.supports(CniVersion::V1_1_0)) {
             Some(true) => {
-                let env = CallEnv {
-                    command: "GC",
-                    ..CallEnv::default()
-                };
+                let env = CallEnv::new(Command::Gc);
                 failures.record("IPAM GC", ipam.run(&env, &config));
             }
             Some(false) => {

@@ -78,11 +78,10 @@ impl Invocation {
     /// The environment of an IPAM call for `command` on this attachment. CNI_ARGS that
     /// this verb could not read is not passed on: the IPAM plugin would refuse it too, and
     /// a DEL must still free the address.
-    pub fn ipam_env<'a>(&self, command: &'a str) -> CallEnv<'a> {
+    pub fn ipam_env(&self, command: Command) -> CallEnv<'_> {
         CallEnv {
-            command,
             drop_args: self.env.unreadable_args.is_some(),
-            ..CallEnv::default()
+            ..CallEnv::new(command)
         }
     }
 

@@ -6,7 +6,7 @@
 use crate::{
     commands::Invocation,
     ipam::CallEnv,
-    spec::{CniError, CniVersion, ErrorCode},
+    spec::{CniError, CniVersion, Command, ErrorCode},
 };
 
 pub fn run(inv: &Invocation) -> Result<(), CniError> {
@@ -37,10 +37,7 @@ pub fn run(inv: &Invocation) -> Result<(), CniError> {
             _ => error,
         })?;
     if ipam.supports(CniVersion::V1_1_0)? {
-        let env = CallEnv {
-            command: "STATUS",
-            ..CallEnv::default()
-        };
+        let env = CallEnv::new(Command::Status);
         ipam.run(&env, &config)?;
     }
     Ok(())

@@ -10,7 +10,7 @@ use crate::{
     daemon::{self, Daemon},
     ipam::{CallEnv, Ipam},
     link::Netlink,
-    spec::{CniError, ErrorCode},
+    spec::{CniError, Command, ErrorCode},
 };
 
 /// The failures of a teardown; empty means success.
@@ -78,11 +78,10 @@ pub fn ipam_del(
 ) -> Result<(), CniError> {
     let netns = netns.map(|path| path.display().to_string());
     let env = CallEnv {
-        command: "DEL",
         container_id: Some(container_id),
         ifname: Some(ifname),
         netns: Some(netns.as_deref().unwrap_or("")),
-        ..CallEnv::default()
+        ..CallEnv::new(Command::Del)
     };
     ipam.run(&env, config)
 }

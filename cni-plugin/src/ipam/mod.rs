@@ -30,7 +30,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::spec::{self, CniError, CniResult, CniVersion, ErrorCode};
+use crate::spec::{self, CniError, CniResult, CniVersion, Command, ErrorCode};
 
 pub use process::DEFAULT_TIMEOUT;
 pub use versions::VersionCache;
@@ -45,15 +45,27 @@ pub struct Ipam {
 
 /// Environment overrides for one call; everything else is inherited from our own
 /// environment (which the runtime set for us).
-#[derive(Default)]
 pub struct CallEnv<'a> {
-    pub command: &'a str,
+    pub command: Command,
     /// For calls on behalf of another attachment (GC's per-endpoint DEL).
     pub container_id: Option<&'a str>,
     pub ifname: Option<&'a str>,
     pub netns: Option<&'a str>,
     /// Leave CNI_ARGS out (see `Invocation::ipam_env`).
     pub drop_args: bool,
+}
+
+impl CallEnv<'_> {
+    /// `command` with everything else inherited.
+    pub const fn new(command: Command) -> Self {
+        Self {
+            command,
+            container_id: None,
+            ifname: None,
+            netns: None,
+            drop_args: false,
+        }
+    }
 }
 
 impl Ipam {
@@ -92,13 +104,7 @@ impl Ipam {
     /// ADD: the addresses (and routes, DNS) for the pod.
     pub fn add(&self, config: &Value) -> Result<CniResult, CniError> {
         let output = self
-            .call(
-                &CallEnv {
-                    command: "ADD",
-                    ..CallEnv::default()
-                },
-                config,
-            )?
+            .call(&CallEnv::new(Command::Add), config)?
             .ok_or_else(|| self.failed("printed no result for ADD"))?;
         CniResult::parse(&output).map_err(|error| {
             self.failed("printed a result we cannot read")
@@ -149,10 +155,7 @@ impl Ipam {
     /// Asks the plugin with VERSION, and caches its answer.
     fn ask_versions(&self) -> Result<Vec<CniVersion>, CniError> {
         let request = serde_json::json!({ "cniVersion": CniVersion::V1_1_0.to_string() });
-        let env = CallEnv {
-            command: "VERSION",
-            ..CallEnv::default()
-        };
+        let env = CallEnv::new(Command::Version);
         let reply = self
             .exec(&env, &request)?
             .ok_or_else(|| self.failed("printed nothing for VERSION"))?;
@@ -178,7 +181,7 @@ impl Ipam {
         let stdin = serde_json::to_vec(config)
             .map_err(|error| CniError::internal(format!("cannot encode the config: {error}")))?;
         let mut command = process::command(&self.plugin);
-        command.env("CNI_COMMAND", env.command);
+        command.env("CNI_COMMAND", env.command.as_str());
         if env.drop_args {
             command.env_remove("CNI_ARGS");
         }
