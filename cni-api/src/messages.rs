@@ -170,7 +170,7 @@ pub struct Endpoint {
     pub masquerade: bool,
     /// Destinations that keep the pod's address (the cluster's pod ranges).
     #[serde(default)]
-    pub cluster_cidrs: Vec<ipnet::Ipv4Net>,
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
     #[serde(default)]
     pub port_mappings: Vec<PortMapping>,
     #[serde(default)]
@@ -179,7 +179,7 @@ pub struct Endpoint {
     /// answers at as one of its own addresses. Absent in requests of a plugin that
     /// predates it, and in their records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway: Option<std::net::Ipv4Addr>,
+    pub gateway: Option<std::net::IpAddr>,
     /// The Kubernetes pod this interface belongs to, when the runtime said (`CNI_ARGS`).
     /// Absent in requests of a plugin that predates it, and in their records.
     #[serde(default, skip_serializing_if = "Option::is_none")]

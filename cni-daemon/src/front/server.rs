@@ -30,6 +30,7 @@ use crate::{
     model::{
         hostports::HostPortError,
         node::{Node, NodeError},
+        record::EndpointRecord,
     },
 };
 
@@ -230,22 +231,27 @@ fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Respon
         Request::Unprepare { host_veth } => node
             .unprepare(&host_veth)
             .map(|detached| Response::Unprepared { detached }),
-        Request::Attach(endpoint) => node.attach(*endpoint).map(|()| Response::Attached),
+        Request::Attach(endpoint) => node
+            .attach(EndpointRecord::from_request(*endpoint))
+            .map(|()| Response::Attached),
         Request::Detach(id) => node.detach(&id).map(|endpoint| Response::Detached {
             existed: endpoint.is_some(),
         }),
         Request::Get(id) => Ok(Response::Endpoint {
-            endpoint: node.get(&id).cloned(),
+            endpoint: node.get(&id).map(EndpointRecord::to_wire),
         }),
         Request::List => Ok(Response::Endpoints {
-            endpoints: node.list(),
+            endpoints: node.list().iter().map(EndpointRecord::to_wire).collect(),
             // Filled in by `handle`, outside the lock.
             stack_sent: Vec::new(),
             queued: node.queued(),
         }),
-        Request::Gc { network, keep } => node
-            .collect(&network, &keep)
-            .map(|removed| Response::Collected { removed }),
+        Request::Gc { network, keep } => {
+            node.collect(&network, &keep)
+                .map(|removed| Response::Collected {
+                    removed: removed.iter().map(EndpointRecord::to_wire).collect(),
+                })
+        }
         Request::Nodes => Ok(Response::Nodes(node.cluster().view())),
     };
     if changes {

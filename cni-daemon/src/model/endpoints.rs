@@ -1,4 +1,4 @@
-//! Endpoint records: one JSON file per pod interface in the state folder, mirrored into
+//! EndpointRecord records: one JSON file per pod interface in the state folder, mirrored into
 //! the pinned BPF endpoints map (pod IPv4 -> host veth, pod MAC).
 //!
 //! The files are the source of truth: a restarted daemon reads them, drops those whose
@@ -19,7 +19,9 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use cni_ebpf_common::{EndpointInfo, EndpointKey, endpoint_flags};
 
-use cni_api::{Endpoint, EndpointId, naming};
+use cni_api::{EndpointId, naming};
+
+use crate::model::record::{EndpointRecord, RECORD_VERSION};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -44,7 +46,7 @@ pub enum EndpointError {
 
 pub struct Endpoints {
     dir: PathBuf,
-    records: BTreeMap<EndpointId, Endpoint>,
+    records: BTreeMap<EndpointId, EndpointRecord>,
     map: HashMap<MapData, EndpointKey, EndpointInfo>,
     /// Host veths (by index) with a root qdisc: their pods' frames go through it
     /// (`endpoint_flags::SHAPED`).
@@ -58,7 +60,7 @@ impl Endpoints {
     pub fn open(
         dir: &Path,
         map: HashMap<MapData, EndpointKey, EndpointInfo>,
-    ) -> Result<(Self, Vec<Endpoint>), EndpointError> {
+    ) -> Result<(Self, Vec<EndpointRecord>), EndpointError> {
         fs::create_dir_all(dir).map_err(|source| state_error(dir, source))?;
         let mut endpoints = Self {
             dir: dir.to_owned(),
@@ -186,14 +188,15 @@ impl Endpoints {
                 let gateway = other.gateway?;
                 (other.network == network
                     && other.ips.iter().any(|net| {
-                        net.contains(&IpAddr::V4(gateway))
+                        net.contains(&gateway)
                             && mine
                                 .iter()
                                 .any(|(key, _)| net.contains(&IpAddr::V4(key.addr.into())))
                     }))
                 .then_some(gateway)
             });
-            let endpoint = Endpoint {
+            let endpoint = EndpointRecord {
+                version: RECORD_VERSION,
                 id: id.clone(),
                 network,
                 netns: PathBuf::new(),
@@ -229,7 +232,7 @@ impl Endpoints {
 
     /// Refuses `endpoint` when one of its addresses belongs to another endpoint;
     /// changes nothing.
-    pub fn check(&self, endpoint: &Endpoint) -> Result<(), EndpointError> {
+    pub fn check(&self, endpoint: &EndpointRecord) -> Result<(), EndpointError> {
         for addr in endpoint.ips.iter().map(ipnet::IpNet::addr) {
             if let Some(owner) = self.owner_of(addr).filter(|owner| owner.id != endpoint.id) {
                 return Err(EndpointError::AddressTaken {
@@ -245,7 +248,7 @@ impl Endpoints {
     /// Records `endpoint` (replacing a record with the same id) and writes its addresses
     /// into the map. Refuses an address owned by another endpoint. All or nothing: on a
     /// failure (a full map, a failed write) the map and the records are as they were.
-    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), EndpointError> {
+    pub fn attach(&mut self, endpoint: EndpointRecord) -> Result<(), EndpointError> {
         self.check(&endpoint)?;
         let queued = match crate::datapath::tc_block::queued_links(Some(endpoint.host_ifindex)) {
             Ok(queued) => !queued.is_empty(),
@@ -296,7 +299,7 @@ impl Endpoints {
     /// get the flag or lose it. Returns whether anything changed; a link that is no
     /// endpoint's changes nothing.
     pub fn set_queued(&mut self, ifindex: u32, queued: bool) -> Result<bool, EndpointError> {
-        let owners: Vec<Endpoint> = self
+        let owners: Vec<EndpointRecord> = self
             .records
             .values()
             .filter(|endpoint| endpoint.host_ifindex == ifindex)
@@ -321,7 +324,7 @@ impl Endpoints {
 
     /// Undoes a part-done [`Self::attach`]: the keys `inserted` go, and `previous`'s
     /// entries are written back as they were. Best effort: it runs on a failure path.
-    fn restore(&mut self, inserted: &[EndpointKey], previous: Option<&Endpoint>) {
+    fn restore(&mut self, inserted: &[EndpointKey], previous: Option<&EndpointRecord>) {
         for key in inserted {
             let _ = crate::maps::removed(self.map.remove(key));
         }
@@ -334,7 +337,7 @@ impl Endpoints {
     }
 
     /// Forgets `id`; returns its record when it was known.
-    pub fn detach(&mut self, id: &EndpointId) -> Result<Option<Endpoint>, EndpointError> {
+    pub fn detach(&mut self, id: &EndpointId) -> Result<Option<EndpointRecord>, EndpointError> {
         let Some(endpoint) = self.records.get(id).cloned() else {
             return Ok(None);
         };
@@ -359,11 +362,11 @@ impl Endpoints {
         self.queued.iter().copied().collect()
     }
 
-    pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {
+    pub fn get(&self, id: &EndpointId) -> Option<&EndpointRecord> {
         self.records.get(id)
     }
 
-    pub fn list(&self) -> impl Iterator<Item = &Endpoint> {
+    pub fn list(&self) -> impl Iterator<Item = &EndpointRecord> {
         self.records.values()
     }
 
@@ -375,13 +378,13 @@ impl Endpoints {
         self.records.is_empty()
     }
 
-    fn owner_of(&self, addr: IpAddr) -> Option<&Endpoint> {
+    fn owner_of(&self, addr: IpAddr) -> Option<&EndpointRecord> {
         self.records
             .values()
             .find(|endpoint| endpoint.ips.iter().any(|ip| ip.addr() == addr))
     }
 
-    fn unmap(&mut self, endpoint: &Endpoint) -> Result<(), EndpointError> {
+    fn unmap(&mut self, endpoint: &EndpointRecord) -> Result<(), EndpointError> {
         for key in ipv4_keys(endpoint) {
             crate::maps::removed(self.map.remove(&key))?;
         }
@@ -395,7 +398,7 @@ impl Endpoints {
     /// moment was long enough to hit in a software-emulated guest).
     fn rewrite_map(&mut self) -> Result<(), EndpointError> {
         let before: Vec<EndpointKey> = self.map.keys().collect::<Result<_, _>>()?;
-        let records: Vec<Endpoint> = self.records.values().cloned().collect();
+        let records: Vec<EndpointRecord> = self.records.values().cloned().collect();
         let mut wanted = Vec::new();
         for endpoint in &records {
             let info = endpoint_info(endpoint, self.queued.contains(&endpoint.host_ifindex));
@@ -431,7 +434,7 @@ fn id_of_record(stem: &str) -> Option<EndpointId> {
 }
 
 /// The map value of `endpoint`; `queued`: its host veth has a root qdisc.
-fn endpoint_info(endpoint: &Endpoint, queued: bool) -> EndpointInfo {
+fn endpoint_info(endpoint: &EndpointRecord, queued: bool) -> EndpointInfo {
     let mut flags = 0;
     if endpoint.masquerade {
         flags |= endpoint_flags::MASQUERADE;
@@ -455,21 +458,18 @@ fn endpoint_info(endpoint: &Endpoint, queued: bool) -> EndpointInfo {
     }
 }
 
-fn ipv4_keys(endpoint: &Endpoint) -> impl Iterator<Item = EndpointKey> + '_ {
-    endpoint.ips.iter().filter_map(|net| match net.addr() {
-        IpAddr::V4(addr) => Some(EndpointKey {
-            addr: addr.octets(),
-        }),
-        IpAddr::V6(_) => None,
+fn ipv4_keys(endpoint: &EndpointRecord) -> impl Iterator<Item = EndpointKey> + '_ {
+    endpoint.ipv4_addrs().map(|addr| EndpointKey {
+        addr: addr.octets(),
     })
 }
 
-fn host_veth_alive(endpoint: &Endpoint) -> bool {
+fn host_veth_alive(endpoint: &EndpointRecord) -> bool {
     nix::net::if_::if_nametoindex(endpoint.host_veth.as_str())
         .is_ok_and(|index| index == endpoint.host_ifindex)
 }
 
-fn read_record(path: &Path) -> Result<Endpoint, EndpointError> {
+fn read_record(path: &Path) -> Result<EndpointRecord, EndpointError> {
     let bytes = fs::read(path).map_err(|source| state_error(path, source))?;
     serde_json::from_slice(&bytes).map_err(|source| EndpointError::Corrupt {
         path: path.display().to_string(),
@@ -479,7 +479,7 @@ fn read_record(path: &Path) -> Result<Endpoint, EndpointError> {
 
 /// Writes the record whole or not at all (mode 0600, see `cni_api::files`): a crash,
 /// even of the machine, leaves the old record or the new one, never half of one.
-fn write_record(path: &Path, endpoint: &Endpoint) -> Result<(), EndpointError> {
+fn write_record(path: &Path, endpoint: &EndpointRecord) -> Result<(), EndpointError> {
     let bytes = serde_json::to_vec_pretty(endpoint).map_err(|source| EndpointError::Corrupt {
         path: path.display().to_string(),
         source,

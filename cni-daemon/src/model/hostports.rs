@@ -16,7 +16,9 @@ use cni_ebpf_common::{
     ip_proto::{TCP, UDP},
 };
 
-use cni_api::{Endpoint, PortMapping, Protocol};
+use cni_api::Protocol;
+
+use crate::model::record::{EndpointRecord, HostPortMapping};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostPortError {
@@ -45,7 +47,7 @@ impl HostPorts {
     pub fn open<'a>(
         map: HashMap<MapData, PortKey, PortTarget>,
         targets: Array<MapData, u32>,
-        endpoints: impl Iterator<Item = &'a Endpoint>,
+        endpoints: impl Iterator<Item = &'a EndpointRecord>,
     ) -> Result<Self, HostPortError> {
         let before: Vec<PortKey> = map.keys().collect::<Result<_, _>>()?;
         let mut host_ports = Self {
@@ -77,7 +79,7 @@ impl HostPorts {
     }
 
     /// Adds `endpoint`'s mappings: all of them, or none when one fails.
-    pub fn add(&mut self, endpoint: &Endpoint) -> Result<(), HostPortError> {
+    pub fn add(&mut self, endpoint: &EndpointRecord) -> Result<(), HostPortError> {
         let entries = entries(endpoint)?;
         for (done, (key, target)) in entries.iter().enumerate() {
             let added = self
@@ -97,7 +99,7 @@ impl HostPorts {
         Ok(())
     }
 
-    pub fn remove(&mut self, endpoint: &Endpoint) -> Result<(), HostPortError> {
+    pub fn remove(&mut self, endpoint: &EndpointRecord) -> Result<(), HostPortError> {
         for (key, target) in entries(endpoint)? {
             crate::maps::removed(self.map.remove(&key))?;
             self.count_target(target.pod_port, false)?;
@@ -140,17 +142,13 @@ pub fn ip_proto(protocol: Protocol) -> Option<u8> {
 }
 
 /// The map entries of an endpoint's mappings (IPv4 only: the datapath is IPv4).
-pub fn entries(endpoint: &Endpoint) -> Result<Vec<(PortKey, PortTarget)>, HostPortError> {
+pub fn entries(endpoint: &EndpointRecord) -> Result<Vec<(PortKey, PortTarget)>, HostPortError> {
     if endpoint.port_mappings.is_empty() {
         return Ok(Vec::new());
     }
     let pod_addr = endpoint
-        .ips
-        .iter()
-        .find_map(|net| match net.addr() {
-            IpAddr::V4(addr) => Some(addr),
-            IpAddr::V6(_) => None,
-        })
+        .ipv4_addrs()
+        .next()
         .ok_or_else(|| HostPortError::Invalid("(all)".into(), "the pod has no IPv4 address"))?;
     endpoint
         .port_mappings
@@ -192,8 +190,8 @@ pub fn entries(endpoint: &Endpoint) -> Result<Vec<(PortKey, PortTarget)>, HostPo
 /// The first mapping of `candidate` that another endpoint already holds: same protocol
 /// and host port, and the same host address or either one meaning "every address".
 pub fn conflict<'a>(
-    existing: impl Iterator<Item = &'a Endpoint>,
-    candidate: &Endpoint,
+    existing: impl Iterator<Item = &'a EndpointRecord>,
+    candidate: &EndpointRecord,
 ) -> Option<String> {
     for other in existing.filter(|other| other.id != candidate.id) {
         for theirs in &other.port_mappings {
@@ -223,7 +221,7 @@ pub fn conflict<'a>(
 /// uplink's program takes what other nodes send there for the overlay, so such a
 /// mapping could never be served, while the part of the tunnel's traffic it caught
 /// would be cut off from the cluster.
-pub fn overlays(candidate: &Endpoint, port: u16) -> Option<String> {
+pub fn overlays(candidate: &EndpointRecord, port: u16) -> Option<String> {
     candidate
         .port_mappings
         .iter()
@@ -255,7 +253,7 @@ const LOCAL_RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 /// Why a mapping of `candidate` may not have its host port, if one may not: a port of
 /// the node's ephemeral range (the node's own connections leave from those ports, and
 /// their answers would be the mapping's) unless reserved out of it, or one of `denied`.
-pub fn refused_port(candidate: &Endpoint, denied: &[(u16, String)]) -> Option<String> {
+pub fn refused_port(candidate: &EndpointRecord, denied: &[(u16, String)]) -> Option<String> {
     if candidate.port_mappings.is_empty() {
         return None;
     }
@@ -296,11 +294,11 @@ fn in_port_list(list: &str, port: u16) -> bool {
 }
 
 /// The mapping's host address; `None` (or 0.0.0.0) means every node address.
-fn host_ip(mapping: &PortMapping) -> Option<IpAddr> {
+fn host_ip(mapping: &HostPortMapping) -> Option<IpAddr> {
     mapping.host_ip.filter(|ip| !ip.is_unspecified())
 }
 
-fn describe(mapping: &PortMapping) -> String {
+fn describe(mapping: &HostPortMapping) -> String {
     match host_ip(mapping) {
         Some(ip) => format!("{ip}:{}/{}", mapping.host_port, mapping.protocol),
         None => format!("{}/{}", mapping.host_port, mapping.protocol),
@@ -323,35 +321,19 @@ mod port_list_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_api::EndpointId;
 
-    fn endpoint(id: &str, mappings: &[(u16, &str, Option<&str>)]) -> Endpoint {
-        Endpoint {
-            id: EndpointId {
-                container_id: id.into(),
-                ifname: "eth0".into(),
-            },
-            network: "net".into(),
-            netns: "/run/netns/x".into(),
-            host_veth: "veb0".into(),
-            host_ifindex: 5,
-            host_mac: "02:00:00:00:00:01".parse().expect("a MAC"),
-            mac: "02:00:00:00:00:02".parse().expect("a MAC"),
-            ips: vec!["10.244.0.5/24".parse().expect("net")],
-            masquerade: true,
-            cluster_cidrs: Vec::new(),
+    fn endpoint(id: &str, mappings: &[(u16, &str, Option<&str>)]) -> EndpointRecord {
+        EndpointRecord {
             port_mappings: mappings
                 .iter()
-                .map(|(port, proto, ip)| PortMapping {
+                .map(|(port, proto, ip)| HostPortMapping {
                     host_port: *port,
                     container_port: 80,
                     protocol: proto.parse().expect("a protocol"),
                     host_ip: ip.map(|ip| ip.parse().expect("ip")),
                 })
                 .collect(),
-            bandwidth: None,
-            gateway: None,
-            pod: None,
+            ..EndpointRecord::for_tests(id)
         }
     }
 
@@ -416,7 +398,7 @@ mod tests {
         assert_eq!(
             entries[1].1,
             PortTarget {
-                pod_addr: [10, 244, 0, 5],
+                pod_addr: [10, 244, 1, 2],
                 pod_port: 80,
                 pad: [0; 2]
             }

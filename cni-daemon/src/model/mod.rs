@@ -11,3 +11,4 @@ pub mod nat;
 pub mod node;
 pub mod node_addrs;
 pub mod rate_limits;
+pub mod record;

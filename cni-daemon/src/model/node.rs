@@ -19,7 +19,9 @@ use ipnet::Ipv4Net;
 use cni_ebpf_common::SockConfig;
 use tokio::sync::Notify;
 
-use cni_api::{Endpoint, EndpointId, ErrorKind, Status, UplinkStatus};
+use cni_api::{EndpointId, ErrorKind, Status, UplinkStatus};
+
+use crate::model::record::EndpointRecord;
 
 use crate::{
     datapath::{
@@ -43,7 +45,7 @@ pub enum NodeError {
     #[error(transparent)]
     Datapath(#[from] DatapathError),
     #[error(transparent)]
-    Endpoint(#[from] EndpointError),
+    EndpointRecord(#[from] EndpointError),
     #[error(transparent)]
     Nat(#[from] NatError),
     #[error(transparent)]
@@ -70,9 +72,8 @@ impl NodeError {
             | Self::Datapath(DatapathError::NotPodVeth { .. } | DatapathError::NoInterface(_)) => {
                 ErrorKind::InvalidRequest
             }
-            Self::Endpoint(EndpointError::AddressTaken { .. }) | Self::NodeAddressForPod(_) => {
-                ErrorKind::AddressTaken
-            }
+            Self::EndpointRecord(EndpointError::AddressTaken { .. })
+            | Self::NodeAddressForPod(_) => ErrorKind::AddressTaken,
             _ => ErrorKind::NodeFailure,
         }
     }
@@ -88,7 +89,7 @@ fn gateways_of(endpoints: &Endpoints) -> BTreeSet<Ipv4Addr> {
         .collect();
     endpoints
         .list()
-        .filter_map(|endpoint| endpoint.gateway)
+        .filter_map(EndpointRecord::ipv4_gateway)
         .filter(|gateway| {
             !(gateway.is_unspecified()
                 || gateway.is_loopback()
@@ -554,7 +555,7 @@ impl Node {
     /// everything that can be checked is checked before anything changes, and a later
     /// failure puts back what was there (a re-ADD's live endpoint keeps its record, map
     /// entries, hostPorts and binding; a prepared veth stays prepared).
-    pub fn attach(&mut self, endpoint: Endpoint) -> Result<(), NodeError> {
+    pub fn attach(&mut self, endpoint: EndpointRecord) -> Result<(), NodeError> {
         if let Some(conflict) = hostports::conflict(self.endpoints.list(), &endpoint) {
             return Err(HostPortError::Conflict(conflict).into());
         }
@@ -646,17 +647,13 @@ impl Node {
     /// The node reaches the pod from its gateway, when that is an address of the node
     /// (see `datapath::gateways`). Without it the node's traffic to the pod leaves from
     /// another of its addresses, as before: a warning, not a failed ADD.
-    fn route_from_gateway(&self, endpoint: &Endpoint) {
-        let Some(gateway) = endpoint.gateway.filter(|gateway| {
+    fn route_from_gateway(&self, endpoint: &EndpointRecord) {
+        let Some(gateway) = endpoint.ipv4_gateway().filter(|gateway| {
             self.gateways.current().contains(gateway) || self.node_addrs.current().contains(gateway)
         }) else {
             return;
         };
-        let pods = endpoint.ips.iter().filter_map(|net| match net.addr() {
-            std::net::IpAddr::V4(addr) => Some(addr),
-            std::net::IpAddr::V6(_) => None,
-        });
-        for pod in pods {
+        for pod in endpoint.ipv4_addrs() {
             if let Err(error) =
                 crate::datapath::gateways::route_from(pod, endpoint.host_ifindex, gateway)
             {
@@ -666,7 +663,7 @@ impl Node {
     }
 
     /// Forgets `id`; returns whether it was known.
-    pub fn detach(&mut self, id: &EndpointId) -> Result<Option<Endpoint>, NodeError> {
+    pub fn detach(&mut self, id: &EndpointId) -> Result<Option<EndpointRecord>, NodeError> {
         let Some(endpoint) = self.endpoints.detach(id)? else {
             return Ok(None);
         };
@@ -687,7 +684,7 @@ impl Node {
         &mut self,
         network: &str,
         keep: &[EndpointId],
-    ) -> Result<Vec<Endpoint>, NodeError> {
+    ) -> Result<Vec<EndpointRecord>, NodeError> {
         let mut removed = Vec::new();
         for id in self.endpoints.stale(network, keep) {
             removed.extend(self.detach(&id)?);
@@ -696,11 +693,11 @@ impl Node {
         Ok(removed)
     }
 
-    pub fn get(&self, id: &EndpointId) -> Option<&Endpoint> {
+    pub fn get(&self, id: &EndpointId) -> Option<&EndpointRecord> {
         self.endpoints.get(id)
     }
 
-    pub fn list(&self) -> Vec<Endpoint> {
+    pub fn list(&self) -> Vec<EndpointRecord> {
         self.endpoints.list().cloned().collect()
     }
 

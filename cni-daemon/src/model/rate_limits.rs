@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::record::EndpointRecord;
 use aya::maps::{HashMap, MapData, MapError};
-use cni_api::Endpoint;
 use cni_ebpf_common::RateBucket;
 
 /// How much faster than the limit the bucket refills.
@@ -31,7 +31,7 @@ impl RateLimits {
     /// it is (its tokens with it); a new or changed one starts full.
     pub fn sync<'a>(
         &mut self,
-        endpoints: impl IntoIterator<Item = &'a Endpoint>,
+        endpoints: impl IntoIterator<Item = &'a EndpointRecord>,
     ) -> Result<(), MapError> {
         let desired: BTreeMap<u32, (u64, u64)> = endpoints
             .into_iter()
@@ -64,7 +64,7 @@ impl RateLimits {
 
 /// The bucket of `endpoint`'s egress limit (bytes per second, burst bytes), if it has
 /// one.
-fn bucket_of(endpoint: &Endpoint) -> Option<(u64, u64)> {
+fn bucket_of(endpoint: &EndpointRecord) -> Option<(u64, u64)> {
     let bandwidth = endpoint.bandwidth.as_ref()?;
     let rate_bits = bandwidth.egress_rate?;
     let rate = (rate_bits / 8).saturating_mul(100 + RATE_SLACK_PERCENT) / 100;
@@ -77,22 +77,17 @@ fn bucket_of(endpoint: &Endpoint) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::record::Limits;
 
-    fn limited(rate: Option<u64>, burst: Option<u64>) -> Endpoint {
-        let mut endpoint: Endpoint = serde_json::from_value(serde_json::json!({
-            "id": {"container_id": "c", "ifname": "eth0"},
-            "network": "n", "netns": "/run/netns/x", "host_veth": "veb0",
-            "host_ifindex": 7, "host_mac": "02:00:00:00:00:01", "mac": "02:00:00:00:00:02",
-            "ips": [], "masquerade": true, "cluster_cidrs": [], "port_mappings": [],
-        }))
-        .expect("an endpoint");
-        endpoint.bandwidth = Some(cni_api::Bandwidth {
-            ingress_rate: None,
-            ingress_burst: None,
-            egress_rate: rate,
-            egress_burst: burst,
-        });
-        endpoint
+    fn limited(rate: Option<u64>, burst: Option<u64>) -> EndpointRecord {
+        EndpointRecord {
+            bandwidth: Some(Limits {
+                egress_rate: rate,
+                egress_burst: burst,
+                ..Limits::default()
+            }),
+            ..EndpointRecord::for_tests("c")
+        }
     }
 
     #[test]

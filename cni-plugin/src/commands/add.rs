@@ -215,10 +215,13 @@ fn apply(
         mac: pod_mac,
         ips: result.ips.iter().map(|ip| ip.address).collect(),
         masquerade: inv.conf.ip_masq,
-        cluster_cidrs: cluster_cidrs(&inv.conf, &result),
+        cluster_cidrs: cluster_cidrs(&inv.conf, &result)
+            .into_iter()
+            .map(IpNet::V4)
+            .collect(),
         port_mappings: port_mappings(&inv.conf),
         bandwidth: bandwidth(&shaping),
-        gateway: gateway(&result),
+        gateway: gateway(&result).map(IpAddr::V4),
         pod: inv.env.args.pod(),
     })?;
     applied.daemon = true;

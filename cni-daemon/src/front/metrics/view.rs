@@ -4,7 +4,9 @@
 
 use std::net::IpAddr;
 
-use cni_api::{Endpoint, UplinkStatus};
+use cni_api::UplinkStatus;
+
+use crate::model::record::EndpointRecord;
 
 use crate::model::node::Node;
 
@@ -40,7 +42,7 @@ pub struct EndpointView {
 }
 
 impl EndpointView {
-    fn of(endpoint: &Endpoint) -> Self {
+    fn of(endpoint: &EndpointRecord) -> Self {
         let pod = endpoint.pod.clone().unwrap_or_default();
         Self {
             host_ifindex: endpoint.host_ifindex,

@@ -5,40 +5,24 @@ use std::collections::BTreeSet;
 
 use ipnet::Ipv4Net;
 
-use cni_api::Endpoint;
+use crate::model::record::EndpointRecord;
 
 /// The ranges every endpoint in `endpoints` keeps untranslated, host bits cleared.
-pub fn union<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> BTreeSet<Ipv4Net> {
+pub fn union<'a>(endpoints: impl IntoIterator<Item = &'a EndpointRecord>) -> BTreeSet<Ipv4Net> {
     endpoints
         .into_iter()
-        .flat_map(|endpoint| endpoint.cluster_cidrs.iter().map(Ipv4Net::trunc))
+        .flat_map(|endpoint| endpoint.ipv4_cluster_cidrs().map(|net| net.trunc()))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_api::EndpointId;
 
-    fn endpoint(name: &str, cidrs: &[&str]) -> Endpoint {
-        Endpoint {
-            id: EndpointId {
-                container_id: name.to_owned(),
-                ifname: "eth0".to_owned(),
-            },
-            network: "pods".to_owned(),
-            netns: format!("/run/netns/{name}").into(),
-            host_veth: format!("veb{name}"),
-            host_ifindex: 7,
-            host_mac: "0a:58:0a:f4:01:01".parse().expect("a MAC"),
-            mac: "0a:58:0a:f4:01:02".parse().expect("a MAC"),
-            ips: vec!["10.244.1.2/24".parse().expect("valid")],
-            masquerade: true,
+    fn endpoint(name: &str, cidrs: &[&str]) -> EndpointRecord {
+        EndpointRecord {
             cluster_cidrs: cidrs.iter().map(|c| c.parse().expect("valid")).collect(),
-            port_mappings: Vec::new(),
-            bandwidth: None,
-            gateway: None,
-            pod: None,
+            ..EndpointRecord::for_tests(name)
         }
     }
 

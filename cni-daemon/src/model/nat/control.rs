@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::model::record::EndpointRecord;
 use aya::maps::{Array, MapData, MapError};
-use cni_api::Endpoint;
 use cni_ebpf_common::{NatConfig, Uplinks};
 use ipnet::Ipv4Net;
 
@@ -27,7 +27,7 @@ use crate::datapath::{
 pub fn start<'a>(
     datapath: &mut Datapath,
     settings: Option<NatSettings>,
-    endpoints: impl IntoIterator<Item = &'a Endpoint>,
+    endpoints: impl IntoIterator<Item = &'a EndpointRecord>,
 ) -> Result<Nat, NatError> {
     let mut nat = Nat::open(datapath.take_nat_maps()?, settings)?;
     let synced = nat.sync_cluster_cidrs(endpoints, None)?;
@@ -164,7 +164,7 @@ impl Nat {
     /// (their pods' addresses are then translated), counted in what is returned.
     pub fn sync_cluster_cidrs<'a>(
         &mut self,
-        endpoints: impl IntoIterator<Item = &'a Endpoint>,
+        endpoints: impl IntoIterator<Item = &'a EndpointRecord>,
         nodes: Option<BTreeSet<Ipv4Net>>,
     ) -> Result<crate::ranges::Synced, MapError> {
         let mut desired = cidrs::union(endpoints);
