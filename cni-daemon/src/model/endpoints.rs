@@ -1,5 +1,6 @@
-//! EndpointRecord records: one JSON file per pod interface in the state folder, mirrored into
-//! the pinned BPF endpoints map (pod IPv4 -> host veth, pod MAC).
+//! Endpoint records ([`EndpointRecord`], the daemon's own type, versioned): one JSON
+//! file per pod interface in the state folder, mirrored into the pinned BPF endpoints
+//! map (pod IPv4 -> host veth, pod MAC).
 //!
 //! The files are the source of truth: a restarted daemon reads them, drops those whose
 //! host veth is gone (a DEL that ran while the daemon was down), and rewrites the map.

@@ -1,5 +1,5 @@
 //! The node's model, synchronous: [`node`] keeps the rest in step per request:
-//! [`endpoints`] (the pods' records), [`nat`] (source NAT's user-space side),
+//! [`endpoints`] (the pods' records, of the type [`record`] defines), [`nat`] (source NAT's user-space side),
 //! [`hostports`], [`rate_limits`], [`node_addrs`] (the node's addresses for hostPorts)
 //! and [`cluster`] (this node in its cluster). It uses the datapath below it, never the
 //! front above.

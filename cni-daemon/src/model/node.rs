@@ -45,7 +45,7 @@ pub enum NodeError {
     #[error(transparent)]
     Datapath(#[from] DatapathError),
     #[error(transparent)]
-    EndpointRecord(#[from] EndpointError),
+    Endpoint(#[from] EndpointError),
     #[error(transparent)]
     Nat(#[from] NatError),
     #[error(transparent)]
@@ -72,8 +72,9 @@ impl NodeError {
             | Self::Datapath(DatapathError::NotPodVeth { .. } | DatapathError::NoInterface(_)) => {
                 ErrorKind::InvalidRequest
             }
-            Self::EndpointRecord(EndpointError::AddressTaken { .. })
-            | Self::NodeAddressForPod(_) => ErrorKind::AddressTaken,
+            Self::Endpoint(EndpointError::AddressTaken { .. }) | Self::NodeAddressForPod(_) => {
+                ErrorKind::AddressTaken
+            }
             _ => ErrorKind::NodeFailure,
         }
     }
