@@ -106,6 +106,13 @@ pub enum DatapathError {
         device: String,
         source: std::io::Error,
     },
+    #[error("cannot read this namespace's cookie: {0}")]
+    NetnsCookie(std::io::Error),
+    #[error("cannot record the pods' block namespace in {path}: {source}")]
+    BlockNetns {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot open the cgroup folder {path}: {source}")]
     Cgroup {
         path: String,

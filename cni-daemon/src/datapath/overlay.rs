@@ -246,6 +246,19 @@ fn is_external_vxlan(attributes: &[LinkAttribute]) -> bool {
     })
 }
 
+/// The MTU of links where the node's uplink cannot be read (no uplink yet).
+const DEFAULT_MTU: u32 = 1500;
+
+/// The overlay device's MTU, and that of pods whose conflist sets none: the uplink's
+/// (`uplink`, else [`DEFAULT_MTU`]) less [`OVERHEAD`].
+pub fn pod_mtu(uplink: Option<&str>) -> Result<u32, DatapathError> {
+    let uplink_mtu = match uplink {
+        Some(uplink) => link_mtu(uplink)?.unwrap_or(DEFAULT_MTU),
+        None => DEFAULT_MTU,
+    };
+    Ok(uplink_mtu.saturating_sub(OVERHEAD))
+}
+
 /// The MTU of the link `name`; `None` when there is no such link.
 pub fn link_mtu(name: &str) -> Result<Option<u32>, DatapathError> {
     let name = name.to_owned();

@@ -25,15 +25,36 @@ use super::{
     links::{pin_error, remove_pin},
 };
 
-/// The maps the node's hostPort code keeps: node addresses, the bitmap of target ports,
-/// and the socket hooks' configuration.
+/// The maps the node's hostPort code keeps: node addresses and the bitmap of target
+/// ports.
 pub struct HostPortMaps {
     pub node_addrs: HashMap<MapData, [u8; 4], u8>,
     pub targets: Array<MapData, u32>,
-    pub sock_config: Array<MapData, SockConfig>,
 }
 
 impl Datapath {
+    /// Gives the node's own processes hostPorts when `cgroup` is given: the socket
+    /// programs' configuration (this namespace's cookie: they touch only its sockets)
+    /// written, and the programs attached to `cgroup` ([`Self::attach_sockets`]).
+    /// Without it, the configuration says no namespace.
+    pub fn start_sockets(&mut self, cgroup: Option<&Path>) -> Result<(), DatapathError> {
+        let name = map_names::SOCK_CONFIG;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(DatapathError::MissingMap(name))?;
+        let mut config: Array<_, SockConfig> = Array::try_from(map)?;
+        let netns_cookie = match cgroup {
+            Some(_) => netns_cookie().map_err(DatapathError::NetnsCookie)?,
+            None => 0,
+        };
+        config.set(0, SockConfig { netns_cookie }, 0)?;
+        if let Some(cgroup) = cgroup {
+            self.attach_sockets(cgroup)?;
+        }
+        Ok(())
+    }
+
     /// Attaches the socket programs to the cgroup v2 folder `cgroup` (replacing a
     /// previous daemon's, see the module doc).
     pub fn attach_sockets(&mut self, cgroup: &Path) -> Result<(), DatapathError> {
@@ -87,11 +108,9 @@ impl Datapath {
         };
         let node_addrs = take(map_names::NODE_ADDRS)?;
         let targets = take(map_names::HOSTPORT_TARGETS)?;
-        let sock_config = take(map_names::SOCK_CONFIG)?;
         Ok(HostPortMaps {
             node_addrs: HashMap::try_from(node_addrs)?,
             targets: Array::try_from(targets)?,
-            sock_config: Array::try_from(sock_config)?,
         })
     }
 }

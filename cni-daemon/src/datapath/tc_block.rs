@@ -27,7 +27,7 @@ use rtnetlink::{
     },
 };
 
-use super::netlink::with_netlink;
+use super::{DatapathError, netlink::with_netlink};
 
 /// The block every pod veth's ingress is bound to.
 pub const POD_BLOCK: u32 = 0xec01;
@@ -419,4 +419,21 @@ async fn request(
         }
     }
     Ok(())
+}
+
+/// The file beside the endpoint records where the daemon says in which network
+/// namespace the pods' block lives: `uninstall` removes the block only from there.
+pub const NETNS_FILE: &str = "tc-block-netns";
+
+/// Records this namespace's cookie in `<state_dir>/`[`NETNS_FILE`] (the CLI may run in
+/// another namespace, as the tests run it, and must not touch that one's block).
+pub fn record_netns(state_dir: &std::path::Path) -> Result<(), DatapathError> {
+    let cookie = super::sock::netns_cookie().map_err(DatapathError::NetnsCookie)?;
+    let path = state_dir.join(NETNS_FILE);
+    std::fs::create_dir_all(state_dir)
+        .and_then(|()| cni_api::files::write_atomic(&path, cookie.to_string().as_bytes(), 0o644))
+        .map_err(|source| DatapathError::BlockNetns {
+            path: path.display().to_string(),
+            source,
+        })
 }

@@ -18,7 +18,7 @@ use rtnetlink::{
 use crate::{
     datapath::{self, tc_block},
     front::metrics::{NodeView, Telemetry},
-    model::node::Node,
+    model::node::LocalNode,
 };
 
 /// The IPv4 address and route announcements.
@@ -37,7 +37,7 @@ pub const QDISC_GROUPS: u32 = RTMGRP_TC | RTMGRP_LINK;
 /// [`QDISC_GROUPS`], each on a socket of its own, so that a burst of TC announcements
 /// (every pod's qdiscs and filters) can never overflow the socket that carries the
 /// address changes source NAT follows.
-pub async fn run(node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>, groups: u32) {
+pub async fn run(node: Arc<Mutex<LocalNode>>, telemetry: Arc<Telemetry>, groups: u32) {
     let (mut connection, _handle, mut messages) = match rtnetlink::new_connection() {
         Ok(parts) => parts,
         Err(error) => {

@@ -15,7 +15,7 @@ use cni_nodes::NodeSet;
 
 use crate::{
     front::metrics::{NodeView, Telemetry},
-    model::node::Node,
+    model::node::LocalNode,
 };
 
 /// Runs until the node source ends (it does not: both sources retry on their own), applying
@@ -23,7 +23,7 @@ use crate::{
 /// `pod_cidrs_file` whenever they change (the first time whatever they are).
 pub async fn run(
     mut nodes: watch::Receiver<NodeSet>,
-    node: Arc<Mutex<Node>>,
+    node: Arc<Mutex<LocalNode>>,
     telemetry: Arc<Telemetry>,
     pod_cidrs_file: PathBuf,
 ) {

@@ -25,7 +25,7 @@ use crate::{
     model::{
         cluster::{Cluster, ClusterArgs, NodeSource},
         nat::{Flows, NatArgs, PortRange, Timeouts},
-        node::Node,
+        node::LocalNode,
     },
 };
 
@@ -156,7 +156,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             .with_context(|| format!("cannot attach to {interface}"))?;
     }
     let cgroup = config.cgroup.clone().or_else(root_cgroup);
-    let mut node = Node::open(
+    let mut node = LocalNode::open(
         datapath,
         &config.state_dir,
         nat_settings,
@@ -282,7 +282,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
 
 /// What the installed conflist says of `node`: the pods' MTU (the daemon's, else the
 /// first uplink's) and the daemon's socket.
-fn node_settings(node: &Node, socket: &std::path::Path) -> NodeSettings {
+fn node_settings(node: &LocalNode, socket: &std::path::Path) -> NodeSettings {
     let status = node.status();
     let uplink_mtu = || {
         let uplink = status.uplink.as_deref()?;

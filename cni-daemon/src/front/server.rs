@@ -29,7 +29,7 @@ use crate::{
     },
     model::{
         hostports::HostPortError,
-        node::{Node, NodeError},
+        node::{LocalNode, NodeError},
         record::EndpointRecord,
     },
 };
@@ -89,7 +89,7 @@ fn with_umask<T>(mask: u32, make: impl FnOnce() -> io::Result<T>) -> io::Result<
 /// Accepts connections for as long as the daemon runs, [`MAX_CONNECTIONS`] at a time.
 /// Every request's time is counted in `telemetry`, and the node's view is published
 /// there after every request that changes the endpoints.
-pub async fn serve(listener: UnixListener, node: Arc<Mutex<Node>>, telemetry: Arc<Telemetry>) {
+pub async fn serve(listener: UnixListener, node: Arc<Mutex<LocalNode>>, telemetry: Arc<Telemetry>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
@@ -136,7 +136,7 @@ async fn read_request(stream: &mut UnixStream) -> anyhow::Result<Vec<u8>> {
 
 async fn handle(
     mut stream: UnixStream,
-    node: Arc<Mutex<Node>>,
+    node: Arc<Mutex<LocalNode>>,
     telemetry: Arc<Telemetry>,
 ) -> anyhow::Result<()> {
     let body = read_request(&mut stream).await?;
@@ -210,10 +210,10 @@ fn id_problem(request: &Request) -> Option<String> {
     }
 }
 
-/// Requests are short map, netlink and file operations on one [`Node`] behind one
+/// Requests are short map, netlink and file operations on one [`LocalNode`] behind one
 /// mutex: serializing them is simpler than finer locks and fast enough. One that can
 /// change the endpoints publishes the node's view to `telemetry` before the lock goes.
-fn answer(request: Request, node: &Mutex<Node>, telemetry: &Telemetry) -> Response {
+fn answer(request: Request, node: &Mutex<LocalNode>, telemetry: &Telemetry) -> Response {
     let mut node = match node.lock() {
         Ok(node) => node,
         Err(poisoned) => poisoned.into_inner(),

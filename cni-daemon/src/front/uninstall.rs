@@ -16,7 +16,6 @@ use crate::{
     datapath::{self, bpffs, sock, tc_block},
     files,
     front::install,
-    model::node,
 };
 
 /// Where the daemon kept what it made.
@@ -81,7 +80,7 @@ pub fn uninstall(paths: &Paths) -> anyhow::Result<()> {
 /// namespace uninstall refuses before removing anything, rather than leave the pods'
 /// program running without its maps' pins, or touch another namespace's block.
 fn remove_pod_block(state_dir: &Path) -> anyhow::Result<()> {
-    let recorded = std::fs::read_to_string(state_dir.join(node::BLOCK_NETNS_FILE)).ok();
+    let recorded = std::fs::read_to_string(state_dir.join(tc_block::NETNS_FILE)).ok();
     let Some(recorded) = recorded.and_then(|text| text.trim().parse::<u64>().ok()) else {
         return Ok(());
     };

@@ -16,7 +16,6 @@ use std::{
 use cni_ebpf_common::{RemoteNode, map_names};
 use ipnet::Ipv4Net;
 
-use cni_ebpf_common::SockConfig;
 use tokio::sync::Notify;
 
 use cni_api::{EndpointId, ErrorKind, Status, UplinkStatus};
@@ -29,6 +28,7 @@ use crate::{
         gateways::Gateways,
         node_routes::{self, Via},
         overlay::{self, ClusterNodes, OverlaySettings, RemoteNodes},
+        tc_block,
     },
     model::{
         cluster::{Cluster, Routing},
@@ -52,14 +52,28 @@ pub enum NodeError {
     HostPort(#[from] HostPortError),
     #[error(transparent)]
     NodeAddr(#[from] NodeAddrError),
-    #[error("cannot read this namespace's cookie: {0}")]
-    NetnsCookie(std::io::Error),
     #[error("{0} is an address of this node: no pod may have it")]
     NodeAddressForPod(std::net::IpAddr),
     #[error("cannot write {path}: {source}")]
     State {
         path: String,
         source: std::io::Error,
+    },
+}
+
+/// A change [`LocalNode::attach`] made, with what undoing it needs.
+#[derive(Debug)]
+enum Undo {
+    /// The pod's veth bound to the pods' block (and its counters begun).
+    Bind { veth: String, ifindex: u32 },
+    /// The previous record's hostPorts removed.
+    RemovedPorts(EndpointRecord),
+    /// The new record's hostPorts added.
+    AddedPorts(EndpointRecord),
+    /// The record written, in place of `previous` when there was one.
+    Record {
+        id: EndpointId,
+        previous: Option<EndpointRecord>,
     },
 }
 
@@ -101,23 +115,6 @@ fn gateways_of(endpoints: &Endpoints) -> BTreeSet<Ipv4Addr> {
         .collect()
 }
 
-/// Where `uninstall` learns in which network namespace the pods' TC block lives.
-pub const BLOCK_NETNS_FILE: &str = "tc-block-netns";
-
-/// Records the daemon's netns cookie beside the endpoint records: `uninstall` removes
-/// the block's filter and anchor only from that namespace, never from another one (the
-/// CLI may run elsewhere, as the tests run it).
-fn record_block_netns(state_dir: &Path) -> Result<(), NodeError> {
-    let cookie = crate::datapath::sock::netns_cookie().map_err(NodeError::NetnsCookie)?;
-    let path = state_dir.join(BLOCK_NETNS_FILE);
-    std::fs::create_dir_all(state_dir)
-        .and_then(|()| cni_api::files::write_atomic(&path, cookie.to_string().as_bytes(), 0o644))
-        .map_err(|source| NodeError::State {
-            path: path.display().to_string(),
-            source,
-        })
-}
-
 /// The overlay as the node keeps it in step.
 struct Overlay {
     ifindex: u32,
@@ -127,10 +124,10 @@ struct Overlay {
     port: u16,
 }
 
-/// The MTU of links where the node's uplink cannot be read (no uplink yet).
-const DEFAULT_MTU: u32 = 1500;
-
-pub struct Node {
+/// This node as the daemon keeps it: its pods, their hostPorts, source NAT, the node's
+/// addresses, the cluster and the datapath they are written into, kept in step per
+/// request. (`cni_nodes::Node` is any node of the cluster as the node source gives it.)
+pub struct LocalNode {
     datapath: Datapath,
     endpoints: Endpoints,
     nat: Nat,
@@ -162,7 +159,7 @@ pub struct Node {
     prepared: BTreeSet<String>,
 }
 
-impl Node {
+impl LocalNode {
     /// Reconciles after a (re)start: this daemon's `from_pod` goes into the pods' TC
     /// block (replacing the previous daemon's in place), records whose veth is gone are
     /// dropped with their counters, every remaining pod's veth is bound to the block (one
@@ -183,7 +180,7 @@ impl Node {
     ) -> Result<Self, NodeError> {
         let uplink = nat.as_ref().map(|settings| settings.first().name.clone());
         datapath.install_pod_block()?;
-        record_block_netns(state_dir)?;
+        tc_block::record_netns(state_dir)?;
         let (endpoints, gone) = Endpoints::open(state_dir, datapath.take_endpoints_map()?)?;
         let mut rate_limits = RateLimits::open(datapath.take_rate_limits_map()?);
         rate_limits
@@ -213,11 +210,7 @@ impl Node {
         // A node on its own (no node source) has no other nodes to reach.
         let overlay = match (cluster.routing(), cluster.source()) {
             (Routing::Vxlan, Some(_)) => {
-                let uplink_mtu = match &uplink {
-                    Some(uplink) => overlay::link_mtu(uplink)?.unwrap_or(DEFAULT_MTU),
-                    None => DEFAULT_MTU,
-                };
-                let pod_mtu = uplink_mtu.saturating_sub(overlay::OVERHEAD);
+                let pod_mtu = overlay::pod_mtu(uplink.as_deref())?;
                 let port = overlay.port;
                 let ifindex = datapath.start_overlay(overlay, pod_mtu)?;
                 Some(Overlay {
@@ -249,19 +242,7 @@ impl Node {
             // The address watcher tries again at the next change.
             tracing::warn!(%error, "cannot fill the node's addresses");
         }
-        let mut sock_config = maps.sock_config;
-        if let Some(cgroup) = cgroup {
-            let netns_cookie =
-                crate::datapath::sock::netns_cookie().map_err(NodeError::NetnsCookie)?;
-            sock_config
-                .set(0, SockConfig { netns_cookie }, 0)
-                .map_err(HostPortError::from)?;
-            datapath.attach_sockets(cgroup)?;
-        } else {
-            sock_config
-                .set(0, SockConfig { netns_cookie: 0 }, 0)
-                .map_err(HostPortError::from)?;
-        }
+        datapath.start_sockets(cgroup)?;
         let mut node = Self {
             datapath,
             endpoints,
@@ -582,67 +563,86 @@ impl Node {
         }
         self.datapath
             .check_pod_link(&veth, endpoint.host_ifindex, endpoint.host_mac.octets())?;
-        let id = endpoint.id.clone();
-        let previous = self.endpoints.get(&id).cloned();
-        // Bound already: prepared, or the live endpoint's own veth (a re-ADD).
-        let bound = prepared
-            || previous
-                .as_ref()
-                .is_some_and(|previous| previous.host_veth == veth);
-        if !bound {
-            self.datapath.attach_pod(&veth)?;
-        }
-        let unbind = |node: &mut Self| {
-            if !bound {
-                let _ = node.datapath.detach_pod(&veth);
-                let _ = node.datapath.forget_counters(endpoint.host_ifindex);
-            }
-        };
-        if let Some(previous) = &previous
-            && let Err(error) = self.host_ports.remove(previous)
-        {
-            let _ = self.host_ports.add(previous);
-            unbind(self);
-            return Err(error.into());
-        }
-        if let Err(error) = self.host_ports.add(&endpoint) {
-            // `add` left none of the new mappings behind.
-            if let Some(previous) = &previous {
-                let _ = self.host_ports.add(previous);
-            }
-            unbind(self);
-            return Err(error.into());
-        }
-        let undo_ports = |node: &mut Self| {
-            let _ = node.host_ports.remove(&endpoint);
-            if let Some(previous) = &previous {
-                let _ = node.host_ports.add(previous);
-            }
-        };
-        if let Err(error) = self.endpoints.attach(endpoint.clone()) {
-            undo_ports(self);
-            unbind(self);
-            return Err(error.into());
-        }
-        if let Err(error) = self
-            .sync_cluster_cidrs()
-            .and_then(|()| self.sync_gateways())
-            .and_then(|()| self.sync_rate_limits())
-        {
-            let _ = match &previous {
-                Some(previous) => self.endpoints.attach(previous.clone()).map(drop),
-                None => self.endpoints.detach(&id).map(drop),
-            };
-            let _ = self.sync_cluster_cidrs();
-            let _ = self.sync_gateways();
-            let _ = self.sync_rate_limits();
-            undo_ports(self);
-            unbind(self);
+        let previous = self.endpoints.get(&endpoint.id).cloned();
+        let mut done = Vec::new();
+        if let Err(error) = self.apply_attach(&endpoint, previous, prepared, &mut done) {
+            self.undo(done);
             return Err(error);
         }
         self.prepared.remove(&veth);
         self.route_from_gateway(&endpoint);
         Ok(())
+    }
+
+    /// The changes of [`Self::attach`] once its checks passed, each recorded in `done`
+    /// as it is made, so that a failure can be undone ([`Self::undo`]).
+    fn apply_attach(
+        &mut self,
+        endpoint: &EndpointRecord,
+        previous: Option<EndpointRecord>,
+        prepared: bool,
+        done: &mut Vec<Undo>,
+    ) -> Result<(), NodeError> {
+        let veth = &endpoint.host_veth;
+        // Bound already: prepared, or the live endpoint's own veth (a re-ADD).
+        let bound = prepared
+            || previous
+                .as_ref()
+                .is_some_and(|previous| previous.host_veth == *veth);
+        if !bound {
+            self.datapath.attach_pod(veth)?;
+            done.push(Undo::Bind {
+                veth: veth.clone(),
+                ifindex: endpoint.host_ifindex,
+            });
+        }
+        if let Some(previous) = &previous {
+            // Put back whatever part of them `remove` took, should it fail.
+            done.push(Undo::RemovedPorts(previous.clone()));
+            self.host_ports.remove(previous)?;
+        }
+        // `add` leaves none of the new mappings behind when it fails.
+        self.host_ports.add(endpoint)?;
+        done.push(Undo::AddedPorts(endpoint.clone()));
+        self.endpoints.attach(endpoint.clone())?;
+        done.push(Undo::Record {
+            id: endpoint.id.clone(),
+            previous,
+        });
+        self.sync_cluster_cidrs()?;
+        self.sync_gateways()?;
+        self.sync_rate_limits()
+    }
+
+    /// Undoes what a failed attach did, last first. Best effort: the attach's own
+    /// error is the one reported; a step that cannot be undone is logged.
+    fn undo(&mut self, done: Vec<Undo>) {
+        for step in done.into_iter().rev() {
+            let outcome: Result<(), NodeError> = match &step {
+                Undo::Bind { veth, ifindex } => self
+                    .datapath
+                    .detach_pod(veth)
+                    .and_then(|()| self.datapath.forget_counters(*ifindex))
+                    .map_err(NodeError::from),
+                Undo::RemovedPorts(previous) => {
+                    self.host_ports.add(previous).map_err(NodeError::from)
+                }
+                Undo::AddedPorts(endpoint) => {
+                    self.host_ports.remove(endpoint).map_err(NodeError::from)
+                }
+                Undo::Record { id, previous } => match previous {
+                    Some(previous) => self.endpoints.attach(previous.clone()).map(drop),
+                    None => self.endpoints.detach(id).map(drop),
+                }
+                .map_err(NodeError::from)
+                .and_then(|()| self.sync_cluster_cidrs())
+                .and_then(|()| self.sync_gateways())
+                .and_then(|()| self.sync_rate_limits()),
+            };
+            if let Err(error) = outcome {
+                tracing::warn!(%error, ?step, "cannot undo a step of a failed attach");
+            }
+        }
     }
 
     /// The node reaches the pod from its gateway, when that is an address of the node

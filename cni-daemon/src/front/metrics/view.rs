@@ -8,7 +8,7 @@ use cni_api::UplinkStatus;
 
 use crate::model::record::EndpointRecord;
 
-use crate::model::node::Node;
+use crate::model::node::LocalNode;
 
 /// Where installing the CNI configuration stands (`--cni-conf-dir`, `--cni-bin-dir`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,7 +88,7 @@ pub struct NodeView {
 
 impl NodeView {
     /// Read from `node`; the caller holds its lock already, for its own work.
-    pub fn of(node: &Node) -> Self {
+    pub fn of(node: &LocalNode) -> Self {
         let mut node_refusals = std::collections::BTreeMap::new();
         for refusal in node.cluster().refused() {
             *node_refusals.entry(refusal.kind).or_default() += 1;
