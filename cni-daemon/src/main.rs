@@ -329,3 +329,78 @@ fn print(text: &str) -> anyhow::Result<()> {
         .write_all(text.as_bytes())
         .context("cannot write to stdout")
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// docs/configuration.md's table of the daemon's flags: each row's subcommand (none
+    /// for a global flag), flag and environment variable.
+    fn documented() -> Vec<(Option<String>, String, Option<String>)> {
+        let doc = include_str!("../../docs/configuration.md");
+        let table = doc
+            .split("## The daemon (`ebpf-cnid`)")
+            .nth(1)
+            .expect("the daemon's section");
+        table
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split(" | ").collect();
+                let flag = cells.first()?.strip_prefix("| `")?.split('`').next()?;
+                let words: Vec<&str> = flag.split_whitespace().collect();
+                let (command, long) = match words.as_slice() {
+                    [long, ..] if long.starts_with("--") => (None, *long),
+                    [command, long, ..] if long.starts_with("--") => (Some(*command), *long),
+                    _ => return None,
+                };
+                let env = cells
+                    .get(1)
+                    .and_then(|cell| cell.strip_prefix('`')?.strip_suffix('`'))
+                    .map(str::to_owned);
+                Some((
+                    command.map(str::to_owned),
+                    long.trim_start_matches('-').to_owned(),
+                    env,
+                ))
+            })
+            .collect()
+    }
+
+    /// Every long flag of `ebpf-cnid` with its subcommand (none: global) and variable.
+    fn declared() -> Vec<(Option<String>, String, Option<String>)> {
+        let cli = Cli::command();
+        let flags = |command: &clap::Command, name: Option<&str>| {
+            command
+                .get_arguments()
+                .filter(|arg| name.is_none() || !arg.is_global_set())
+                .filter_map(|arg| {
+                    Some((
+                        name.map(str::to_owned),
+                        arg.get_long()?.to_owned(),
+                        arg.get_env().map(|env| env.to_string_lossy().into_owned()),
+                    ))
+                })
+                .filter(|(_, long, _)| long != "help" && long != "version")
+                .collect::<Vec<_>>()
+        };
+        let mut all = flags(&cli, None);
+        for sub in cli.get_subcommands() {
+            all.extend(flags(sub, Some(sub.get_name())));
+        }
+        all
+    }
+
+    #[test]
+    fn the_configuration_page_lists_every_flag_with_its_variable_and_nothing_else() {
+        let mut documented = documented();
+        let mut declared = declared();
+        documented.sort();
+        declared.sort();
+        assert_eq!(
+            documented, declared,
+            "docs/configuration.md's daemon table against `ebpf-cnid --help`"
+        );
+    }
+}
