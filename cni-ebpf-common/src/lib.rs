@@ -18,6 +18,8 @@ pub mod overlay;
 pub mod protocol;
 pub mod services;
 pub mod stats;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 
 pub use budget::{FlowCounts, FlowTable, Refusal, RefusedFlows};
 pub use endpoint::{

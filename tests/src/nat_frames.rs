@@ -203,18 +203,7 @@ pub fn in_key(remote_addr: [u8; 4], node_port: u16, remote_port: u16, proto: u8)
 
 /// The entry of `key`'s flow translated to [`NODE_ADDR`] and `node_port`.
 pub fn entry(key: &NatKey, node_port: u16, state: u8, last_seen_ns: u64) -> NatEntry {
-    let (pod_addr, pod_port) = (key.pod_addr, key.pod_port);
-    NatEntry {
-        last_seen_ns,
-        pod_addr,
-        pod_port,
-        node_port,
-        state,
-        seq_seen: 0,
-        pad: [0; 2],
-        seq: [0; 2],
-        node_addr: NODE_ADDR,
-    }
+    NatEntry::translated(key, (NODE_ADDR, node_port), state, last_seen_ns)
 }
 
 // --- Checksums, computed here ---------------------------------------------------------------

@@ -4,30 +4,20 @@ use crate::{
     tcp_flags::{ACK, FIN, RST, SYN},
 };
 
-const TIMEOUTS: Timeouts = Timeouts {
-    tcp_established: 3600,
-    tcp_transitory: 120,
-    tcp_closed: 10,
-    udp: 30,
-    udp_stream: 120,
-    icmp: 20,
+use crate::{
+    NatKey,
+    test_support::{NOW, SEC},
 };
-const SEC: u64 = NANOS_PER_SEC;
-/// A monotonic "now" far from zero, as on a machine that has been up a while.
-const NOW: u64 = 100_000 * SEC;
 
+const TIMEOUTS: Timeouts = Timeouts {
+    icmp: 20,
+    ..crate::test_support::TIMEOUTS
+};
+
+/// A flow of 10.244.1.2:40000 translated to 198.18.0.1:61000, idle for `idle_secs`.
 fn entry(idle_secs: u64, state: u8) -> NatEntry {
-    NatEntry {
-        last_seen_ns: NOW - idle_secs * SEC,
-        pod_addr: [10, 244, 1, 2],
-        pod_port: 40000,
-        node_port: 61000,
-        state,
-        seq_seen: 0,
-        pad: [0; 2],
-        node_addr: [198, 18, 0, 1],
-        seq: [0; 2],
-    }
+    let key = NatKey::new(([10, 244, 1, 2], 40000), ([198, 18, 0, 9], 443), 6);
+    NatEntry::translated(&key, ([198, 18, 0, 1], 61000), state, NOW - idle_secs * SEC)
 }
 
 /// The states a TCP flow the pod opened goes through, packet by packet.

@@ -1,7 +1,7 @@
 //! A fake Kubernetes API server for the node watch, in HTTP/1.1, plain or over TLS with a
 //! certificate from a CA the test makes (`tls`), on 127.0.0.1 or where the caller bound
 //! its listener. Shared by cni-nodes' tests and the daemon's
-//! (`tests/tests/cluster_kube_source.rs` includes this file by path).
+//! (`tests/tests/cluster/cluster_kube_source.rs` includes this file by path).
 //!
 //! It speaks the wire format kube's client reads from a real server: `GET /api/v1/nodes`
 //! answered with a `NodeList` carrying `metadata.resourceVersion`, and `GET

@@ -60,46 +60,15 @@ pub const KERNELS: &[Spec] = &[
     },
 ];
 
-/// The test binaries whose outcome depends on the kernel: the programs through the
-/// verifier and `BPF_PROG_TEST_RUN`, the uplink's attach modes (clsact filters below
-/// 6.6), pins across restarts, and every datapath path (redirects into pods, source
-/// NAT, hostPorts, the overlay's tunnel keys, FIB lookups, BIG TCP, `tbf`, the gateway,
-/// isolation, services). What is left out is user space over netlink and files (plugin
-/// input and output, runtimes' JSON, node sources, install, records, metrics, the
-/// image): the same code on every kernel, run by the host's suite. `cargo xtask
-/// vm-test` runs every binary.
-pub const KERNEL_BINARIES: &[&str] = &[
-    "bandwidth",
-    "big_tcp",
-    "cross_node_native",
-    "cross_node_vxlan",
-    "daemon_pod_veths",
-    "forwarding",
-    "gateway",
-    "hostport",
-    "nat_program",
-    "nat_program_budgets",
-    "nat_program_fragments",
-    "nat_program_malformed",
-    "nat_program_ports",
-    "nat_program_protocols",
-    "nat_program_replies",
-    "nat_program_sweep",
-    "nat_program_tcp_window",
-    "pod_boundaries",
-    "pod_isolation",
-    "pod_program_arp",
-    "pod_program_ipv4",
-    "pod_program_malformed",
-    "restart",
-    "services",
-    "services_cluster",
-    "snat",
-    "tcp_blind_rst",
-    "underlay_boundaries",
-    "uplink_attach",
-    "uplink_lifecycle",
-];
+/// The test binaries whose outcome depends on the kernel: `datapath` (the programs
+/// through the verifier and `BPF_PROG_TEST_RUN`, the uplink's attach modes, pins across
+/// restarts, and every datapath path: redirects into pods, source NAT, hostPorts, the
+/// overlay's tunnel keys, FIB lookups, BIG TCP, `tbf`, the gateway, isolation,
+/// services). What is left out is user space over netlink and files (plugin input and
+/// output, runtimes' JSON, node sources, install, records, metrics, the image): the same
+/// code on every kernel, run by the host's suite. `cargo xtask vm-test` runs every
+/// binary.
+pub const KERNEL_BINARIES: &[&str] = &["datapath"];
 
 /// The test binaries whose tests take another path on a kernel without netkit pairs.
 pub const NETKIT_BINARIES: &[&str] = &["netkit_pods"];

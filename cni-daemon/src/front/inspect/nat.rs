@@ -278,14 +278,7 @@ mod tests {
             // Left by a second uplink.
             node_addr: [192, 0, 2, 7],
         };
-        let timeouts = Timeouts {
-            tcp_established: 3600,
-            tcp_transitory: 120,
-            tcp_closed: 10,
-            udp: 30,
-            udp_stream: 120,
-            icmp: 30,
-        };
+        let timeouts = cni_ebpf_common::test_support::TIMEOUTS;
         let view = flow_view(&key, &entry, None, now, &timeouts);
         assert_eq!(view.proto, "tcp");
         assert_eq!(view.pod.to_string(), "10.244.1.2:40000");
@@ -322,14 +315,7 @@ mod tests {
             last_seen_ns: now - 1_000_000_000,
             ..out
         };
-        let timeouts = Timeouts {
-            tcp_established: 3600,
-            tcp_transitory: 120,
-            tcp_closed: 10,
-            udp: 30,
-            udp_stream: 120,
-            icmp: 30,
-        };
+        let timeouts = cni_ebpf_common::test_support::TIMEOUTS;
         let view = flow_view(&key, &out, Some(&inbound), now, &timeouts);
         assert_eq!((view.idle_secs, view.expires_in_secs), (1, 29));
         let alone = flow_view(&key, &out, None, now, &timeouts);

@@ -133,16 +133,7 @@ pub(super) fn expired_notes<'a>(
 mod tests {
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const NOW: u64 = 100_000 * SEC;
-    const TIMEOUTS: Timeouts = Timeouts {
-        tcp_established: 3600,
-        tcp_transitory: 120,
-        tcp_closed: 10,
-        udp: 30,
-        udp_stream: 120,
-        icmp: 30,
-    };
+    use cni_ebpf_common::test_support::{NOW, SEC, TIMEOUTS};
 
     /// The pods of the node: the one pod the flows below belong to.
     fn pods() -> HashSet<[u8; 4]> {
@@ -162,17 +153,7 @@ mod tests {
 
     /// A UDP flow's entry (30 s timeout), idle for `idle_secs`.
     fn entry(key: &NatKey, node_port: u16, idle_secs: u64) -> NatEntry {
-        NatEntry {
-            last_seen_ns: NOW - idle_secs * SEC,
-            pod_addr: key.pod_addr,
-            pod_port: key.pod_port,
-            node_port,
-            state: 0,
-            seq_seen: 0,
-            pad: [0; 2],
-            seq: [0; 2],
-            node_addr: [198, 18, 0, 1],
-        }
+        NatEntry::translated(key, ([198, 18, 0, 1], node_port), 0, NOW - idle_secs * SEC)
     }
 
     fn tables(

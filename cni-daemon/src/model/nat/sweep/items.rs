@@ -60,17 +60,7 @@ mod tests {
     }
 
     fn entry(key: &NatKey, node_port: u16, last_seen_ns: u64) -> NatEntry {
-        NatEntry {
-            last_seen_ns,
-            pod_addr: key.pod_addr,
-            pod_port: key.pod_port,
-            node_port,
-            state: 0,
-            seq_seen: 0,
-            pad: [0; 2],
-            seq: [0; 2],
-            node_addr: [198, 18, 0, 1],
-        }
+        NatEntry::translated(key, ([198, 18, 0, 1], node_port), 0, last_seen_ns)
     }
 
     #[test]

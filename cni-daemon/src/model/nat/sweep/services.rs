@@ -169,15 +169,11 @@ mod tests {
 
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const NOW: u64 = 100_000 * SEC;
+    use cni_ebpf_common::test_support::{NOW, SEC};
+
     const TIMEOUTS: Timeouts = Timeouts {
         tcp_established: 86_400,
-        tcp_transitory: 120,
-        tcp_closed: 10,
-        udp: 30,
-        udp_stream: 120,
-        icmp: 30,
+        ..cni_ebpf_common::test_support::TIMEOUTS
     };
 
     fn socket(addr: [u8; 4], port: u16, proto: u8) -> ServiceClient {
@@ -189,18 +185,10 @@ mod tests {
         }
     }
 
+    /// The entry of the socket `addr`:`port`, opened by it (no node side).
     fn entry(addr: [u8; 4], port: u16, state: u8, idle_secs: u64) -> NatEntry {
-        NatEntry {
-            last_seen_ns: NOW - idle_secs * SEC,
-            pod_addr: addr,
-            pod_port: port,
-            node_port: 0,
-            state,
-            seq_seen: 0,
-            pad: [0; 2],
-            node_addr: [0; 4],
-            seq: [0; 2],
-        }
+        let socket = NatKey::new((addr, port), ([0; 4], 0), 0);
+        NatEntry::translated(&socket, ([0; 4], 0), state, NOW - idle_secs * SEC)
     }
 
     fn table(

@@ -23,7 +23,7 @@
 
 // Some of its helpers serve only cni-nodes' own tests.
 #[allow(dead_code)]
-#[path = "../../cni-nodes/tests/fake_api/mod.rs"]
+#[path = "../../../cni-nodes/tests/fake_api/mod.rs"]
 mod fake_api;
 
 use std::time::Duration;

@@ -1,0 +1,11 @@
+//! The cluster's nodes: from a file and from a Kubernetes API server speaking the real
+//! wire format, vetted Node objects, thousands of nodes, and nodes coming and going.
+//!
+//! One binary of many modules, so that one build serves them all: run one with
+//! `cargo test -p ebpf-cni-tests --test cluster <module>::`.
+
+mod cluster_kube_source;
+mod cluster_nodes;
+mod cluster_scale;
+mod cross_node_changes;
+mod node_objects;
