@@ -236,15 +236,28 @@ pub fn conclude(results: &[KernelResult]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The whole guest's limit: the binaries' own limit each would be far too long, so the
-/// sum of what they take under TCG on this machine's kind, doubled, and at least an hour.
+/// The whole guest's limit: each binary's own limit ([`Accel::binary_timeout`] for its
+/// number of tests), summed, and at least an hour.
 fn total_timeout(accel: Accel, plan: &Plan) -> Duration {
-    let per_binary = match accel {
-        Accel::Kvm => Duration::from_secs(60),
-        _ => Duration::from_secs(180),
-    };
-    (per_binary * u32::try_from(plan.binaries.len()).unwrap_or(u32::MAX) * 2)
+    plan.binaries
+        .iter()
+        .map(|(_, path)| accel.binary_timeout(test_count(path)))
+        .sum::<Duration>()
         .max(Duration::from_secs(3600))
+}
+
+/// How many tests the binary at `path` holds (`--list`); 0 when it cannot say.
+fn test_count(path: &Path) -> usize {
+    std::process::Command::new(path)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|line| line.ends_with(": test"))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 fn plan(
@@ -276,7 +289,14 @@ fn plan(
         ("TESTS_DIR".to_owned(), path(&root.join("tests"))?),
         (
             "BIN_TIMEOUT".to_owned(),
-            accel.binary_timeout().as_secs().to_string(),
+            // One limit for every binary of the guest: the largest's.
+            binaries
+                .iter()
+                .map(|(_, path)| accel.binary_timeout(test_count(path)))
+                .max()
+                .unwrap_or_else(|| accel.quiet_limit())
+                .as_secs()
+                .to_string(),
         ),
         (
             "PATH".to_owned(),
