@@ -8,6 +8,7 @@
 //! least recently used entries would have given up first.
 
 use std::{
+    collections::HashSet,
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
     time::Duration,
@@ -42,7 +43,10 @@ fn drops(status: &Value, reason: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {reason} counter in {status}"))
 }
 
-/// Every entry of the node's pinned map `name`, as bpftool dumps it in JSON.
+/// Every entry of the node's pinned map `name`, as bpftool dumps it in JSON, each key
+/// once. A dump walks the map key by key, and when the sweep deletes the key it stands
+/// on, the kernel walks on from the first bucket: a dump taken during sweeps lists
+/// keys more than once.
 fn dump(node: &Node, name: &str) -> Vec<Value> {
     let status = node.instance.cli_json(&["status"]);
     let dir = status["bpf_dir"]
@@ -54,7 +58,14 @@ fn dump(node: &Node, name: &str) -> Vec<Value> {
         .run("bpftool", &["-j", "map", "dump", "pinned", &pin]);
     assert!(out.status.success(), "bpftool: {out:?}");
     let entries: Value = serde_json::from_slice(&out.stdout).expect("bpftool's JSON");
-    entries.as_array().expect("a list of entries").clone()
+    let mut seen = HashSet::new();
+    entries
+        .as_array()
+        .expect("a list of entries")
+        .iter()
+        .filter(|entry| seen.insert(entry["key"].to_string()))
+        .cloned()
+        .collect()
 }
 
 /// The entries of the node's pinned map `name` (keyed by an address first: a socket,
