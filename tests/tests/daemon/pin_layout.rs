@@ -36,6 +36,22 @@ fn fresh_starts(node: &Node) -> usize {
     node.instance.log().matches("of another layout").count()
 }
 
+/// Stops the node's daemon cleanly and starts it again with `args`.
+fn restart(node: &mut Node, args: &[&str]) {
+    assert!(node.daemon.stop(), "the daemon stops cleanly");
+    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], args);
+}
+
+/// Asserts that the daemon said `times` fresh starts so far.
+fn assert_fresh_starts(node: &Node, times: usize) {
+    assert_eq!(
+        fresh_starts(node),
+        times,
+        "said in the log:\n{}",
+        node.instance.log()
+    );
+}
+
 #[test]
 fn pins_of_another_layout_are_replaced_and_pods_keep_working() {
     require_root();
@@ -50,12 +66,7 @@ fn pins_of_another_layout_are_replaced_and_pods_keep_working() {
     assert!(node.daemon.stop(), "the daemon stops cleanly");
     std::fs::remove_file(node.instance.bpf_dir.join(map_names::LAYOUT)).expect("unpin LAYOUT");
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
-    assert_eq!(
-        fresh_starts(&node),
-        1,
-        "said in the log:\n{}",
-        node.instance.log()
-    );
+    assert_fresh_starts(&node, 1);
     assert_eq!(layout(&node), Some(LAYOUT_VERSION));
     assert_eq!(flows(&node), 0, "fresh tables: the old flow is gone");
     udp_round_trip(&pod.netns, 5001, external(UDP_PORT), b"second")
@@ -71,20 +82,14 @@ fn pins_of_another_layout_are_replaced_and_pods_keep_working() {
         .set(0, LAYOUT_VERSION + 1, 0)
         .expect("another version");
     node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
-    assert_eq!(
-        fresh_starts(&node),
-        2,
-        "said in the log:\n{}",
-        node.instance.log()
-    );
+    assert_fresh_starts(&node, 2);
     assert_eq!(layout(&node), Some(LAYOUT_VERSION));
     assert_eq!(flows(&node), 0, "fresh tables again");
     udp_round_trip(&pod.netns, 5002, external(UDP_PORT), b"third")
         .expect("the pod's traffic still translated");
 
     // This layout's pins: kept, with their flows.
-    assert!(node.daemon.stop(), "the daemon stops cleanly");
-    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    restart(&mut node, &[]);
     assert_eq!(fresh_starts(&node), 2, "no fresh start over its own layout");
     assert_eq!(flows(&node), 1, "the flow kept");
     let status = node.instance.cli_json(&["status"]);
@@ -117,16 +122,14 @@ fn the_nat_tables_take_the_asked_size_and_a_new_size_creates_them_anew() {
     udp_round_trip(&pod.netns, 5000, external(UDP_PORT), b"small").expect("UDP through NAT");
     assert_eq!(flows(&node), 1);
 
-    assert!(node.daemon.stop(), "the daemon stops cleanly");
-    node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &small);
+    restart(&mut node, &small);
     assert_eq!(
         flows(&node),
         1,
         "the same size keeps the tables and their flows"
     );
 
-    assert!(node.daemon.stop(), "the daemon stops cleanly");
-    node.daemon = Daemon::start(&node.netns, &node.instance, &[]);
+    restart(&mut node, &[]);
     assert_eq!(sizes(&node), [262_144; 5], "the default size");
     assert_eq!(flows(&node), 0, "new tables, the old flows gone");
     assert!(

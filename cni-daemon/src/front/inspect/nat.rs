@@ -266,18 +266,13 @@ mod tests {
             pad: [0; 3],
         };
         let now = 5_000 * 1_000_000_000;
-        let entry = NatEntry {
-            last_seen_ns: now - 7 * 1_000_000_000,
-            pod_addr: key.pod_addr,
-            pod_port: key.pod_port,
-            node_port: 61007,
-            state: tcp_state::ESTABLISHED,
-            seq_seen: 0,
-            pad: [0; 2],
-            seq: [0; 2],
-            // Left by a second uplink.
-            node_addr: [192, 0, 2, 7],
-        };
+        // Left by a second uplink.
+        let entry = NatEntry::translated(
+            &key,
+            ([192, 0, 2, 7], 61007),
+            tcp_state::ESTABLISHED,
+            now - 7 * 1_000_000_000,
+        );
         let timeouts = cni_ebpf_common::test_support::TIMEOUTS;
         let view = flow_view(&key, &entry, None, now, &timeouts);
         assert_eq!(view.proto, "tcp");
@@ -300,17 +295,8 @@ mod tests {
             pad: [0; 3],
         };
         let now = 5_000 * 1_000_000_000;
-        let out = NatEntry {
-            last_seen_ns: now - 100 * 1_000_000_000,
-            pod_addr: key.pod_addr,
-            pod_port: key.pod_port,
-            node_port: 61007,
-            state: 0,
-            seq_seen: 0,
-            pad: [0; 2],
-            seq: [0; 2],
-            node_addr: [198, 18, 0, 1],
-        };
+        let out =
+            NatEntry::translated(&key, ([198, 18, 0, 1], 61007), 0, now - 100 * 1_000_000_000);
         let inbound = NatEntry {
             last_seen_ns: now - 1_000_000_000,
             ..out
