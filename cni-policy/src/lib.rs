@@ -1,19 +1,25 @@
 //! Who may talk to whom: Kubernetes NetworkPolicies checked and translated
 //! ([`translate::policy`] into a [`Policy`]), label selectors as Kubernetes evaluates them
-//! ([`Selector`]), and the prefixes the datapath's longest-prefix-match maps take: the
-//! ipBlocks an address is in ([`Blocks`]) and port ranges as aligned blocks
-//! ([`ports::prefixes`]).
+//! ([`Selector`]), and the policies in force compiled for a node's pods ([`compile`]):
+//! an identity for every address, the class of addresses the policies treat alike, and
+//! each local pod's ways through, by identity, protocol and port prefix. The prefixes
+//! are those the datapath's longest-prefix-match maps take: the ipBlocks an address is
+//! in ([`Blocks`]) and port ranges as aligned blocks ([`ports::prefixes`]).
 //!
 //! Family-neutral throughout: addresses are `IpAddr` and `IpNet`, so IPv6 needs no
 //! change here.
 
 mod blocks;
+pub mod compile;
 mod policy;
 pub mod ports;
 mod selector;
 pub mod translate;
 
 pub use blocks::{Blocks, PeerId};
+pub use compile::{
+    Cluster, Compiled, Endpoint, Entry, Identities, Identity, NamedPort, Pod, compile,
+};
 pub use policy::{Direction, Namespaces, Peer, Policy, PortRule, Ports, Rule};
 pub use selector::{Labels, Requirement, Selector, SelectorError};
 pub use translate::{PolicyError, Problem};

@@ -14,7 +14,7 @@ pub enum Direction {
 }
 
 /// The namespaces a pod peer is looked for in.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Namespaces {
     /// The policy's own namespace (a peer with a pod selector alone).
     Own,
@@ -23,7 +23,7 @@ pub enum Namespaces {
 }
 
 /// Who is on the other side of a rule.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Peer {
     /// Pods the selector selects in those namespaces.
     Pods {
