@@ -216,10 +216,19 @@ pub fn compile(cluster: Cluster<'_>, local: &[usize], identities: &mut Identitie
     }
     let signatures: BTreeSet<Signature> = addressed.iter().map(|(_, s)| s.clone()).collect();
     let ids = identities.assign(&signatures);
+    // Each mark's identities, and each named port's identities with its number there:
+    // made once, read for every rule of every local pod.
     let mut by_mark: HashMap<&Mark, BTreeSet<Identity>> = HashMap::new();
+    let mut named: HashMap<(&str, Protocol), Vec<(Identity, u16)>> = HashMap::new();
     for (signature, id) in &ids {
         for mark in signature {
             by_mark.entry(mark).or_default().insert(*id);
+            if let Mark::Port(port) = mark {
+                named
+                    .entry((port.name.as_str(), port.protocol))
+                    .or_default()
+                    .push((*id, port.port));
+            }
         }
     }
 
@@ -231,8 +240,8 @@ pub fn compile(cluster: Cluster<'_>, local: &[usize], identities: &mut Identitie
     let rules = Rules {
         cluster,
         peers: &peers,
-        ids: &ids,
         by_mark: &by_mark,
+        named: &named,
     };
     let endpoints = local
         .iter()
@@ -324,8 +333,9 @@ fn pod_matches(key: &PeerKey<'_>, pod: &Pod, namespace: &Labels) -> bool {
 struct Rules<'a> {
     cluster: Cluster<'a>,
     peers: &'a Peers<'a>,
-    ids: &'a HashMap<Signature, Identity>,
     by_mark: &'a HashMap<&'a Mark, BTreeSet<Identity>>,
+    /// The identities a port of that name and protocol is on, with its number.
+    named: &'a HashMap<(&'a str, Protocol), Vec<(Identity, u16)>>,
 }
 
 impl Rules<'_> {
@@ -417,23 +427,22 @@ impl Rules<'_> {
                 }
                 // Out of the pod: the port of that name on each peer's pod.
                 Ports::Named(name) => {
-                    for (signature, id) in self.ids {
-                        if !identities.contains(&ANY) && !identities.contains(id) {
-                            continue;
-                        }
-                        for mark in signature {
-                            if let Mark::Port(named) = mark
-                                && named.name == *name
-                                && named.protocol == port.protocol
-                            {
-                                let block = PortPrefix {
-                                    port: named.port,
-                                    bits: 16,
-                                };
-                                ways.push((*id, protocol, block));
-                            }
-                        }
-                    }
+                    let on = self.named.get(&(name.as_str(), port.protocol));
+                    ways.extend(
+                        on.into_iter()
+                            .flatten()
+                            .filter(|(id, _)| identities.contains(&ANY) || identities.contains(id))
+                            .map(|(id, number)| {
+                                (
+                                    *id,
+                                    protocol,
+                                    PortPrefix {
+                                        port: *number,
+                                        bits: 16,
+                                    },
+                                )
+                            }),
+                    );
                 }
             }
         }

@@ -46,9 +46,9 @@ pub enum SelectorError {
     #[error("operator {operator:?} of key {key:?} is not In, NotIn, Exists or DoesNotExist")]
     UnknownOperator { key: String, operator: String },
     #[error("operator {operator} of key {key:?} needs at least one value")]
-    NoValues { key: String, operator: &'static str },
+    NoValues { key: String, operator: String },
     #[error("operator {operator} of key {key:?} takes no values")]
-    UnexpectedValues { key: String, operator: &'static str },
+    UnexpectedValues { key: String, operator: String },
     #[error("an empty label key")]
     EmptyKey,
 }
@@ -78,37 +78,19 @@ impl Selector {
             let mut values = expression.values.clone().unwrap_or_default();
             values.sort();
             values.dedup();
-            let requirement = match expression.operator.as_str() {
+            let operator = expression.operator.clone();
+            let requirement = match operator.as_str() {
                 "In" | "NotIn" if values.is_empty() => {
-                    return Err(SelectorError::NoValues {
-                        key,
-                        operator: if expression.operator == "In" {
-                            "In"
-                        } else {
-                            "NotIn"
-                        },
-                    });
+                    return Err(SelectorError::NoValues { key, operator });
                 }
                 "In" => Requirement::In(key, values),
                 "NotIn" => Requirement::NotIn(key, values),
                 "Exists" | "DoesNotExist" if !values.is_empty() => {
-                    return Err(SelectorError::UnexpectedValues {
-                        key,
-                        operator: if expression.operator == "Exists" {
-                            "Exists"
-                        } else {
-                            "DoesNotExist"
-                        },
-                    });
+                    return Err(SelectorError::UnexpectedValues { key, operator });
                 }
                 "Exists" => Requirement::Exists(key),
                 "DoesNotExist" => Requirement::DoesNotExist(key),
-                other => {
-                    return Err(SelectorError::UnknownOperator {
-                        key,
-                        operator: other.to_owned(),
-                    });
-                }
+                _ => return Err(SelectorError::UnknownOperator { key, operator }),
             };
             requirements.push(requirement);
         }
@@ -203,21 +185,21 @@ mod tests {
             selector(&[], vec![expression("k", "In", Some(&[]))]),
             Err(SelectorError::NoValues {
                 key: "k".into(),
-                operator: "In"
+                operator: "In".into()
             })
         );
         assert_eq!(
             selector(&[], vec![expression("k", "NotIn", None)]),
             Err(SelectorError::NoValues {
                 key: "k".into(),
-                operator: "NotIn"
+                operator: "NotIn".into()
             })
         );
         assert_eq!(
             selector(&[], vec![expression("k", "Exists", Some(&["v"]))]),
             Err(SelectorError::UnexpectedValues {
                 key: "k".into(),
-                operator: "Exists"
+                operator: "Exists".into()
             })
         );
         assert_eq!(

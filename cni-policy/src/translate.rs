@@ -112,22 +112,20 @@ pub fn policy(object: &NetworkPolicy) -> Result<Policy, PolicyError> {
     };
     // Rules are checked even on a side the policy does not isolate, as the API server
     // checks them.
-    let ingress = ingress_rules
-        .iter()
-        .enumerate()
-        .map(|(i, rule)| {
-            let at = format!("spec.ingress[{i}]");
-            rule_of(&at, "from", rule.from.as_deref(), rule.ports.as_deref())
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let egress = egress_rules
-        .iter()
-        .enumerate()
-        .map(|(i, rule)| {
-            let at = format!("spec.egress[{i}]");
-            rule_of(&at, "to", rule.to.as_deref(), rule.ports.as_deref())
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let ingress = rules_of(
+        "ingress",
+        "from",
+        ingress_rules
+            .iter()
+            .map(|rule| (rule.from.as_deref(), rule.ports.as_deref())),
+    )?;
+    let egress = rules_of(
+        "egress",
+        "to",
+        egress_rules
+            .iter()
+            .map(|rule| (rule.to.as_deref(), rule.ports.as_deref())),
+    )?;
     Ok(Policy {
         namespace,
         name,
@@ -135,6 +133,24 @@ pub fn policy(object: &NetworkPolicy) -> Result<Policy, PolicyError> {
         ingress: isolates_ingress.then_some(ingress),
         egress: isolates_egress.then_some(egress),
     })
+}
+
+/// The rules of `spec.<direction>`, each given as its peers (field `side`: `from`,
+/// `to`) and ports.
+fn rules_of<'a>(
+    direction: &str,
+    side: &str,
+    rules: impl Iterator<
+        Item = (
+            Option<&'a [NetworkPolicyPeer]>,
+            Option<&'a [NetworkPolicyPort]>,
+        ),
+    >,
+) -> Result<Vec<Rule>, PolicyError> {
+    rules
+        .enumerate()
+        .map(|(i, (peers, ports))| rule_of(&format!("spec.{direction}[{i}]"), side, peers, ports))
+        .collect()
 }
 
 /// A rule at `at` whose peers are in its field `side` (`from`, `to`).
