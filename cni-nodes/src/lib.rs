@@ -18,4 +18,4 @@ mod translate;
 pub use cluster::{ClusterAccess, ClusterError, connect, watch_cluster};
 pub use file::{FileError, POLL_INTERVAL, read_nodes_file, watch_file};
 pub use node::{Node, NodeSet};
-pub use parse::{MAX_DOCUMENT_BYTES, ParseError, parse_nodes};
+pub use parse::{MAX_DOCUMENT_BYTES, ParseError, documents, json_type, parse_nodes};

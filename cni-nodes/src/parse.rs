@@ -29,7 +29,9 @@ pub enum ParseError {
     Kind(String),
     #[error("items is {0}, not a list")]
     Items(&'static str),
-    #[error("the document is {len} bytes, more than the {MAX_DOCUMENT_BYTES} a node list may take")]
+    #[error(
+        "the document is {len} bytes, more than the {MAX_DOCUMENT_BYTES} a file of objects may take"
+    )]
     TooLarge { len: usize },
 }
 
@@ -80,16 +82,39 @@ pub(crate) fn parse_reporting(
 }
 
 fn document(bytes: &[u8]) -> Result<Value, ParseError> {
-    if bytes.len() > MAX_DOCUMENT_BYTES {
-        return Err(ParseError::TooLarge { len: bytes.len() });
-    }
-    let text = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let json = text.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    if json {
+    let text = bounded(bytes)?;
+    if is_json(text) {
         return serde_json::from_slice(text).map_err(ParseError::Json);
     }
     serde_saphyr::from_slice_with_options(text, yaml_options())
         .map_err(|err| ParseError::Yaml(Box::new(err)))
+}
+
+/// Every document of a Kubernetes objects file: one JSON document when its first
+/// character is `{`, else each document of a YAML stream (`---` between them), with the
+/// bounds node lists have. Empty YAML documents are left out.
+pub fn documents(bytes: &[u8]) -> Result<Vec<Value>, ParseError> {
+    let text = bounded(bytes)?;
+    if is_json(text) {
+        return serde_json::from_slice(text)
+            .map(|document| vec![document])
+            .map_err(ParseError::Json);
+    }
+    let all: Vec<Value> = serde_saphyr::from_slice_multiple_with_options(text, yaml_options())
+        .map_err(|err| ParseError::Yaml(Box::new(err)))?;
+    Ok(all.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// `bytes` without a byte order mark, unless they are too many.
+fn bounded(bytes: &[u8]) -> Result<&[u8], ParseError> {
+    if bytes.len() > MAX_DOCUMENT_BYTES {
+        return Err(ParseError::TooLarge { len: bytes.len() });
+    }
+    Ok(bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes))
+}
+
+fn is_json(text: &[u8]) -> bool {
+    text.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// The YAML reader's default budget fits configuration files: a few hundred nodes of
@@ -151,7 +176,8 @@ fn read_item(index: usize, name: Option<&str>, item: Value) -> Result<K8sNode, P
     })
 }
 
-fn json_type(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, for messages.
+pub fn json_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -6,11 +6,16 @@
 //! are those the datapath's longest-prefix-match maps take: the ipBlocks an address is
 //! in ([`Blocks`]) and port ranges as aligned blocks ([`ports::prefixes`]).
 //!
+//! What the policies are compiled from: Pods and Namespaces as policies see them
+//! ([`objects`]), read from a file of objects ([`parse::parse_objects`]).
+//!
 //! Family-neutral throughout: addresses are `IpAddr` and `IpNet`, so IPv6 needs no
 //! change here.
 
 mod blocks;
 pub mod compile;
+pub mod objects;
+pub mod parse;
 mod policy;
 pub mod ports;
 mod selector;
