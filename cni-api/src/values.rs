@@ -99,6 +99,17 @@ impl Protocol {
             Self::Udp => "udp",
         }
     }
+
+    /// The protocol as a Kubernetes object names it (`TCP`, `UDP`, `SCTP`; absent is
+    /// TCP, as the API server defaults it); another name is none.
+    pub fn from_kubernetes(name: Option<&str>) -> Option<Self> {
+        match name {
+            None | Some("TCP") => Some(Self::Tcp),
+            Some("UDP") => Some(Self::Udp),
+            Some("SCTP") => Some(Self::Sctp),
+            Some(_) => None,
+        }
+    }
 }
 
 impl FromStr for Protocol {
@@ -121,6 +132,18 @@ impl fmt::Display for Protocol {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubernetes_protocol_names_are_uppercase_and_default_to_tcp() {
+        assert_eq!(Protocol::from_kubernetes(None), Some(Protocol::Tcp));
+        assert_eq!(
+            Protocol::from_kubernetes(Some("SCTP")),
+            Some(Protocol::Sctp)
+        );
+        assert_eq!(Protocol::from_kubernetes(Some("UDP")), Some(Protocol::Udp));
+        assert_eq!(Protocol::from_kubernetes(Some("udp")), None);
+        assert_eq!(Protocol::from_kubernetes(Some("ICMP")), None);
+    }
 
     #[test]
     fn a_mac_reads_in_either_case_and_writes_lowercase_as_a_json_string() {

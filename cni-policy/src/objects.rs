@@ -76,12 +76,7 @@ pub fn pod(object: &K8sPod) -> Option<Pod> {
 fn named_ports(container: &Container) -> impl Iterator<Item = NamedPort> + '_ {
     container.ports.iter().flatten().filter_map(|port| {
         let name = port.name.clone().filter(|n| !n.is_empty())?;
-        let protocol = match port.protocol.as_deref() {
-            None | Some("TCP") => Protocol::Tcp,
-            Some("UDP") => Protocol::Udp,
-            Some("SCTP") => Protocol::Sctp,
-            Some(_) => return None,
-        };
+        let protocol = Protocol::from_kubernetes(port.protocol.as_deref())?;
         let number = u16::try_from(port.container_port)
             .ok()
             .filter(|p| *p != 0)?;

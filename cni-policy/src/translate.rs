@@ -236,17 +236,12 @@ fn cidr_of(field: &str, text: &str) -> Result<IpNet, PolicyError> {
 }
 
 fn port_of(at: &str, port: &NetworkPolicyPort) -> Result<PortRule, PolicyError> {
-    let protocol = match port.protocol.as_deref() {
-        None | Some("TCP") => Protocol::Tcp,
-        Some("UDP") => Protocol::Udp,
-        Some("SCTP") => Protocol::Sctp,
-        Some(other) => {
-            return Err(error(
-                format!("{at}.protocol"),
-                Problem::Protocol(other.to_owned()),
-            ));
-        }
-    };
+    let protocol = Protocol::from_kubernetes(port.protocol.as_deref()).ok_or_else(|| {
+        error(
+            format!("{at}.protocol"),
+            Problem::Protocol(port.protocol.clone().unwrap_or_default()),
+        )
+    })?;
     let ports = match (&port.port, port.end_port) {
         (None, None) => Ports::All,
         (None, Some(_)) | (Some(IntOrString::String(_)), Some(_)) => {
