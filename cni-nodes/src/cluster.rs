@@ -1,6 +1,8 @@
-//! The Kubernetes source (`--kubeconfig`, or in-cluster): a watch on every `Node`.
+//! The Kubernetes source (`--kubeconfig`, or in-cluster): a watch on every `Node`, and
+//! the watch of any kind of object every watch here uses ([`watch_events`], cni-policy's
+//! watches of Namespaces, Pods and NetworkPolicies too).
 //!
-//! kube's watcher lists the nodes, then watches from the list's resourceVersion with
+//! kube's watcher lists the objects, then watches from the list's resourceVersion with
 //! bookmarks on, so a dropped connection resumes where it stopped; a `410 Gone` (the
 //! version was compacted away) makes it list again. Errors back off as kube's default
 //! does (0.8 s doubling to 30 s, with jitter). Lists are read with the default semantic
@@ -8,20 +10,22 @@
 //! time; see docs/decisions.md.
 
 use std::collections::BTreeSet;
+use std::fmt::Debug;
 use std::path::PathBuf;
 use std::pin::pin;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node as K8sNode;
+use k8s_openapi::serde::de::DeserializeOwned;
 use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Config};
+use kube::{Api, Client, Config, Resource};
 use tokio::sync::watch;
 
 use crate::node::{Node, NodeSet};
 use crate::report::Reporter;
-use crate::translate::translate;
+use crate::translate::{Problem, translate};
 
 /// How the API server is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,33 +87,67 @@ pub fn watch_cluster(client: Client) -> watch::Receiver<NodeSet> {
     rx
 }
 
+/// What a watch follows, for its log lines: `node` (the node watch expired), `nodes`
+/// (listing the nodes again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watched {
+    pub one: &'static str,
+    pub many: &'static str,
+}
+
+const NODES: Watched = Watched {
+    one: "node",
+    many: "nodes",
+};
+
+/// The events of a list and watch of every object of `api`, with the watcher's
+/// configuration and back-off the module describes. Errors are logged and retried, not
+/// yielded: a `410 Gone` as information (the relist that follows is routine), the rest
+/// as warnings with their causes. The stream does not end.
+pub fn watch_events<K>(api: Api<K>, watched: Watched) -> impl Stream<Item = Event<K>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    kube::runtime::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let event = match event {
+                Ok(event) => Some(event),
+                Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                    tracing::info!(
+                        "the {} watch expired ({}); listing the {} again",
+                        watched.one,
+                        status.message,
+                        watched.many
+                    );
+                    None
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        "watching the {}: {}; trying again",
+                        watched.many,
+                        with_causes(&err)
+                    );
+                    None
+                }
+            };
+            std::future::ready(event)
+        })
+}
+
 async fn run(api: Api<K8sNode>, tx: watch::Sender<NodeSet>) {
-    let events = kube::runtime::watcher(api, watcher::Config::default()).default_backoff();
-    let mut events = pin!(events);
+    let mut events = pin!(watch_events(api, NODES));
     let mut nodes = WatchedNodes::default();
     loop {
         let event = tokio::select! {
             () = tx.closed() => return,
             event = events.next() => event,
         };
-        match event {
-            Some(Ok(event)) => {
-                tx.send_if_modified(|set| nodes.apply(event, set));
-            }
-            Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
-                tracing::info!(
-                    "the node watch expired ({}); listing the nodes again",
-                    status.message
-                );
-            }
-            Some(Err(err)) => {
-                tracing::warn!("watching the nodes: {}; trying again", with_causes(&err));
-            }
-            None => {
-                tracing::error!("the node watch ended; the nodes stay as they are");
-                return;
-            }
-        }
+        let Some(event) = event else {
+            tracing::error!("the node watch ended; the nodes stay as they are");
+            return;
+        };
+        tx.send_if_modified(|set| nodes.apply(event, set));
     }
 }
 
@@ -137,7 +175,7 @@ struct WatchedNodes {
     listing: NodeSet,
     /// The names that list has shown, skipped nodes included.
     listed: BTreeSet<String>,
-    reporter: Reporter,
+    reporter: Reporter<Problem>,
     /// Whether a list has completed: the first one is published even when empty.
     synced: bool,
 }
@@ -162,7 +200,8 @@ impl WatchedNodes {
             }
             Event::InitDone => {
                 let listing = std::mem::take(&mut self.listing);
-                self.reporter.keep_only(&std::mem::take(&mut self.listed));
+                let listed = std::mem::take(&mut self.listed);
+                self.reporter.keep_only(|name| listed.contains(name));
                 tracing::info!("listed {} usable nodes", listing.len());
                 let changed = !self.synced || *set != listing;
                 *set = listing;

@@ -1,5 +1,6 @@
-//! The nodes file (`--nodes-file`): read at start, then polled and published again when it
-//! changes.
+//! A file of Kubernetes objects read at start, then polled and published again when it
+//! changes: the nodes file (`--nodes-file`, [`watch_file`]) here, and any other such file
+//! through [`Poller`] (cni-policy's policy file).
 //!
 //! The poll looks at the file's device, inode, length, mtime and ctime every 250 ms
 //! (following symlinks, so a ConfigMap volume's `..data` swap is a change). That sees a
@@ -35,79 +36,169 @@ const RACY_WINDOW: Duration = Duration::from_secs(1);
 /// Reads at start that may find the file changing before it is refused.
 const START_TRIES: usize = 5;
 
+/// What a polled file is called in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileKind {
+    /// The file, before its path: `nodes file`.
+    pub name: &'static str,
+    /// What it holds, as what stays when it goes bad: `the nodes`.
+    pub contents: &'static str,
+}
+
+/// The nodes file.
+const NODES_FILE: FileKind = FileKind {
+    name: "nodes file",
+    contents: "the nodes",
+};
+
+/// A failed read of a polled file, naming it (`nodes file PATH: ...`).
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("nodes file {}: {source}", path.display())]
-    Read { path: PathBuf, source: io::Error },
-    #[error("nodes file {}: {source}", path.display())]
-    Parse { path: PathBuf, source: ParseError },
-    #[error("nodes file {} kept changing while it was read", path.display())]
-    Unstable { path: PathBuf },
-    #[error("nodes file {}: the reading thread failed: {reason}", path.display())]
-    Thread { path: PathBuf, reason: String },
+    #[error("{file} {}: {source}", path.display())]
+    Read {
+        file: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{file} {}: {source}", path.display())]
+    Parse {
+        file: &'static str,
+        path: PathBuf,
+        source: ParseError,
+    },
+    #[error("{file} {} kept changing while it was read", path.display())]
+    Unstable { file: &'static str, path: PathBuf },
+    #[error("{file} {}: the reading thread failed: {reason}", path.display())]
+    Thread {
+        file: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
 }
 
 /// Reads the nodes file once. Blocking.
 pub fn read_nodes_file(path: &Path) -> Result<NodeSet, FileError> {
-    Poller::new(path.to_owned()).first_read()
+    nodes_poller(path.to_owned()).first_read()
 }
 
 /// Reads the nodes file and returns a receiver that holds its nodes, updated by a task
 /// that polls the file until every receiver is dropped. A file that is missing or does not
 /// parse at start is an error; later, it keeps the last good set and logs a warning.
 pub async fn watch_file(path: impl Into<PathBuf>) -> Result<watch::Receiver<NodeSet>, FileError> {
-    let path = path.into();
-    let mut poller = Poller::new(path.clone());
-    let (poller, first) = tokio::task::spawn_blocking(move || {
-        let first = poller.first_read();
-        (poller, first)
-    })
-    .await
-    .map_err(|err| FileError::Thread {
-        path,
-        reason: err.to_string(),
-    })?;
-    let (tx, rx) = watch::channel(first?);
-    tokio::spawn(run(poller, tx));
-    Ok(rx)
+    nodes_poller(path.into()).watch().await
 }
 
-async fn run(mut poller: Poller, tx: watch::Sender<NodeSet>) {
-    let mut ticks = tokio::time::interval(POLL_INTERVAL);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        tokio::select! {
-            () = tx.closed() => return,
-            _ = ticks.tick() => {}
+/// A poller of the nodes file, whose skipped nodes are each logged once.
+fn nodes_poller(path: PathBuf) -> Poller<NodeSet> {
+    let mut reporter = Reporter::default();
+    Poller::new(
+        NODES_FILE,
+        path,
+        move |bytes| parse_reporting(bytes, &mut reporter),
+        |set| format!("{} nodes", set.len()),
+    )
+}
+
+/// How a polled file's bytes become its value; it may keep what it logged last time.
+type Parse<T> = Box<dyn FnMut(&[u8]) -> Result<T, ParseError> + Send>;
+
+/// A file of objects and how it reads: polled by [`Poller::watch`], on a blocking thread
+/// for each poll.
+pub struct Poller<T> {
+    kind: FileKind,
+    path: PathBuf,
+    parse: Parse<T>,
+    /// What a new value holds, for the log line that announces it: `3 nodes`.
+    summary: fn(&T) -> String,
+    /// The version last read, good or not.
+    seen: Option<Stamp>,
+    /// Whether that version must be read again to be sure of it.
+    racy: bool,
+    /// The failure last logged, so a lasting one is logged once.
+    failing: Option<String>,
+}
+
+impl<T: PartialEq + Send + Sync + 'static> Poller<T> {
+    /// A poller of the file at `path`, whose bytes `parse` reads.
+    pub fn new(
+        kind: FileKind,
+        path: PathBuf,
+        parse: impl FnMut(&[u8]) -> Result<T, ParseError> + Send + 'static,
+        summary: fn(&T) -> String,
+    ) -> Self {
+        Self {
+            kind,
+            path,
+            parse: Box::new(parse),
+            summary,
+            seen: None,
+            racy: false,
+            failing: None,
         }
-        let polled = tokio::task::spawn_blocking(move || {
-            let set = poller.poll();
-            (poller, set)
+    }
+
+    /// Reads the file and returns a receiver that holds its value, updated by a task that
+    /// polls the file until every receiver is dropped. A file that is missing or does not
+    /// parse at start is an error; later, it keeps the last good value and logs a
+    /// warning, once while the failure lasts.
+    pub async fn watch(mut self) -> Result<watch::Receiver<T>, FileError> {
+        let (file, path) = (self.kind.name, self.path.clone());
+        let (poller, first) = tokio::task::spawn_blocking(move || {
+            let first = self.first_read();
+            (self, first)
         })
-        .await;
-        let set;
-        (poller, set) = match polled {
-            Ok(polled) => polled,
-            Err(err) => {
-                tracing::error!(
-                    "the nodes file's poller failed, the nodes stay as they are: {err}"
-                );
-                return;
+        .await
+        .map_err(|err| FileError::Thread {
+            file,
+            path,
+            reason: err.to_string(),
+        })?;
+        let (tx, rx) = watch::channel(first?);
+        tokio::spawn(poller.run(tx));
+        Ok(rx)
+    }
+
+    async fn run(mut self, tx: watch::Sender<T>) {
+        let kind = self.kind;
+        let mut ticks = tokio::time::interval(POLL_INTERVAL);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                _ = ticks.tick() => {}
             }
-        };
-        let Some(set) = set else { continue };
-        let changed = tx.send_if_modified(|current| {
-            let changed = *current != set;
-            *current = set;
-            changed
-        });
-        if changed {
-            tracing::info!(
-                "nodes file {}: {} nodes",
-                poller.path.display(),
-                tx.borrow().len()
-            );
+            let polled = tokio::task::spawn_blocking(move || {
+                let value = self.poll();
+                (self, value)
+            })
+            .await;
+            let value;
+            (self, value) = match polled {
+                Ok(polled) => polled,
+                Err(err) => {
+                    tracing::error!(
+                        "the {}'s poller failed, {} stay as they are: {err}",
+                        kind.name,
+                        kind.contents
+                    );
+                    return;
+                }
+            };
+            let Some(value) = value else { continue };
+            let changed = tx.send_if_modified(|current| {
+                let changed = *current != value;
+                *current = value;
+                changed
+            });
+            if changed {
+                tracing::info!(
+                    "{} {}: {}",
+                    kind.name,
+                    self.path.display(),
+                    (self.summary)(&tx.borrow())
+                );
+            }
         }
     }
 }
@@ -149,32 +240,14 @@ impl Stamp {
     }
 }
 
-/// The poll's state, moved to a blocking thread for each poll.
-struct Poller {
-    path: PathBuf,
-    reporter: Reporter,
-    /// The version last read, good or not.
-    seen: Option<Stamp>,
-    /// Whether that version must be read again to be sure of it.
-    racy: bool,
-    /// The failure last logged, so a lasting one is logged once.
-    failing: Option<String>,
-}
-
-impl Poller {
-    fn new(path: PathBuf) -> Self {
-        Self {
-            path,
-            reporter: Reporter::default(),
-            seen: None,
-            racy: false,
-            failing: None,
-        }
-    }
-
-    fn first_read(&mut self) -> Result<NodeSet, FileError> {
+impl<T> Poller<T> {
+    /// Reads the file at start: an error when it is missing, does not parse, or keeps
+    /// changing while it is read. Blocking.
+    fn first_read(&mut self) -> Result<T, FileError> {
+        let file = self.kind.name;
         for _ in 0..START_TRIES {
             let Some(bytes) = self.read().map_err(|source| FileError::Read {
+                file,
                 path: self.path.clone(),
                 source,
             })?
@@ -182,20 +255,20 @@ impl Poller {
                 std::thread::sleep(POLL_INTERVAL / 5);
                 continue;
             };
-            return parse_reporting(&bytes, &mut self.reporter).map_err(|source| {
-                FileError::Parse {
-                    path: self.path.clone(),
-                    source,
-                }
+            return (self.parse)(&bytes).map_err(|source| FileError::Parse {
+                file,
+                path: self.path.clone(),
+                source,
             });
         }
         Err(FileError::Unstable {
+            file,
             path: self.path.clone(),
         })
     }
 
-    /// Looks at the file; the nodes when a version not read yet parsed.
-    fn poll(&mut self) -> Option<NodeSet> {
+    /// Looks at the file; its value when a version not read yet parsed. Blocking.
+    fn poll(&mut self) -> Option<T> {
         let stamp = match std::fs::metadata(&self.path) {
             Ok(meta) => Stamp::of(&meta),
             Err(err) => {
@@ -215,12 +288,12 @@ impl Poller {
                 return None;
             }
         };
-        match parse_reporting(&bytes, &mut self.reporter) {
-            Ok(set) => {
+        match (self.parse)(&bytes) {
+            Ok(value) => {
                 if self.failing.take().is_some() {
-                    tracing::info!("nodes file {} reads again", self.path.display());
+                    tracing::info!("{} {} reads again", self.kind.name, self.path.display());
                 }
-                Some(set)
+                Some(value)
             }
             Err(err) => {
                 self.fail(&err.to_string());
@@ -252,8 +325,10 @@ impl Poller {
             return;
         }
         tracing::warn!(
-            "nodes file {}: {reason}; the nodes stay as last read",
-            self.path.display()
+            "{} {}: {reason}; {} stay as last read",
+            self.kind.name,
+            self.path.display(),
+            self.kind.contents
         );
         self.failing = Some(reason.to_owned());
     }

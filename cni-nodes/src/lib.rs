@@ -7,6 +7,10 @@
 //! object and apply the same rules ([`Node`]): IPv6 is left out, a node without an IPv4
 //! InternalIP is skipped, and a value that does not parse is skipped with a warning naming
 //! the node, never a panic.
+//!
+//! What other sources of Kubernetes objects share with these (cni-policy's): the polled
+//! file ([`Poller`]), the watch of one kind of object ([`watch_events`]), the reader of
+//! object documents ([`documents`]) and warnings logged once per object ([`Reporter`]).
 
 mod cluster;
 mod file;
@@ -15,7 +19,8 @@ mod parse;
 mod report;
 mod translate;
 
-pub use cluster::{ClusterAccess, ClusterError, connect, watch_cluster};
-pub use file::{FileError, POLL_INTERVAL, read_nodes_file, watch_file};
+pub use cluster::{ClusterAccess, ClusterError, Watched, connect, watch_cluster, watch_events};
+pub use file::{FileError, FileKind, POLL_INTERVAL, Poller, read_nodes_file, watch_file};
 pub use node::{Node, NodeSet};
 pub use parse::{MAX_DOCUMENT_BYTES, ParseError, documents, json_type, parse_nodes};
+pub use report::Reporter;

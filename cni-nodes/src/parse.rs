@@ -44,7 +44,7 @@ pub fn parse_nodes(bytes: &[u8]) -> Result<NodeSet, ParseError> {
 /// [`parse_nodes`] that logs only the problems `reporter` has not logged yet.
 pub(crate) fn parse_reporting(
     bytes: &[u8],
-    reporter: &mut Reporter,
+    reporter: &mut Reporter<Problem>,
 ) -> Result<NodeSet, ParseError> {
     let items = list_items(document(bytes)?)?;
     let mut set = NodeSet::new();
@@ -77,7 +77,7 @@ pub(crate) fn parse_reporting(
         reporter.report(&key, &problems);
         keys.insert(key);
     }
-    reporter.keep_only(&keys);
+    reporter.keep_only(|key| keys.contains(key));
     Ok(set)
 }
 
