@@ -1,16 +1,20 @@
-//! A fake Kubernetes API server for the node watch, in HTTP/1.1, plain or over TLS with a
-//! certificate from a CA the test makes (`tls`), on 127.0.0.1 or where the caller bound
-//! its listener. Shared by cni-nodes' tests and the daemon's
-//! (`tests/tests/cluster/cluster_kube_source.rs` includes this file by path).
+//! A fake Kubernetes API server for watches of every object of a kind (Nodes, Namespaces,
+//! Pods, NetworkPolicies: [`KINDS`]), in HTTP/1.1, plain or over TLS with a certificate
+//! from a CA the test makes (`tls`), on 127.0.0.1 or where the caller bound its listener.
+//! Shared by cni-nodes' tests, cni-policy's and the daemon's
+//! (`tests/tests/cluster/cluster_kube_source.rs` and `cni-policy/tests` include this file
+//! by path).
 //!
 //! It speaks the wire format kube's client reads from a real server: `GET /api/v1/nodes`
-//! answered with a `NodeList` carrying `metadata.resourceVersion`, and `GET
-//! /api/v1/nodes?watch=true&resourceVersion=...` answered with a chunked stream of
-//! newline-delimited watch events (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR` with
-//! a `Status`), which the test can end cleanly or cut off mid-stream. Every request is
-//! handed to the test, which decides the answer, so the test both scripts the server and
-//! asserts what the client asked for, and sent: the `Authorization` header. Over TLS, a
-//! failed handshake (a client refusing the certificate) is handed to the test too.
+//! answered with a `NodeList` (a `PodList` for `/api/v1/pods`, ...) carrying
+//! `metadata.resourceVersion`, and `GET /api/v1/nodes?watch=true&resourceVersion=...`
+//! answered with a chunked stream of newline-delimited watch events (`ADDED`, `MODIFIED`,
+//! `DELETED`, `BOOKMARK`, `ERROR` with a `Status`), which the test can end cleanly or cut
+//! off mid-stream. Every request is handed to the test, which decides the answer, so the
+//! test both scripts the server and asserts what the client asked for, and sent: the
+//! `Authorization` header. A client watching several kinds sends its requests in any
+//! order: the test takes the next one for a path, and the others wait their turn. Over
+//! TLS, a failed handshake (a client refusing the certificate) is handed to the test too.
 //!
 //! Not covered: authentication and authorization (the `Authorization` header is recorded,
 //! never checked; no client certificates; no 401 or 403 unless the test answers one),
@@ -20,7 +24,12 @@
 //! (`sendInitialEvents`), selectors, discovery, compression, and throttling (429, API
 //! priority and fairness).
 
-use std::collections::BTreeMap;
+#![allow(
+    dead_code,
+    reason = "each test binary that includes it uses a part of it"
+)]
+
+use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -51,11 +60,36 @@ type Body = BoxBody<Bytes, io::Error>;
 /// How long the test waits for the client's next request.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where every object of a kind is listed and watched.
+pub const NODES: &str = "/api/v1/nodes";
+pub const NAMESPACES: &str = "/api/v1/namespaces";
+pub const PODS: &str = "/api/v1/pods";
+pub const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
+
+/// The kinds served: path, kind and apiVersion.
+pub const KINDS: [(&str, &str, &str); 4] = [
+    (NODES, "Node", "v1"),
+    (NAMESPACES, "Namespace", "v1"),
+    (PODS, "Pod", "v1"),
+    (NETWORK_POLICIES, "NetworkPolicy", "networking.k8s.io/v1"),
+];
+
+/// The kind and apiVersion of the objects at `path`.
+fn kind_at(path: &str) -> (&'static str, &'static str) {
+    KINDS
+        .iter()
+        .find(|(at, _, _)| *at == path)
+        .map(|(_, kind, api_version)| (*kind, *api_version))
+        .unwrap_or_else(|| panic!("the fake API server serves nothing at {path}"))
+}
+
 pub struct FakeApi {
     addr: SocketAddr,
     /// `http` or `https`.
     scheme: &'static str,
     calls: mpsc::UnboundedReceiver<Call>,
+    /// Requests received while the test waited for one to another path, in order.
+    waiting: VecDeque<Call>,
     /// Why TLS handshakes failed, in order.
     refusals: mpsc::UnboundedReceiver<String>,
     server: JoinHandle<()>,
@@ -117,6 +151,7 @@ impl FakeApi {
             addr,
             scheme,
             calls,
+            waiting: VecDeque::new(),
             refusals,
             server,
         }
@@ -165,16 +200,45 @@ current-context: fake
 
     /// The client's next request.
     pub async fn next_call(&mut self) -> Call {
+        if let Some(call) = self.waiting.pop_front() {
+            return call;
+        }
+        self.receive().await
+    }
+
+    /// The client's next request to `path`; those to other paths wait for
+    /// [`Self::next_call`] or their own.
+    pub async fn next_call_to(&mut self, path: &str) -> Call {
+        if let Some(at) = self.waiting.iter().position(|call| call.path == path)
+            && let Some(call) = self.waiting.remove(at)
+        {
+            return call;
+        }
+        loop {
+            let call = self.receive().await;
+            if call.path == path {
+                return call;
+            }
+            self.waiting.push_back(call);
+        }
+    }
+
+    async fn receive(&mut self) -> Call {
         match tokio::time::timeout(CALL_TIMEOUT, self.calls.recv()).await {
             Ok(Some(call)) => call,
             Ok(None) => panic!("the fake API server stopped"),
-            Err(_) => panic!("no request to the fake API server within {CALL_TIMEOUT:?}"),
+            Err(_) => panic!(
+                "no request to the fake API server within {CALL_TIMEOUT:?}; waiting: {:?}",
+                self.waiting
+            ),
         }
     }
 
     /// The request the client sent and nobody took yet, if any: to show that none came.
     pub fn pending_call(&mut self) -> Option<Call> {
-        self.calls.try_recv().ok()
+        self.waiting
+            .pop_front()
+            .or_else(|| self.calls.try_recv().ok())
     }
 
     /// Why the next TLS handshake failed (a client that refuses the server's
@@ -190,7 +254,7 @@ current-context: fake
     /// The next request, which must be a list of the nodes.
     pub async fn expect_list(&mut self) -> Call {
         let call = self.next_call().await;
-        assert_eq!(call.path, "/api/v1/nodes", "{call:?}");
+        assert_eq!(call.path, NODES, "{call:?}");
         assert!(!call.is_watch(), "expected a list, got {call:?}");
         call
     }
@@ -198,7 +262,24 @@ current-context: fake
     /// The next request, which must be a watch of the nodes from `resource_version`.
     pub async fn expect_watch(&mut self, resource_version: &str) -> WatchStream {
         let call = self.next_call().await;
-        assert_eq!(call.path, "/api/v1/nodes", "{call:?}");
+        assert_eq!(call.path, NODES, "{call:?}");
+        Self::watch_from(call, resource_version)
+    }
+
+    /// The next request to `path` (one of [`KINDS`]), which must be a list.
+    pub async fn expect_list_of(&mut self, path: &str) -> Call {
+        let call = self.next_call_to(path).await;
+        assert!(!call.is_watch(), "expected a list, got {call:?}");
+        call
+    }
+
+    /// The next request to `path`, which must be a watch from `resource_version`.
+    pub async fn expect_watch_of(&mut self, path: &str, resource_version: &str) -> WatchStream {
+        let call = self.next_call_to(path).await;
+        Self::watch_from(call, resource_version)
+    }
+
+    fn watch_from(call: Call, resource_version: &str) -> WatchStream {
         assert!(call.is_watch(), "expected a watch, got {call:?}");
         assert_eq!(
             call.param("resourceVersion"),
@@ -235,11 +316,13 @@ impl Call {
         self.param("watch").is_some_and(|v| v == "true" || v == "1")
     }
 
-    /// Answers with a `NodeList` at `resource_version`.
+    /// Answers with a list of the kind its path serves (a `NodeList`, a `PodList`, ...) at
+    /// `resource_version`.
     pub fn reply_list(self, resource_version: &str, items: &[Value]) {
+        let (kind, api_version) = kind_at(&self.path);
         let list = json!({
-            "kind": "NodeList",
-            "apiVersion": "v1",
+            "kind": format!("{kind}List"),
+            "apiVersion": api_version,
             "metadata": {"resourceVersion": resource_version},
             "items": items,
         });
@@ -273,8 +356,13 @@ impl Call {
             let item = rx.recv().await?;
             Some((item.map(Frame::data), rx))
         });
+        let (kind, api_version) = kind_at(&self.path);
         self.reply(StatusCode::OK, StreamBody::new(frames).boxed());
-        WatchStream { tx }
+        WatchStream {
+            tx,
+            kind,
+            api_version,
+        }
     }
 
     fn reply(self, status: StatusCode, body: Body) {
@@ -291,6 +379,9 @@ impl Call {
 /// The body of a watch response, open until dropped.
 pub struct WatchStream {
     tx: mpsc::UnboundedSender<Result<Bytes, io::Error>>,
+    /// The kind watched, for bookmarks.
+    kind: &'static str,
+    api_version: &'static str,
 }
 
 impl WatchStream {
@@ -307,8 +398,8 @@ impl WatchStream {
         self.event(
             "BOOKMARK",
             json!({
-                "kind": "Node",
-                "apiVersion": "v1",
+                "kind": self.kind,
+                "apiVersion": self.api_version,
                 "metadata": {"resourceVersion": resource_version},
             }),
         );
