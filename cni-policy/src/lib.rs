@@ -7,13 +7,15 @@
 //! in ([`Blocks`]) and port ranges as aligned blocks ([`ports::prefixes`]).
 //!
 //! What the policies are compiled from: Pods and Namespaces as policies see them
-//! ([`objects`]), read from a file of objects ([`parse::parse_objects`]).
+//! ([`objects`]), read from a file of objects ([`parse::parse_objects`]), as [`Objects`]
+//! from the policy file, polled ([`watch_file`]).
 //!
 //! Family-neutral throughout: addresses are `IpAddr` and `IpNet`, so IPv6 needs no
 //! change here.
 
 mod blocks;
 pub mod compile;
+pub mod file;
 pub mod objects;
 pub mod parse;
 mod policy;
@@ -22,9 +24,12 @@ mod selector;
 pub mod translate;
 
 pub use blocks::{Blocks, PeerId};
+pub use cni_nodes::FileError;
 pub use compile::{
     Cluster, Compiled, Endpoint, Entry, Identities, Identity, NamedPort, Pod, compile,
 };
+pub use file::watch_file;
+pub use parse::{Objects, Refused};
 pub use policy::{Direction, Namespaces, Peer, Policy, PortRule, Ports, Rule};
 pub use selector::{Labels, Requirement, Selector, SelectorError};
 pub use translate::{PolicyError, Problem};

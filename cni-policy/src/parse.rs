@@ -19,8 +19,8 @@ use serde_json::Value;
 
 use crate::{compile::Pod, objects, policy::Policy, selector::Labels, translate};
 
-/// What a file holds.
-#[derive(Debug, Default)]
+/// What a file, or the cluster, holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Objects {
     pub namespaces: BTreeMap<String, Labels>,
     pub pods: Vec<Pod>,
@@ -79,6 +79,17 @@ pub fn parse_objects(bytes: &[u8]) -> Result<Objects, ParseError> {
 }
 
 impl Objects {
+    /// How many of each it holds, for log lines.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{} namespaces, {} pods, {} network policies, {} objects refused",
+            self.namespaces.len(),
+            self.pods.len(),
+            self.policies.len(),
+            self.refused.len()
+        )
+    }
+
     fn refuse(&mut self, object: &str, reason: String) {
         self.refused.push(Refused {
             object: object.to_owned(),
