@@ -8,12 +8,14 @@
 //!
 //! What the policies are compiled from: Pods and Namespaces as policies see them
 //! ([`objects`]), read from a file of objects ([`parse::parse_objects`]), as [`Objects`]
-//! from the policy file, polled ([`watch_file`]).
+//! from one of two sources: the policy file, polled ([`watch_file`]), or the cluster's
+//! Namespaces, Pods and NetworkPolicies, watched ([`watch_cluster`]).
 //!
 //! Family-neutral throughout: addresses are `IpAddr` and `IpNet`, so IPv6 needs no
 //! change here.
 
 mod blocks;
+pub mod cluster;
 pub mod compile;
 pub mod file;
 pub mod objects;
@@ -24,6 +26,7 @@ mod selector;
 pub mod translate;
 
 pub use blocks::{Blocks, PeerId};
+pub use cluster::watch_cluster;
 pub use cni_nodes::FileError;
 pub use compile::{
     Cluster, Compiled, Endpoint, Entry, Identities, Identity, NamedPort, Pod, compile,
