@@ -15,6 +15,7 @@ pub mod hostport;
 pub mod metrics;
 pub mod nat;
 pub mod overlay;
+pub mod policy;
 pub mod protocol;
 pub mod services;
 pub mod stats;
@@ -36,6 +37,9 @@ pub use nat::{
     NatReverseKey, SweepItem, Uplinks, sweep,
 };
 pub use overlay::{MAX_NODES, MAX_REMOTE_RANGES, OverlayConfig, RemoteNode, underlay_trust};
+pub use policy::{
+    AddrKey, FlowKey, FlowVerdict, PolicyConfig, PolicyCounters, PolicyEndpoint, RuleKey, RuleValue,
+};
 pub use protocol::{ip_proto, tcp_flags};
 pub use services::{
     DEFAULT_PARTY_BUDGET, MAX_SERVICE_CIDRS, MAX_SERVICE_FLOWS, MAX_SERVICE_PARTIES,
@@ -145,6 +149,22 @@ pub mod map_names {
     /// LRU hash: [`crate::SockRevKey`] -> [`crate::HostPortFlow`], the address a
     /// translated socket really dialled.
     pub const SOCK_REV: &str = "SOCK_REV";
+    /// LPM trie: (prefix, [`crate::AddrKey`]) -> `u32`, the identity of the addresses
+    /// under each prefix (see [`crate::policy`]).
+    pub const POLICY_IDS: &str = "POLICY_IDS";
+    /// LPM trie: (prefix, [`crate::RuleKey`]) -> [`crate::RuleValue`], each isolated
+    /// pod's ways through.
+    pub const POLICY_RULES: &str = "POLICY_RULES";
+    /// Hash: a pod's host-side ifindex (`u32`) -> [`crate::PolicyEndpoint`], the
+    /// directions it is isolated in.
+    pub const POLICY_ENDPOINTS: &str = "POLICY_ENDPOINTS";
+    /// Array of one [`crate::PolicyConfig`].
+    pub const POLICY_CONFIG: &str = "POLICY_CONFIG";
+    /// LRU hash: [`crate::FlowKey`] -> [`crate::FlowVerdict`], the verdicts given to
+    /// flows at isolated pods.
+    pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
+    /// Per-CPU hash: a policy's slot (`u32`) -> [`crate::PolicyCounters`].
+    pub const POLICY_STATS: &str = "POLICY_STATS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -168,6 +188,9 @@ pub mod program_names {
     pub const SOCK_RECVMSG4: &str = "hostport_recvmsg4";
     /// cgroup getpeername4: the peer is the address dialled.
     pub const SOCK_GETPEERNAME4: &str = "hostport_getpeername4";
+    /// TC egress of a pod's host-side veth (and a netkit pair's primary hook): what the
+    /// node's stack delivers to the pod, checked against policies.
+    pub const TO_POD: &str = "to_pod";
     /// TC ingress of the overlay device: decapsulated packets from other nodes, checked
     /// and delivered into the pod.
     pub const OVERLAY_INGRESS: &str = "overlay_ingress";

@@ -97,11 +97,14 @@ pub enum DropReason {
     ServiceBudget = 23,
     /// A new Service connection meeting a full Service table.
     ServiceTableFull = 24,
+    /// A packet of a new flow no NetworkPolicy lets out of its pod or into its pod
+    /// (counted by policy in `POLICY_STATS` as well).
+    PolicyDenied = 25,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 25] = [
+    pub const ALL: [DropReason; 26] = [
         DropReason::TruncatedFrame,
         DropReason::MalformedIpv4,
         DropReason::MalformedArp,
@@ -127,6 +130,7 @@ impl DropReason {
         DropReason::PodRateLimited,
         DropReason::ServiceBudget,
         DropReason::ServiceTableFull,
+        DropReason::PolicyDenied,
     ];
 
     /// Size of the drop counter array (room for reasons added later).
@@ -160,6 +164,7 @@ impl DropReason {
             DropReason::PodRateLimited => "pod_rate_limited",
             DropReason::ServiceBudget => "service_budget",
             DropReason::ServiceTableFull => "service_table_full",
+            DropReason::PolicyDenied => "policy_denied",
         }
     }
 }

@@ -128,6 +128,13 @@ fn flow_key(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> NatKey {
     unsafe { core::mem::transmute::<[u64; 2], NatKey>([addrs, rest]) }
 }
 
+/// Whether `addr` is in a Service range: kube-proxy's DNAT in the stack decides where
+/// a packet for it goes.
+#[inline(always)]
+pub fn in_service_range(addr: [u8; 4]) -> bool {
+    SERVICE_CIDRS.get(Key::new(32, addr)).is_some()
+}
+
 /// Whether `ip`, for a node address, is for a NodePort (a TCP or UDP destination port
 /// in the range the daemon wrote).
 #[inline(always)]

@@ -8,7 +8,7 @@
 //! frame the node's stack forwarded.
 
 use aya_ebpf::{
-    bindings::TC_ACT_OK,
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
     helpers::generated::{bpf_redirect, bpf_redirect_peer, bpf_skb_change_type},
     programs::TcContext,
 };
@@ -19,6 +19,7 @@ use super::{
     counters::{self, Direction},
     csum,
     packet::{self, EthIpv4, IP_TTL},
+    policy::{self, Role},
 };
 
 /// `skb->pkt_type` of a frame addressed to this host.
@@ -71,7 +72,7 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
     Ok(into_pod(ctx, destination))
 }
 
-/// The redirect into the pod `destination`: to its interface directly (the host veth's
+/// The redirect into the pod `destination`, when its policies let the packet in: to its interface directly (the host veth's
 /// peer), or, when its host veth has a qdisc (an ingress limit's `tbf`), to that veth's
 /// egress, whose qdisc paces the frames before the veth hands them to the pod; both
 /// counted for it. On a netkit pair's hook, where the kernel refuses the peer redirect,
@@ -79,6 +80,9 @@ pub fn redirect(ctx: &TcContext, eth: &EthHdr, destination: &EndpointInfo) -> Re
 /// counters, which `ebpf-cnid endpoints` adds.
 #[inline(always)]
 fn into_pod(ctx: &TcContext, destination: &EndpointInfo) -> i32 {
+    if !policy::admits(ctx, destination.host_ifindex, Role::Receiver) {
+        return TC_ACT_SHOT as i32;
+    }
     // SAFETY: plain helper calls with an ifindex and no flags.
     unsafe {
         if !packet::at_tc_ingress(ctx) {

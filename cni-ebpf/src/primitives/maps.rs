@@ -18,6 +18,10 @@ use cni_ebpf_common::{
     NatConfig, NatCounter, NatEntry, NatKey, NatReverseKey, OverlayConfig, PortKey, PortTarget,
     RateBucket, RefusedFlows, RemoteNode, ServiceClient, ServiceConfig, ServiceCounts, SockConfig,
     SockRevKey, SourceKey, TARGET_WORDS, TrafficCounters, Uplinks,
+    policy::{
+        AddrKey, FlowKey, FlowVerdict, MAX_POLICY_ADDRS, MAX_POLICY_FLOWS, MAX_POLICY_RULES,
+        MAX_POLICY_SLOTS, PolicyConfig, PolicyCounters, PolicyEndpoint, RuleKey, RuleValue,
+    },
 };
 
 /// The layout version of the pins (`cni_ebpf_common::LAYOUT_VERSION`): no program reads
@@ -200,6 +204,37 @@ pub static SERVICE_FLOWS: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_SERVIC
 #[map(name = "SERVICE_COUNTS")]
 pub static SERVICE_COUNTS: HashMap<[u8; 4], ServiceCounts> =
     HashMap::pinned(MAX_SERVICE_PARTIES, 0);
+
+// NetworkPolicy (see `cni_ebpf_common::policy`).
+
+/// `BPF_F_NO_PREALLOC`: per-CPU values made as policies are counted, not for every
+/// slot up front (65,536 slots on every CPU).
+const NO_PREALLOC: u32 = 1;
+
+#[map(name = "POLICY_IDS")]
+pub static POLICY_IDS: LpmTrie<AddrKey, u32> = LpmTrie::pinned(MAX_POLICY_ADDRS, 0);
+
+#[map(name = "POLICY_RULES")]
+pub static POLICY_RULES: LpmTrie<RuleKey, RuleValue> = LpmTrie::pinned(MAX_POLICY_RULES, 0);
+
+#[map(name = "POLICY_ENDPOINTS")]
+pub static POLICY_ENDPOINTS: HashMap<u32, PolicyEndpoint> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+#[map(name = "POLICY_CONFIG")]
+pub static POLICY_CONFIG: Array<PolicyConfig> = Array::pinned(1, 0);
+
+#[map(name = "POLICY_FLOWS")]
+pub static POLICY_FLOWS: LruHashMap<FlowKey, FlowVerdict> = LruHashMap::pinned(MAX_POLICY_FLOWS, 0);
+
+/// Per CPU, the key of the flow a policy check is on (see `policy`): kept in a map
+/// value, not on the stack of the programs that call the check. Scratch for one program
+/// run: not pinned.
+#[map(name = "POLICY_SCRATCH")]
+pub static POLICY_SCRATCH: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "POLICY_STATS")]
+pub static POLICY_STATS: PerCpuHashMap<u32, PolicyCounters> =
+    PerCpuHashMap::pinned(MAX_POLICY_SLOTS, NO_PREALLOC);
 
 /// The endpoint that owns `addr`, if it is a pod of this node.
 #[inline(always)]

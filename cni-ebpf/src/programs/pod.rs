@@ -11,11 +11,13 @@
 //! their features' ways (answers on connections from outside that came in through the
 //! stack go back through it); any other IPv4 goes to the stack.
 //!
-//! Nothing runs on the veth's egress (what the node's own stack sends to the pod; see
-//! docs/architecture.md, ADD's cost). What the datapath delivers into a pod from TC
-//! ingress it counts itself (`deliver`); what the stack sends, and what it delivers from
-//! a netkit hook, is in the host veth's kernel TX counters, which the daemon adds in
-//! `ebpf-cnid endpoints`.
+//! NetworkPolicy judges a pod's packets as they leave it (here) and as they enter a pod
+//! (`deliver`, and `to_pod` for what the node's stack delivers). `to_pod` runs on the
+//! veth's egress (the shared block's egress, bound at ADD with the ingress: no grace
+//! period) and on a netkit pair's primary hook. What the datapath delivers into a pod
+//! from TC ingress it counts itself (`deliver`); what the stack sends, and what it
+//! delivers from a netkit hook, is in the host veth's kernel TX counters, which the
+//! daemon adds in `ebpf-cnid endpoints`.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -38,6 +40,7 @@ use crate::{
         deliver::{self, deliver, switch},
         maps,
         packet::{self, EthIpv4},
+        policy::{self, Role},
     },
 };
 
@@ -108,6 +111,12 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
     if pod_tunnel::into_node(ctx, ip) {
         return Ok(counters::drop_packet(DropReason::PodTunnel));
     }
+    // Its egress policies judge it by the address it was sent to, except in a Service
+    // range: by the backend the stack's DNAT chose, where the stack hands it on
+    // (`to_pod`, or an uplink's or the overlay device's egress).
+    if !services::in_service_range(ip.dst_addr) && !policy::admits(ctx, ifindex, Role::Sender) {
+        return Ok(TC_ACT_SHOT as i32);
+    }
     match maps::endpoint(ip.dst_addr) {
         Some(destination) => {
             if hostport::pods::reply_to_pod(ctx, ip)? {
@@ -141,4 +150,37 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
             },
         },
     }
+}
+
+/// What the node's stack hands to a pod (a Service connection it translated, the node's
+/// own traffic, what the datapath sent through the veth's qdisc): judged by the
+/// policies of the pod of this node that sent it, if one did, and of the pod it is for,
+/// unless the node itself sent it (kubelet's probes: the stack drops a packet from
+/// outside that claims a node address). Anything but IPv4 goes on.
+#[classifier]
+pub fn to_pod(ctx: TcContext) -> i32 {
+    match try_to_pod(&ctx) {
+        Ok(verdict) => verdict,
+        Err(_) => TC_ACT_OK,
+    }
+}
+
+fn try_to_pod(ctx: &TcContext) -> Result<i32, i64> {
+    if (ctx.len() as usize) < EthHdr::LEN + Ipv4Hdr::LEN {
+        return Ok(TC_ACT_OK);
+    }
+    let EthIpv4 { eth, ip } = ctx.load(0)?;
+    if eth.ether_type != EtherType::Ipv4 as u16 {
+        return Ok(TC_ACT_OK);
+    }
+    if !policy::stack_sender_admits(ctx) {
+        return Ok(TC_ACT_SHOT as i32);
+    }
+    if maps::is_node_addr(ip.src_addr) || maps::is_gateway(ip.src_addr) {
+        return Ok(TC_ACT_OK);
+    }
+    if !policy::admits(ctx, packet::ifindex(ctx), Role::Receiver) {
+        return Ok(TC_ACT_SHOT as i32);
+    }
+    Ok(TC_ACT_OK)
 }

@@ -1,5 +1,5 @@
 //! TC entries on the node's uplinks: source NAT on the way out (`uplink_egress`, which
-//! first records the Service connections the stack translated: `services`),
+//! first judges what the stack forwarded from a pod by its egress policies, and records the Service connections the stack translated: `services`),
 //! reverse NAT (and delivery straight into the pod) on the way in (`uplink_ingress`,
 //! for frames to this host's MAC),
 //! where ARP requests and packets for the pods' gateways are dropped (they are the
@@ -25,6 +25,7 @@ use crate::{
     primitives::{
         counters, deliver, maps,
         packet::{self, EthIpv4},
+        policy,
     },
 };
 
@@ -50,6 +51,9 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i64> {
     // What the pod program sent here itself did not cross the stack; what did may be a
     // Service connection the stack translated, recorded before source NAT.
     let redirected = deliver::take_redirected(ctx);
+    if !redirected && !policy::stack_sender_admits(ctx) {
+        return Ok(TC_ACT_SHOT as i32);
+    }
     on_uplink(
         ctx,
         |config, node_addr, _, ip| {

@@ -28,7 +28,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     features::{services, underlay},
-    primitives::{counters, deliver, maps},
+    primitives::{counters, deliver, maps, policy},
 };
 
 /// The IPv4 part of the kernel's `struct bpf_tunnel_key`, up to `tunnel_label`: a size
@@ -85,14 +85,16 @@ pub fn to_remote(
 
 /// The overlay device's egress: the tunnel key of the node the packet's destination
 /// belongs to. A packet for no other node's range has nowhere to go: dropped. One the
-/// stack forwarded may be a Service connection it translated, which is recorded
+/// stack forwarded is judged by the egress policies of the pod that sent it, and may be a Service connection it translated, which is recorded
 /// (`services::left_through_stack`).
 #[inline(always)]
 pub fn egress(ctx: &TcContext, config: &OverlayConfig, ip: &Ipv4Hdr) -> Result<i32, i64> {
     let Some(remote) = maps::remote_node(ip.dst_addr) else {
         return Ok(counters::drop_packet(DropReason::OverlayNotLocal));
     };
-    if !deliver::take_redirected(ctx) && services::left_through_stack(ctx, ip) {
+    if !deliver::take_redirected(ctx)
+        && (!policy::stack_sender_admits(ctx) || services::left_through_stack(ctx, ip))
+    {
         return Ok(TC_ACT_SHOT as i32);
     }
     let mut key = TunnelKey {
