@@ -18,6 +18,7 @@ use cni_daemon::{
     model::{
         cluster::ClusterArgs,
         nat::{NatArgs, PortRange},
+        policy::PolicyArgs,
     },
 };
 use ipnet::Ipv4Net;
@@ -156,6 +157,8 @@ enum Command {
         nat: NatArgs,
         #[command(flatten)]
         cluster: ClusterArgs,
+        #[command(flatten)]
+        policy: PolicyArgs,
     },
     /// Ask the running daemon what it has loaded and attached.
     Status,
@@ -221,6 +224,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             install,
             nat,
             cluster,
+            policy,
         } => {
             let config = RunConfig {
                 bpf_dir: cli.bpf_dir,
@@ -235,6 +239,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 enable_tcx,
                 cgroup: cli.cgroup,
                 cluster,
+                policy,
                 metrics_address,
                 health_address,
                 install,

@@ -21,6 +21,7 @@ mod netlink;
 pub mod node_routes;
 pub mod overlay;
 mod pod;
+pub mod policy_maps;
 mod services;
 pub mod sock;
 pub mod tc_block;
@@ -174,6 +175,7 @@ impl Datapath {
         for name in [
             program_names::COUNT_BY_SOURCE,
             program_names::FROM_POD,
+            program_names::TO_POD,
             program_names::UPLINK_EGRESS,
             program_names::UPLINK_INGRESS,
             program_names::NAT_SWEEP,

@@ -7,7 +7,10 @@
 //! the pod sends to the host's backlog queue first and runs the program in a second pass
 //! (`docs/decisions.md`, "netkit pods").
 //!
-//! The program is attached without a link (`BPF_PROG_ATTACH`), as the block's filter
+//! `to_pod` goes on the pair's primary hook (`BPF_NETKIT_PRIMARY`): it runs in the
+//! primary's transmit, on what the node's stack (or the datapath) hands to the pod.
+//!
+//! The programs are attached without a link (`BPF_PROG_ATTACH`), as the block's filter
 //! is: the attachment belongs to the device, outlives the daemon and goes with the
 //! device, so nothing is pinned per pod. A restarted daemon replaces the program it
 //! finds there with its own (`BPF_F_REPLACE`), one device at a time, with no moment
@@ -23,16 +26,34 @@ use std::{
 
 use aya_obj::generated::{BPF_F_REPLACE, bpf_attach_type, bpf_attr, bpf_cmd};
 
-/// Most programs a pair's peer hook is expected to hold (the daemon puts one there).
+/// Most programs a pair's hook is expected to hold (the daemon puts one on each).
 const MAX_PROGRAMS: usize = 16;
 
-/// IDs of the programs on the peer hook of the netkit pair whose primary is `ifindex`,
-/// in the order they run.
-pub fn attached(ifindex: u32) -> io::Result<Vec<u32>> {
+/// A netkit pair's hooks, both named through its primary device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// The pod's side: what the pod sends.
+    Peer,
+    /// The host's side: what is sent to the pod.
+    Primary,
+}
+
+impl Hook {
+    fn attach_type(self) -> u32 {
+        match self {
+            Self::Peer => bpf_attach_type::BPF_NETKIT_PEER as u32,
+            Self::Primary => bpf_attach_type::BPF_NETKIT_PRIMARY as u32,
+        }
+    }
+}
+
+/// IDs of the programs on `hook` of the netkit pair whose primary is `ifindex`, in the
+/// order they run.
+pub fn attached(ifindex: u32, hook: Hook) -> io::Result<Vec<u32>> {
     let mut ids = [0u32; MAX_PROGRAMS];
     let mut attr = zeroed();
     attr.query.__bindgen_anon_1.target_ifindex = ifindex;
-    attr.query.attach_type = bpf_attach_type::BPF_NETKIT_PEER as u32;
+    attr.query.attach_type = hook.attach_type();
     attr.query.prog_ids = ids.as_mut_ptr() as u64;
     attr.query.__bindgen_anon_2.prog_cnt = MAX_PROGRAMS as u32;
     bpf(bpf_cmd::BPF_PROG_QUERY, &mut attr)?;
@@ -41,17 +62,18 @@ pub fn attached(ifindex: u32) -> io::Result<Vec<u32>> {
     Ok(ids[..count.min(MAX_PROGRAMS)].to_vec())
 }
 
-/// Attaches `program` to the peer hook of the pair whose primary is `ifindex`; with
+/// Attaches `program` to `hook` of the pair whose primary is `ifindex`; with
 /// `replace`, in that program's place, in one step.
 pub fn attach(
     ifindex: u32,
+    hook: Hook,
     program: BorrowedFd<'_>,
     replace: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
     let mut attr = zeroed();
     attr.__bindgen_anon_5.__bindgen_anon_1.target_ifindex = ifindex;
     attr.__bindgen_anon_5.attach_bpf_fd = program.as_raw_fd() as u32;
-    attr.__bindgen_anon_5.attach_type = bpf_attach_type::BPF_NETKIT_PEER as u32;
+    attr.__bindgen_anon_5.attach_type = hook.attach_type();
     if let Some(old) = replace {
         attr.__bindgen_anon_5.attach_flags = BPF_F_REPLACE;
         attr.__bindgen_anon_5.replace_bpf_fd = old.as_raw_fd() as u32;
@@ -59,12 +81,12 @@ pub fn attach(
     bpf(bpf_cmd::BPF_PROG_ATTACH, &mut attr).map(drop)
 }
 
-/// Detaches `program` from the peer hook of the pair whose primary is `ifindex`.
-pub fn detach(ifindex: u32, program: BorrowedFd<'_>) -> io::Result<()> {
+/// Detaches `program` from `hook` of the pair whose primary is `ifindex`.
+pub fn detach(ifindex: u32, hook: Hook, program: BorrowedFd<'_>) -> io::Result<()> {
     let mut attr = zeroed();
     attr.__bindgen_anon_5.__bindgen_anon_1.target_ifindex = ifindex;
     attr.__bindgen_anon_5.attach_bpf_fd = program.as_raw_fd() as u32;
-    attr.__bindgen_anon_5.attach_type = bpf_attach_type::BPF_NETKIT_PEER as u32;
+    attr.__bindgen_anon_5.attach_type = hook.attach_type();
     bpf(bpf_cmd::BPF_PROG_DETACH, &mut attr).map(drop)
 }
 

@@ -26,21 +26,13 @@ use super::{Datapath, DatapathError, classifier, netkit, tc_block, tc_block::Dev
 const BLOCK_MODE: &str = "tc block";
 
 impl Datapath {
-    /// Puts this daemon's `from_pod` into the pods' block (replacing the previous
-    /// daemon's program in place); run once at start, before pods are bound.
+    /// Puts this daemon's `from_pod` and `to_pod` into the pods' blocks (replacing the
+    /// previous daemon's programs in place); run once at start, before pods are bound.
     pub fn install_pod_block(&mut self) -> Result<(), DatapathError> {
         let name = program_names::FROM_POD;
-        let program = classifier(&mut self.ebpf, name)?;
-        let fd = program.fd().map_err(|source| DatapathError::Program {
-            program: name,
-            source,
-        })?;
-        // A file descriptor is never negative.
-        let raw = u32::try_from(fd.as_fd().as_raw_fd()).map_err(|_| DatapathError::Program {
-            program: name,
-            source: aya::programs::ProgramError::NotLoaded,
-        })?;
-        tc_block::install(raw, name)?;
+        let ingress = self.block_program(name)?;
+        let egress = self.block_program(program_names::TO_POD)?;
+        tc_block::install(ingress, egress)?;
         tracing::info!(
             block = tc_block::POD_BLOCK,
             program = name,
@@ -55,7 +47,34 @@ impl Datapath {
             program: name.to_owned(),
             mode: BLOCK_MODE.to_owned(),
         });
+        self.attachments.push(Attachment {
+            interface: format!("block {}", tc_block::POD_EGRESS_BLOCK),
+            ifindex: nix::net::if_::if_nametoindex(tc_block::ANCHOR).unwrap_or(0),
+            program: program_names::TO_POD.to_owned(),
+            mode: BLOCK_MODE.to_owned(),
+        });
         Ok(())
+    }
+
+    /// `name`'s program as a block filter takes it.
+    fn block_program(
+        &mut self,
+        name: &'static str,
+    ) -> Result<tc_block::BlockProgram, DatapathError> {
+        let program = classifier(&mut self.ebpf, name)?;
+        let fd = program.fd().map_err(|source| DatapathError::Program {
+            program: name,
+            source,
+        })?;
+        // A file descriptor is never negative.
+        let fd = u32::try_from(fd.as_fd().as_raw_fd()).map_err(|_| DatapathError::Program {
+            program: name,
+            source: aya::programs::ProgramError::NotLoaded,
+        })?;
+        Ok(tc_block::BlockProgram {
+            fd,
+            name: name.to_owned(),
+        })
     }
 
     /// Refuses `host_veth` unless it is one of the plugin's host veths: its name
@@ -144,35 +163,46 @@ impl Datapath {
         Ok(())
     }
 
-    /// Puts `from_pod` on the hook of the netkit pair whose primary is `name` (index
-    /// `ifindex`): nothing to do when it is there, else in place of the first program
-    /// found (the plugin's pair carries only the daemon's), else added.
+    /// Puts `from_pod` on the peer hook and `to_pod` on the primary hook of the netkit
+    /// pair whose primary is `name` (index `ifindex`): nothing to do where it is there,
+    /// else in place of the first program found (the plugin's pair carries only the
+    /// daemon's), else added.
     fn attach_netkit(&mut self, name: &str, ifindex: u32) -> Result<(), DatapathError> {
-        let program_name = program_names::FROM_POD;
-        let program = classifier(&mut self.ebpf, program_name)?;
-        let program_error = |source| DatapathError::Program {
-            program: program_name,
-            source,
-        };
-        let id = program.info().map_err(program_error)?.id();
-        let fd = program.fd().map_err(program_error)?;
-        let netkit_error = netkit_error(name);
-        let found = netkit::attached(ifindex).map_err(netkit_error)?;
-        if found.contains(&id) {
-            return Ok(());
+        for (program_name, hook) in [
+            (program_names::FROM_POD, netkit::Hook::Peer),
+            (program_names::TO_POD, netkit::Hook::Primary),
+        ] {
+            let program = classifier(&mut self.ebpf, program_name)?;
+            let program_error = |source| DatapathError::Program {
+                program: program_name,
+                source,
+            };
+            let id = program.info().map_err(program_error)?.id();
+            let fd = program.fd().map_err(program_error)?;
+            let netkit_error = netkit_error(name);
+            let found = netkit::attached(ifindex, hook).map_err(netkit_error)?;
+            if found.contains(&id) {
+                continue;
+            }
+            let previous = found
+                .first()
+                .map(|id| netkit::program(*id))
+                .transpose()
+                .map_err(netkit_error)?;
+            netkit::attach(
+                ifindex,
+                hook,
+                fd.as_fd(),
+                previous.as_ref().map(AsFd::as_fd),
+            )
+            .map_err(netkit_error)?;
+            tracing::debug!(
+                device = name,
+                ?hook,
+                replaced = ?found.first(),
+                "pod program on the netkit pair"
+            );
         }
-        let previous = found
-            .first()
-            .map(|id| netkit::program(*id))
-            .transpose()
-            .map_err(netkit_error)?;
-        netkit::attach(ifindex, fd.as_fd(), previous.as_ref().map(AsFd::as_fd))
-            .map_err(netkit_error)?;
-        tracing::debug!(
-            device = name,
-            replaced = ?found.first(),
-            "pod program on the netkit pair"
-        );
         Ok(())
     }
 
@@ -201,20 +231,22 @@ pub fn detach_netkit_pods() -> Result<usize, DatapathError> {
     Ok(pairs)
 }
 
-/// Takes every program off the hook of the netkit pair whose primary is `name`.
+/// Takes every program off both hooks of the netkit pair whose primary is `name`.
 fn detach_netkit(name: &str, ifindex: u32) -> Result<(), DatapathError> {
     let netkit_error = netkit_error(name);
-    for id in netkit::attached(ifindex).map_err(netkit_error)? {
-        let program = match netkit::program(id) {
-            Ok(program) => program,
-            // Unloaded since the query: gone from the hook with it.
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => continue,
-            Err(error) => return Err(netkit_error(error)),
-        };
-        match netkit::detach(ifindex, program.as_fd()) {
-            Ok(()) => {}
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(error) => return Err(netkit_error(error)),
+    for hook in [netkit::Hook::Peer, netkit::Hook::Primary] {
+        for id in netkit::attached(ifindex, hook).map_err(netkit_error)? {
+            let program = match netkit::program(id) {
+                Ok(program) => program,
+                // Unloaded since the query: gone from the hook with it.
+                Err(error) if error.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(error) => return Err(netkit_error(error)),
+            };
+            match netkit::detach(ifindex, hook, program.as_fd()) {
+                Ok(()) => {}
+                Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(error) => return Err(netkit_error(error)),
+            }
         }
     }
     Ok(())

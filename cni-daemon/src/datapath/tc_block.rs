@@ -1,13 +1,19 @@
-//! One shared TC filter block for every pod veth (rtnetlink, synchronous wrappers).
+//! Two shared TC filter blocks for every pod veth, one for its ingress and one for its
+//! egress (rtnetlink, synchronous wrappers).
 //!
 //! Attaching a BPF program to a device (TCX link or cls_bpf filter alike) waits for an
 //! RCU grace period under the rtnl lock: 4 to 24 ms here, the longest step of ADD by far.
 //! A shared block (Linux 4.16) moves that cost to the daemon's start: the `from_pod`
-//! filter is added once to block [`POD_BLOCK`], kept alive by an anchor veth pair
-//! bound to it, and a new pod's host veth only gets a `clsact` qdisc whose ingress is
-//! bound to the block, which costs no grace period (an expedited one at most). A
-//! restarted daemon replaces the filter's program in place (`NLM_F_REPLACE` on the same
-//! preference and handle): every pod switches at once, without a gap.
+//! filter is added once to block [`POD_BLOCK`], the `to_pod` filter to block
+//! [`POD_EGRESS_BLOCK`], both kept alive by an anchor veth pair bound to them, and a new
+//! pod's host veth only gets a `clsact` qdisc whose ingress and egress are bound to the
+//! blocks, which costs no grace period (an expedited one at most). A restarted daemon
+//! replaces the filters' programs in place (`NLM_F_REPLACE` on the same preference and
+//! handle): every pod switches at once, without a gap.
+//!
+//! A veth bound before the egress block existed (by a daemon of release 0.1.0) keeps
+//! its ingress binding, which cannot change without taking the qdisc off (a gap in
+//! `from_pod`); such a pod has no `to_pod` until it is made again.
 //!
 //! Block indexes are per network namespace, so every node (and every simulated node of
 //! the tests) uses the same index.
@@ -31,15 +37,18 @@ use super::{DatapathError, netlink::with_netlink};
 
 /// The block every pod veth's ingress is bound to.
 pub const POD_BLOCK: u32 = 0xec01;
-/// The anchor pair that keeps the block (and its filter) alive while no pod exists.
+/// The block every pod veth's egress is bound to.
+pub const POD_EGRESS_BLOCK: u32 = 0xec02;
+/// The anchor pair that keeps the blocks (and their filters) alive while no pod exists.
 pub const ANCHOR: &str = "ecnblock0";
 const ANCHOR_PEER: &str = "ecnblock1";
 /// Preference and handle of the `from_pod` filter in the block.
 const FILTER_PREF: u16 = 1;
 const FILTER_HANDLE: u32 = 1;
 
-/// `TCA_INGRESS_BLOCK` (not named by netlink-packet-route yet).
+/// `TCA_INGRESS_BLOCK` and `TCA_EGRESS_BLOCK` (not named by netlink-packet-route yet).
 const TCA_INGRESS_BLOCK: u16 = 13;
+const TCA_EGRESS_BLOCK: u16 = 14;
 const ETH_P_ALL: u16 = 0x0003;
 
 #[derive(Debug, thiserror::Error)]
@@ -73,10 +82,17 @@ fn errno(error: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
-/// Makes the block exist with `program_fd` as its filter: the anchor pair (created if
-/// missing) bound to it, and the filter added or its program replaced.
-pub fn install(program_fd: u32, program_name: &str) -> Result<(), TcBlockError> {
-    let name = program_name.to_owned();
+/// A program to put into a block: its file descriptor and its name.
+#[derive(Debug, Clone)]
+pub struct BlockProgram {
+    pub fd: u32,
+    pub name: String,
+}
+
+/// Makes the blocks exist with `ingress` and `egress` as their filters: the anchor pair
+/// (created if missing, its qdisc made again when it lacks the egress block) bound to
+/// them, and each filter added or its program replaced.
+pub fn install(ingress: BlockProgram, egress: BlockProgram) -> Result<(), TcBlockError> {
     with_netlink(move |handle| async move {
         let anchor = match link_index(&handle, ANCHOR).await? {
             Some(index) => index,
@@ -92,41 +108,55 @@ pub fn install(program_fd: u32, program_name: &str) -> Result<(), TcBlockError> 
                     .ok_or_else(|| TcBlockError::NoInterface(ANCHOR.to_owned()))?
             }
         };
+        if bound_blocks(&handle, anchor).await? == Some((POD_BLOCK, 0)) {
+            // Bound by a daemon without the egress block: the anchor carries no traffic,
+            // and the pods bound to the ingress block keep it alive meanwhile.
+            request(
+                &handle,
+                RouteNetlinkMessage::DelQueueDiscipline(clsact(anchor)),
+                0,
+            )
+            .await
+            .map_err(netlink(format!("rebinding the block anchor {ANCHOR}")))?;
+        }
         bind(&handle, anchor).await?;
-        let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
-        filter.header.parent = POD_BLOCK.into();
-        filter.header.handle = FILTER_HANDLE.into();
-        filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
-        filter.attributes = vec![
-            TcAttribute::Kind("bpf".to_owned()),
-            TcAttribute::Options(vec![
-                TcOption::Bpf(TcFilterBpfOption::ProgFd(program_fd)),
-                TcOption::Bpf(TcFilterBpfOption::ProgName(name)),
-                TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-            ]),
-        ];
-        request(
-            &handle,
-            RouteNetlinkMessage::NewTrafficFilter(filter),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-        .map_err(netlink(format!(
-            "adding the pod filter to block {POD_BLOCK}"
-        )))
+        for (block, program) in [(POD_BLOCK, ingress), (POD_EGRESS_BLOCK, egress)] {
+            let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
+            filter.header.parent = block.into();
+            filter.header.handle = FILTER_HANDLE.into();
+            filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
+            filter.attributes = vec![
+                TcAttribute::Kind("bpf".to_owned()),
+                TcAttribute::Options(vec![
+                    TcOption::Bpf(TcFilterBpfOption::ProgFd(program.fd)),
+                    TcOption::Bpf(TcFilterBpfOption::ProgName(program.name)),
+                    TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+                ]),
+            ];
+            request(
+                &handle,
+                RouteNetlinkMessage::NewTrafficFilter(filter),
+                NLM_F_CREATE | NLM_F_REPLACE,
+            )
+            .await
+            .map_err(netlink(format!("adding the pod filter to block {block}")))?;
+        }
+        Ok(())
     })
 }
 
-/// Removes the filter and the anchor (uninstall); what is already gone is not an error.
+/// Removes the filters and the anchor (uninstall); what is already gone is not an error.
 pub fn remove() -> Result<(), TcBlockError> {
     with_netlink(move |handle| async move {
-        let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
-        filter.header.parent = POD_BLOCK.into();
-        filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
-        match request(&handle, RouteNetlinkMessage::DelTrafficFilter(filter), 0).await {
-            Ok(()) => {}
-            Err(error) if matches!(errno(&error), Some(libc::ENOENT | libc::EINVAL)) => {}
-            Err(error) => return Err(netlink("removing the pod filter")(error)),
+        for block in [POD_BLOCK, POD_EGRESS_BLOCK] {
+            let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
+            filter.header.parent = block.into();
+            filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
+            match request(&handle, RouteNetlinkMessage::DelTrafficFilter(filter), 0).await {
+                Ok(()) => {}
+                Err(error) if matches!(errno(&error), Some(libc::ENOENT | libc::EINVAL)) => {}
+                Err(error) => return Err(netlink("removing the pod filter")(error)),
+            }
         }
         if let Some(anchor) = link_index(&handle, ANCHOR).await? {
             match handle.link().del(anchor).execute().await {
@@ -139,7 +169,8 @@ pub fn remove() -> Result<(), TcBlockError> {
     })
 }
 
-/// Binds `interface`'s ingress to the block (a `clsact` qdisc with `ingress_block`);
+/// Binds `interface`'s ingress and egress to the blocks (a `clsact` qdisc with
+/// `ingress_block` and `egress_block`);
 /// already bound is fine, another `clsact` there is refused ([`TcBlockError::ForeignQdisc`]:
 /// it may hold someone else's filters). Returns `false`, binding
 /// nothing, when the anchor pair is gone: deleted by hand with no pod bound, it took the
@@ -167,7 +198,11 @@ pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
         let Some(index) = link_index(&handle, &interface).await? else {
             return Ok(());
         };
-        if bound_block(&handle, index).await? != Some(POD_BLOCK) {
+        if bound_blocks(&handle, index)
+            .await?
+            .map(|(ingress, _)| ingress)
+            != Some(POD_BLOCK)
+        {
             return Ok(());
         }
         match request(
@@ -192,19 +227,27 @@ pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
 }
 
 async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
-    match bound_block(handle, index).await? {
+    match bound_blocks(handle, index)
+        .await?
+        .map(|(ingress, _)| ingress)
+    {
         Some(POD_BLOCK) => return Ok(()),
         // A clsact of someone else's making, or bound elsewhere: never ours to replace.
         Some(_) => return Err(TcBlockError::ForeignQdisc(index)),
         None => {}
     }
     let mut qdisc = clsact(index);
-    qdisc
-        .attributes
-        .push(TcAttribute::Other(rtnetlink::packet_core::DefaultNla::new(
-            TCA_INGRESS_BLOCK,
-            POD_BLOCK.to_ne_bytes().to_vec(),
-        )));
+    for (kind, block) in [
+        (TCA_INGRESS_BLOCK, POD_BLOCK),
+        (TCA_EGRESS_BLOCK, POD_EGRESS_BLOCK),
+    ] {
+        qdisc
+            .attributes
+            .push(TcAttribute::Other(rtnetlink::packet_core::DefaultNla::new(
+                kind,
+                block.to_ne_bytes().to_vec(),
+            )));
+    }
     request(
         handle,
         RouteNetlinkMessage::NewQueueDiscipline(qdisc),
@@ -216,9 +259,9 @@ async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
     )))
 }
 
-/// The block `index`'s clsact ingress is bound to: `Some(0)` for a clsact of its own,
-/// `None` without clsact.
-async fn bound_block(handle: &Handle, index: u32) -> Result<Option<u32>, TcBlockError> {
+/// The blocks `index`'s clsact ingress and egress are bound to (0 for a side of its
+/// own), `None` without clsact.
+async fn bound_blocks(handle: &Handle, index: u32) -> Result<Option<(u32, u32)>, TcBlockError> {
     let qdiscs: Vec<TcMessage> = handle
         .qdisc()
         .get()
@@ -236,20 +279,28 @@ async fn bound_block(handle: &Handle, index: u32) -> Result<Option<u32>, TcBlock
                 )
         })
         .map(|qdisc| {
-            qdisc
-                .attributes
-                .iter()
-                .find_map(|attribute| match attribute {
-                    TcAttribute::Other(nla) if nla.kind() == TCA_INGRESS_BLOCK => {
-                        let mut bytes = [0u8; 4];
-                        nla.emit_value(&mut bytes);
-                        Some(u32::from_ne_bytes(bytes))
-                    }
-                    _ => None,
-                })
-                .unwrap_or(0)
+            (
+                block_of(qdisc, TCA_INGRESS_BLOCK),
+                block_of(qdisc, TCA_EGRESS_BLOCK),
+            )
         })
         .next())
+}
+
+/// The block a clsact's attribute `kind` names, 0 without one.
+fn block_of(qdisc: &TcMessage, kind: u16) -> u32 {
+    qdisc
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            TcAttribute::Other(nla) if nla.kind() == kind => {
+                let mut bytes = [0u8; 4];
+                nla.emit_value(&mut bytes);
+                Some(u32::from_ne_bytes(bytes))
+            }
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 /// The links with a root qdisc other than `noqueue` (a veth's default): all of them,

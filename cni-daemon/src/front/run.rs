@@ -20,12 +20,13 @@ use crate::{
         address_watch, cluster_watch,
         install::{self, InstallArgs, NodeSettings},
         metrics::{self, Install, NodeView, Telemetry},
-        server,
+        policy_watch, server,
     },
     model::{
         cluster::{Cluster, ClusterArgs, NodeSource},
         nat::{Flows, NatArgs, PortRange, Timeouts},
-        node::LocalNode,
+        node::{LocalNode, PolicySettings},
+        policy::PolicyArgs,
     },
 };
 
@@ -52,6 +53,8 @@ pub struct RunConfig {
     pub cgroup: Option<PathBuf>,
     /// This node's name and where the cluster's nodes come from.
     pub cluster: ClusterArgs,
+    /// Where NetworkPolicies come from, and `--policy-mode`.
+    pub policy: PolicyArgs,
     /// `--metrics-address`: where `/healthz`, `/readyz` and `/metrics` are served.
     pub metrics_address: SocketAddr,
     /// `--health-address`: where `/healthz` and `/readyz` are served for the probes.
@@ -117,6 +120,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         Some(source) => Some(watch_nodes(source).await?),
         None => None,
     };
+    // A policy file that cannot be read stops the daemon here too.
+    let policy_objects = match &config.policy.policy_file {
+        Some(path) => Some(cni_policy::watch_file(path.clone()).await?),
+        None => None,
+    };
     tracing::info!(
         node = %node_name,
         source = %node_source.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
@@ -176,6 +184,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             port: config.cluster.vxlan_port,
             vni: config.cluster.vxlan_vni,
             underlay_trust: config.cluster.underlay_trust.datapath_value(),
+        },
+        PolicySettings {
+            mode: config.policy.policy_mode,
+            has_source: policy_objects.is_some(),
         },
     )?;
     // The daemon's own listeners are no hostPort's.
@@ -237,6 +249,13 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             pod_cidrs_file,
         ))
     });
+    let policy_watch = policy_objects.map(|objects| {
+        tokio::spawn(policy_watch::run(
+            objects,
+            Arc::clone(&node),
+            Arc::clone(&telemetry),
+        ))
+    });
     tracing::info!(
         socket = %config.socket.display(),
         bpf_dir = %config.bpf_dir.display(),
@@ -271,6 +290,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     }
     if let Some(cluster_watch) = cluster_watch {
         cluster_watch.abort();
+    }
+    if let Some(policy_watch) = policy_watch {
+        policy_watch.abort();
     }
     // The counter programs detach when the datapath drops; the pods' TC block and the
     // uplink and socket programs stay in the kernel, and maps stay pinned, for the next

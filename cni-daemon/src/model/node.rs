@@ -36,6 +36,7 @@ use crate::{
         hostports::{self, HostPortError, HostPorts},
         nat::{self, Flows, Nat, NatError, NatSettings, Timeouts},
         node_addrs::{NodeAddrError, NodeAddrs},
+        policy::{Policies, PolicyMode},
         rate_limits::RateLimits,
     },
 };
@@ -52,6 +53,8 @@ pub enum NodeError {
     HostPort(#[from] HostPortError),
     #[error(transparent)]
     NodeAddr(#[from] NodeAddrError),
+    #[error("cannot write the pods' network policies: {0}")]
+    Policy(aya::maps::MapError),
     #[error("{0} is an address of this node: no pod may have it")]
     NodeAddressForPod(std::net::IpAddr),
     #[error("cannot write {path}: {source}")]
@@ -59,6 +62,14 @@ pub enum NodeError {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// How the node takes NetworkPolicy: `--policy-mode`, and whether a policy source
+/// will answer (without one, nothing is isolated).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicySettings {
+    pub mode: PolicyMode,
+    pub has_source: bool,
 }
 
 /// A change [`LocalNode::attach`] made, with what undoing it needs.
@@ -157,6 +168,8 @@ pub struct LocalNode {
     /// A plugin that dies in between leaves the name here until the daemon stops, and
     /// the veth bound until it is deleted (a binding goes with its device).
     prepared: BTreeSet<String>,
+    /// NetworkPolicy, compiled for the endpoints' pods.
+    policies: Policies,
 }
 
 impl LocalNode {
@@ -177,6 +190,7 @@ impl LocalNode {
         cgroup: Option<&Path>,
         cluster: Cluster,
         overlay: OverlaySettings,
+        policy: PolicySettings,
     ) -> Result<Self, NodeError> {
         let uplink = nat.as_ref().map(|settings| settings.first().name.clone());
         datapath.install_pod_block()?;
@@ -243,6 +257,7 @@ impl LocalNode {
             tracing::warn!(%error, "cannot fill the node's addresses");
         }
         datapath.start_sockets(cgroup)?;
+        let policies = Policies::open(datapath.take_policy_maps()?, policy.mode, policy.has_source);
         let mut node = Self {
             datapath,
             endpoints,
@@ -262,7 +277,11 @@ impl LocalNode {
                 .map(|(port, what)| (*port, (*what).to_owned()))
                 .collect(),
             prepared: BTreeSet::new(),
+            policies,
         };
+        // Without a policy source nothing is isolated (what a previous daemon wrote
+        // goes); with one, what is written stays in force until it answers.
+        node.sync_policies()?;
         node.cluster
             .set_bounds(node.reserved_ranges(), node.node_addrs.current().clone());
         // Pods recorded before this start are reached from their gateway too.
@@ -611,7 +630,9 @@ impl LocalNode {
         });
         self.sync_cluster_cidrs()?;
         self.sync_gateways()?;
-        self.sync_rate_limits()
+        self.sync_rate_limits()?;
+        // The pod's policies are in the datapath before its ADD answers.
+        self.sync_policies()
     }
 
     /// Undoes what a failed attach did, last first. Best effort: the attach's own
@@ -637,7 +658,8 @@ impl LocalNode {
                 .map_err(NodeError::from)
                 .and_then(|()| self.sync_cluster_cidrs())
                 .and_then(|()| self.sync_gateways())
-                .and_then(|()| self.sync_rate_limits()),
+                .and_then(|()| self.sync_rate_limits())
+                .and_then(|()| self.sync_policies()),
             };
             if let Err(error) = outcome {
                 tracing::warn!(%error, ?step, "cannot undo a step of a failed attach");
@@ -674,6 +696,7 @@ impl LocalNode {
         self.sync_cluster_cidrs()?;
         self.sync_gateways()?;
         self.sync_rate_limits()?;
+        self.sync_policies()?;
         if let Some(detached) = &self.detached {
             detached.notify_one();
         }
@@ -734,6 +757,35 @@ impl LocalNode {
         self.rate_limits
             .sync(self.endpoints.list())
             .map_err(|error| NodeError::Datapath(DatapathError::from(error)))
+    }
+
+    /// Takes a new set of objects from the policy source and applies it.
+    pub fn set_policy_objects(
+        &mut self,
+        objects: Arc<cni_policy::parse::Objects>,
+    ) -> Result<(), NodeError> {
+        self.policies.set_objects(objects);
+        self.sync_policies()
+    }
+
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// The policy maps in step with the endpoints and the source's objects.
+    fn sync_policies(&mut self) -> Result<(), NodeError> {
+        let synced = self
+            .policies
+            .sync(self.endpoints.list())
+            .map_err(NodeError::Policy)?;
+        if synced.changes > 0 {
+            tracing::info!(
+                changes = synced.changes,
+                isolated_pods = synced.isolated,
+                "network policies applied"
+            );
+        }
+        Ok(())
     }
 
     /// Notes that `count` entries did not fit in the full `map` (0: all fit again):

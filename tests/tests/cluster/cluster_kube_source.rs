@@ -21,8 +21,6 @@
 //! client certificates, HTTP/2, protobuf, pagination), and the token's and the CA's
 //! reload when kubelet rotates them (kube rereads both about once a minute).
 
-// Some of its helpers serve only cni-nodes' own tests.
-#[allow(dead_code)]
 #[path = "../../../cni-nodes/tests/fake_api/mod.rs"]
 mod fake_api;
 
