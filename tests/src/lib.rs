@@ -16,6 +16,8 @@
 //! `deploy` reads the Kubernetes manifests under `deploy/`; `kubelet` turns the
 //! DaemonSet's container into the `podman run` that starts it on a simulated node;
 //! `service_account` gives a daemon a pod's in-cluster configuration.
+//! `netpol` runs NetworkPolicy tests as Kubernetes' e2e suite does (a reachability
+//! matrix of pods in namespaces, probed pair by pair).
 //! `kube_proxy` writes kube-proxy's own rules for a list of Services into a node's
 //! namespace, in its iptables or its nftables mode.
 
@@ -36,6 +38,7 @@ pub mod kubelet;
 pub mod nat_frames;
 pub mod netkit;
 pub mod netns;
+pub mod netpol;
 pub mod node;
 pub mod oci;
 pub mod runtimes;

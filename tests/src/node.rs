@@ -159,6 +159,23 @@ impl Node {
         Pod::added(container_id, netns, &outcome)
     }
 
+    /// Like [`Self::add_pod`], the runtime naming the Kubernetes pod as kubelet does
+    /// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME` in `CNI_ARGS`).
+    pub fn add_kubernetes_pod(&self, container_id: &str, namespace: &str, name: &str) -> Pod {
+        let netns = Netns::new("pod");
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
+        let outcome = Call::new(
+            "ADD",
+            container_id,
+            "eth0",
+            Some(&netns),
+            &self.network.config("1.1.0"),
+        )
+        .var("CNI_ARGS", &args)
+        .run(&self.netns);
+        Pod::added(container_id, netns, &outcome)
+    }
+
     /// Like [`Self::add_pod`], the pod on a netkit pair (`"podDevice": "netkit"`).
     pub fn add_netkit_pod(&self, container_id: &str) -> Pod {
         let (netns, outcome) = self.try_add_netkit(container_id, &serde_json::Value::Null);

@@ -1,0 +1,147 @@
+//! NetworkPolicy on one node, from `--policy-file`: upstream's reachability model (pods
+//! in namespaces x and y, every pair probed) through default deny each way, a rule by
+//! pod label and port, replies of allowed connections, the node's own probes, a pod
+//! isolated from its first packet, and policies removed.
+
+use ebpf_cni_tests::{
+    netpol::{
+        ModelPod, PolicyFile, Protocol, Reachability, add_pod, expect_reachability, namespace_yaml,
+        pod_yaml, reaches, stream,
+    },
+    node::Node,
+    traffic::round_trip,
+};
+
+/// The namespaces and pods of the model, with `policies` after them.
+fn objects(policies: &[&str]) -> String {
+    let mut documents = vec![
+        namespace_yaml("x", &[("ns", "x")]),
+        namespace_yaml("y", &[("ns", "y")]),
+    ];
+    for namespace in ["x", "y"] {
+        for name in ["a", "b", "c"] {
+            documents.push(pod_yaml(namespace, name, &[("pod", name)], None));
+        }
+    }
+    documents.extend(policies.iter().map(|policy| (*policy).to_owned()));
+    stream(&documents)
+}
+
+const DENY_INGRESS_X: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: deny-ingress
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+";
+
+const ALLOW_B_TO_A_ON_80: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: allow-b-to-a
+spec:
+  podSelector:
+    matchLabels:
+      pod: a
+  ingress:
+  - from:
+    - podSelector:
+        matchLabels:
+          pod: b
+    ports:
+    - port: serve-80-tcp
+";
+
+const DENY_EGRESS_Y: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'y'
+  name: deny-egress
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+";
+
+fn in_x(label: &str) -> bool {
+    label.starts_with("x/")
+}
+
+fn in_y(label: &str) -> bool {
+    label.starts_with("y/")
+}
+
+fn any(_: &str) -> bool {
+    true
+}
+
+#[test]
+fn policies_from_a_file_decide_who_reaches_whom_on_one_node() {
+    let file = PolicyFile::new(&objects(&[]));
+    let node = Node::start_with("10.78.0.0/24", &[], &file.flags());
+    let pods: Vec<ModelPod> = [("x", "a"), ("x", "b"), ("y", "a"), ("y", "b")]
+        .into_iter()
+        .map(|(namespace, name)| add_pod(&node, namespace, name))
+        .collect();
+    let all: Vec<&ModelPod> = pods.iter().collect();
+    let (x_a, y_a) = (&pods[0], &pods[2]);
+
+    expect_reachability(
+        "no policy",
+        &all,
+        80,
+        Protocol::Tcp,
+        &Reachability::all(&all, true),
+    );
+
+    file.replace(&objects(&[DENY_INGRESS_X]));
+    let mut deny_x = Reachability::all(&all, true);
+    deny_x.set(any, in_x, false);
+    for (port, protocol) in [
+        (80, Protocol::Tcp),
+        (81, Protocol::Tcp),
+        (80, Protocol::Udp),
+    ] {
+        expect_reachability("ingress denied in x", &all, port, protocol, &deny_x);
+    }
+    // The node itself still reaches them (kubelet's probes).
+    round_trip(&node.netns, x_a.addr(80), b"kubelet").expect("the node reaches x/a");
+
+    // A pod made while the policy holds is isolated from its first packet.
+    let x_c = add_pod(&node, "x", "c");
+    assert!(
+        !reaches(&y_a.pod.netns, x_c.addr(80), Protocol::Tcp)
+            .join()
+            .expect("a probe"),
+        "y/a reached x/c, made under a policy denying ingress in x"
+    );
+    drop(x_c);
+
+    file.replace(&objects(&[DENY_INGRESS_X, ALLOW_B_TO_A_ON_80]));
+    let mut b_to_a = deny_x.clone();
+    b_to_a.set(|from| from == "x/b", |to| to == "x/a", true);
+    expect_reachability("x/b to x/a on 80", &all, 80, Protocol::Tcp, &b_to_a);
+    expect_reachability("nothing on 81", &all, 81, Protocol::Tcp, &deny_x);
+    expect_reachability("no UDP", &all, 80, Protocol::Udp, &deny_x);
+
+    // Egress denied in y: y's pods reach nobody, and answer whoever reaches them.
+    file.replace(&objects(&[DENY_EGRESS_Y]));
+    let mut deny_y = Reachability::all(&all, true);
+    deny_y.set(in_y, any, false);
+    for (port, protocol) in [(80, Protocol::Tcp), (80, Protocol::Udp)] {
+        expect_reachability("egress denied in y", &all, port, protocol, &deny_y);
+    }
+
+    file.replace(&objects(&[]));
+    expect_reachability(
+        "policies removed",
+        &all,
+        80,
+        Protocol::Tcp,
+        &Reachability::all(&all, true),
+    );
+    let status = node.instance.cli(&["status"]);
+    assert!(status.status.success(), "{status:?}");
+}
