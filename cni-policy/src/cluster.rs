@@ -8,7 +8,8 @@
 //! that kind's objects whole at its end. Nothing is published until each kind's first list
 //! is complete; after that, the whole of [`Objects`] is published again after each batch
 //! of changes: a change is published [`DEBOUNCE`] after it arrived, with every change that
-//! arrived meanwhile. A batch that leaves the objects as they were publishes nothing.
+//! arrived meanwhile. An update that changes nothing policies see (a pod's status
+//! conditions, a policy's annotations) publishes nothing.
 //!
 //! What is kept is what policies need, not Kubernetes' objects: each object is translated
 //! as its event arrives and kept under its `namespace/name` (a namespace under its name):
@@ -17,6 +18,17 @@
 //! not. A policy that does not translate is refused alone: it is in [`Objects::refused`]
 //! (`NetworkPolicy namespace/name`), logged once as a warning (again when its reason
 //! changes, or after it translated or was deleted), and the others apply.
+//!
+//! Memory: each object is held twice, translated: in the watches' tables and in the
+//! [`Objects`] last published (and once more while a receiver keeps an older
+//! `Arc<Objects>`). 10,000 pods (four labels, one address, one named port each) in 100
+//! namespaces and 1,000 policies (one ingress rule of a namespace and a pod selector, and
+//! two ports, each) take 21.6 MiB in all, the client's leftover buffers included, 8.6 MiB
+//! of it the published copy: bytes asked of the allocator, counted by
+//! `tests/cluster_memory.rs` after the fake API server served those objects, in 330,000
+//! allocations (to which glibc's malloc adds about 16 bytes each, some 5 MiB). While a
+//! list is read, its kind's objects are held once more, and kube's watcher holds a page
+//! of up to 500 Kubernetes objects.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -46,8 +58,12 @@ use crate::{
 };
 
 /// How long after a change it is published: the changes that arrive meanwhile (a
-/// Deployment's pods starting together, say) go out with it, in one publish.
-pub const DEBOUNCE: Duration = Duration::from_millis(10);
+/// Deployment's pods starting together, say) go out with it, in one publish. Each publish
+/// builds the whole of [`Objects`], about 6 ms for 10,000 pods and 1,000 policies in a
+/// release build: with a publish at most every 100 ms, a cluster whose pods never stop
+/// changing costs this task some 6% of a core, and receivers that compile policies from
+/// each value do so at most ten times a second.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
 
 const NAMESPACES: Watched = Watched {
     one: "namespace",
@@ -228,8 +244,6 @@ struct State {
     policies: Store<Translated>,
     /// The policies refused, by key, so that each is logged once.
     refusals: Reporter<String>,
-    /// Whether anything was published: the first publish goes out even when empty.
-    published: bool,
 }
 
 impl Default for State {
@@ -239,7 +253,6 @@ impl Default for State {
             pods: Store::new(PODS),
             policies: Store::new(POLICIES),
             refusals: Reporter::default(),
-            published: false,
         }
     }
 }
@@ -304,20 +317,11 @@ impl State {
         objects
     }
 
-    /// Publishes the objects when they differ from those published (or none were).
-    fn publish(&mut self, tx: &watch::Sender<Arc<Objects>>) {
-        let objects = self.objects();
-        let first = !std::mem::replace(&mut self.published, true);
-        let changed = tx.send_if_modified(|current| {
-            if !first && **current == objects {
-                return false;
-            }
-            *current = Arc::new(objects);
-            true
-        });
-        if changed {
-            tracing::debug!("policy objects from the cluster: {}", tx.borrow().summary());
-        }
+    /// Publishes the objects as they stand.
+    fn publish(&self, tx: &watch::Sender<Arc<Objects>>) {
+        let objects = Arc::new(self.objects());
+        tracing::debug!("policy objects from the cluster: {}", objects.summary());
+        tx.send_replace(objects);
     }
 }
 

@@ -71,7 +71,8 @@ async fn first_lists(api: &mut FakeApi, rx: &mut watch::Receiver<Arc<Objects>>) 
     );
     let namespaces = api.expect_watch_of(NAMESPACES, "10").await;
     let pods = api.expect_watch_of(PODS, "20").await;
-    tokio::time::sleep(cni_policy::cluster::DEBOUNCE * 10).await;
+    // Long enough for a publish that should not come.
+    tokio::time::sleep(cni_policy::cluster::DEBOUNCE * 3).await;
     assert!(
         !rx.has_changed().expect("the source runs"),
         "published before the policies were listed: {:?}",

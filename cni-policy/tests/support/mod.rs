@@ -15,6 +15,7 @@ use tokio::time::Instant;
 #[path = "../../../cni-nodes/tests/support/mod.rs"]
 mod nodes_support;
 
+#[allow(unused_imports, reason = "each test binary uses a part of it")]
 pub use nodes_support::{capture_logs, log_lines, wait_for_log};
 
 /// A Namespace with `labels` (`key=value`), and the name label Kubernetes gives each.
