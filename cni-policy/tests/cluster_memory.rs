@@ -89,8 +89,8 @@ const NAMESPACE_COUNT: usize = 100;
 const PODS_PER_NAMESPACE: usize = 100;
 const POLICIES_PER_NAMESPACE: usize = 10;
 
-/// The most the source may hold for them: twice what it held when this was written
-/// (21.6 MiB).
+/// The most the source may hold for them: about twice the 21.6 MiB `cni_policy::cluster`
+/// documents.
 const BOUND: isize = 44 << 20;
 
 fn team(n: usize) -> String {
