@@ -13,12 +13,19 @@ use crate::{
 };
 
 /// Runs until the policy source ends (it does not: both sources retry on their own),
-/// applying every new set of objects to `node`.
+/// applying every new set of objects to `node`. With `wait_first`, the receiver's first
+/// value is a placeholder (the API's watches have not listed everything yet): nothing
+/// is applied before the first change, so the pods keep the isolation the maps hold.
 pub async fn run(
     mut objects: watch::Receiver<Arc<Objects>>,
+    wait_first: bool,
     node: Arc<Mutex<LocalNode>>,
     telemetry: Arc<Telemetry>,
 ) {
+    if wait_first && objects.changed().await.is_err() {
+        tracing::error!("the policy source ended before it listed anything");
+        return;
+    }
     loop {
         let latest = Arc::clone(&objects.borrow_and_update());
         let node = Arc::clone(&node);

@@ -120,11 +120,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         Some(source) => Some(watch_nodes(source).await?),
         None => None,
     };
-    // A policy file that cannot be read stops the daemon here too.
-    let policy_objects = match &config.policy.policy_file {
-        Some(path) => Some(cni_policy::watch_file(path.clone()).await?),
-        None => None,
-    };
+    // A policy file that cannot be read, or a kubeconfig that does not load, stops the
+    // daemon here too.
+    let policy_objects = watch_policies(&config.policy, node_source.as_ref()).await?;
     tracing::info!(
         node = %node_name,
         source = %node_source.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
@@ -249,9 +247,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             pod_cidrs_file,
         ))
     });
-    let policy_watch = policy_objects.map(|objects| {
+    let policy_watch = policy_objects.map(|(objects, wait_first)| {
         tokio::spawn(policy_watch::run(
             objects,
+            wait_first,
             Arc::clone(&node),
             Arc::clone(&telemetry),
         ))
@@ -342,6 +341,32 @@ async fn install_until_done(args: InstallArgs, node: NodeSettings, telemetry: Ar
         telemetry.set_install(Install::Failed(error));
         tokio::time::sleep(INSTALL_RETRY).await;
     }
+}
+
+/// Starts following the policy objects: from `--policy-file` (its first read must
+/// succeed), else from the Kubernetes API when the nodes come from it (the watch starts
+/// with a placeholder and retries on its own; until it has listed everything, no pod's
+/// isolation changes: `true` beside the receiver), else from nowhere (no pod is
+/// isolated).
+async fn watch_policies(
+    args: &PolicyArgs,
+    nodes: Option<&NodeSource>,
+) -> anyhow::Result<Option<(tokio::sync::watch::Receiver<Arc<cni_policy::Objects>>, bool)>> {
+    Ok(match (&args.policy_file, nodes) {
+        (Some(path), _) => {
+            tracing::info!(file = %path.display(), "network policies from a file");
+            Some((cni_policy::watch_file(path.clone()).await?, false))
+        }
+        (None, Some(NodeSource::Cluster(access))) => {
+            tracing::info!("network policies from the Kubernetes API");
+            let client = cni_nodes::connect(access).await?;
+            Some((cni_policy::watch_cluster(client), true))
+        }
+        (None, Some(NodeSource::File(_)) | None) => {
+            tracing::info!("no network policy source (--policy-file): no pod is isolated");
+            None
+        }
+    })
 }
 
 /// Starts following the cluster's nodes from `source`: the first read of a nodes file

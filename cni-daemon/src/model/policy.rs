@@ -36,7 +36,8 @@ pub struct PolicyArgs {
     /// `NetworkPolicyList`), JSON or YAML, several YAML documents too. Changes to it
     /// (written in place or replaced by a rename) take effect within a second; an
     /// object that does not check is refused alone, and a file that does not read
-    /// keeps the last good one in force. Without it, no pod is isolated.
+    /// keeps the last good one in force. Without it, they come from the Kubernetes API
+    /// when the nodes do (`--kubeconfig`, or in a pod); else no pod is isolated.
     #[arg(long, env = "EBPF_CNID_POLICY_FILE")]
     pub policy_file: Option<std::path::PathBuf>,
     /// `enforce`: what no policy lets through is dropped. `audit`: it is counted

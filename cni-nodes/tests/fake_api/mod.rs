@@ -251,17 +251,18 @@ current-context: fake
         }
     }
 
-    /// The next request, which must be a list of the nodes.
+    /// The next request for the nodes, which must be a list (requests for other kinds
+    /// wait for their own).
     pub async fn expect_list(&mut self) -> Call {
-        let call = self.next_call().await;
+        let call = self.next_call_to(NODES).await;
         assert_eq!(call.path, NODES, "{call:?}");
         assert!(!call.is_watch(), "expected a list, got {call:?}");
         call
     }
 
-    /// The next request, which must be a watch of the nodes from `resource_version`.
+    /// The next request for the nodes, which must be a watch from `resource_version`.
     pub async fn expect_watch(&mut self, resource_version: &str) -> WatchStream {
-        let call = self.next_call().await;
+        let call = self.next_call_to(NODES).await;
         assert_eq!(call.path, NODES, "{call:?}");
         Self::watch_from(call, resource_version)
     }

@@ -21,11 +21,9 @@
 //! client certificates, HTTP/2, protobuf, pagination), and the token's and the CA's
 //! reload when kubelet rotates them (kube rereads both about once a minute).
 
-#[path = "../../../cni-nodes/tests/fake_api/mod.rs"]
-mod fake_api;
-
 use std::time::Duration;
 
+use crate::fake_api::{FakeApi, WatchStream, node, tls::Ca};
 use ebpf_cni_tests::{
     cluster::daemon_routes,
     daemon::{Daemon, eventually},
@@ -34,7 +32,6 @@ use ebpf_cni_tests::{
     service_account::ServiceAccount,
     traffic::run_in,
 };
-use fake_api::{FakeApi, WatchStream, node, tls::Ca};
 
 const OWN_RANGE: &str = "10.244.171.0/24";
 /// How long the daemon may take to apply what the API said.

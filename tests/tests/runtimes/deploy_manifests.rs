@@ -216,15 +216,30 @@ fn the_probes_ask_the_daemons_health_address_on_loopback() {
 }
 
 #[test]
-fn the_cluster_role_reads_nodes_and_nothing_else() {
+fn the_cluster_role_reads_nodes_and_what_policies_need_and_nothing_else() {
     let manifests = deploy::load();
     let rules = manifests.cluster_role.rules.as_deref().unwrap_or_default();
-    assert_eq!(rules.len(), 1, "{rules:?}");
-    let rule = &rules[0];
-    assert_eq!(rule.api_groups.as_deref(), Some(&[String::new()][..]));
-    assert_eq!(rule.resources.as_deref(), Some(&["nodes".to_owned()][..]));
-    assert_eq!(rule.verbs, ["get", "list", "watch"]);
-    assert_eq!(rule.resource_names, None);
+    let mut read: Vec<(String, String)> = Vec::new();
+    for rule in rules {
+        assert_eq!(rule.verbs, ["get", "list", "watch"], "{rule:?}");
+        assert_eq!(rule.resource_names, None, "{rule:?}");
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                read.push((group.clone(), resource.clone()));
+            }
+        }
+    }
+    read.sort();
+    let expected: Vec<(String, String)> = [
+        ("", "namespaces"),
+        ("", "nodes"),
+        ("", "pods"),
+        ("networking.k8s.io", "networkpolicies"),
+    ]
+    .into_iter()
+    .map(|(group, resource)| (group.to_owned(), resource.to_owned()))
+    .collect();
+    assert_eq!(read, expected);
 
     let binding = &manifests.cluster_role_binding;
     assert_eq!(binding.role_ref.kind, "ClusterRole");
