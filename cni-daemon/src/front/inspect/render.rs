@@ -545,7 +545,7 @@ mod tests {
             pods: vec![pod("a", true), pod("b", true), pod("unselected", false)],
             refused: vec![cni_api::RefusedObject {
                 object: "NetworkPolicy x/sideways".into(),
-                reason: "policyTypes: Sideways is neither Ingress nor Egress".into(),
+                reason: r#"spec.policyTypes[0]: "Sideways" is not Ingress or Egress"#.into(),
             }],
         };
         let counted = [(
@@ -569,8 +569,8 @@ mod tests {
              x/a          ingress\n\
              x/b          ingress\n\
              x/unselected -\n\
-             refused:\n  NetworkPolicy x/sideways: policyTypes: Sideways is neither Ingress nor \
-             Egress\n"
+             refused:\n  NetworkPolicy x/sideways: spec.policyTypes[0]: \"Sideways\" is not \
+             Ingress or Egress\n"
         );
     }
 
