@@ -5,8 +5,8 @@
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    ClientError, DaemonError, Endpoint, EndpointId, ErrorKind, LinkCounters, NodesView, Request,
-    Response, Status, frame,
+    ClientError, DaemonError, Endpoint, EndpointId, ErrorKind, LinkCounters, NodesView,
+    PoliciesView, Request, Response, Status, frame,
 };
 
 /// Why a call did not give its answer.
@@ -144,6 +144,13 @@ impl Client {
         }
     }
 
+    pub fn policies(&self) -> Result<PoliciesView, CallError> {
+        match self.request(&Request::Policies)? {
+            Response::Policies(view) => Ok(view),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The answer to `request`, refusals made errors.
     fn request(&self, request: &Request) -> Result<Response, CallError> {
         match frame::call(&self.socket, request, self.timeout)? {
@@ -251,6 +258,23 @@ mod tests {
         let error = nobody.status().expect_err("nobody listens");
         assert!(error.is_unreachable(), "{error:?}");
         assert!(!nobody.answers());
+    }
+
+    #[test]
+    fn the_policies_come_back_as_the_daemon_wrote_them() {
+        let (client, served) = daemon_answering(
+            r#"{"response": "policies", "source": "file /etc/policies.yaml", "answered": true,
+                "mode": "enforce", "generation": 3,
+                "policies": [{"namespace": "x", "name": "deny", "slot": 0, "ingress": true,
+                              "egress": false, "selects": ["x/a"]}],
+                "pods": [{"namespace": "x", "name": "a", "ingress": true, "egress": false}],
+                "refused": [{"object": "NetworkPolicy x/odd", "reason": "no"}]}"#,
+        );
+        let view = client.policies().expect("the policies");
+        assert_eq!(served.join().expect("served"), Request::Policies);
+        assert_eq!(view.policies[0].selects, ["x/a"]);
+        assert_eq!(view.refused[0].object, "NetworkPolicy x/odd");
+        assert_eq!(view.generation, 3);
     }
 
     #[test]

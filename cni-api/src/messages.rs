@@ -42,6 +42,10 @@ pub enum Request {
     },
     /// The cluster's nodes as the daemon's node source gives them.
     Nodes,
+    /// The NetworkPolicies in force on this node: each with the pods of this node it
+    /// selects, each pod with the directions it is isolated in, and the objects the
+    /// policy source refused.
+    Policies,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +81,7 @@ pub enum Response {
         removed: Vec<Endpoint>,
     },
     Nodes(NodesView),
+    Policies(PoliciesView),
     /// A hostPort another endpoint holds (CNI code 105 for the plugin). Kept beside
     /// [`ErrorKind::PortConflict`] so that plugins reading no kind still give 105.
     PortConflict {
@@ -305,6 +310,63 @@ pub struct NodeInfo {
     /// Its first IPv4 InternalIP.
     pub address: std::net::Ipv4Addr,
     pub pod_cidrs: Vec<ipnet::Ipv4Net>,
+}
+
+/// The NetworkPolicies in force on this node, as the daemon compiled them for its pods.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoliciesView {
+    /// Where the objects come from (`file <path>`); `None`: no policy source, no pod is
+    /// isolated.
+    pub source: Option<String>,
+    /// Whether the source has answered: before it does, the datapath keeps the
+    /// policies a previous daemon wrote, and the lists are empty.
+    pub answered: bool,
+    /// `enforce` (what no policy lets through is dropped) or `audit` (counted and let
+    /// through), `--policy-mode`.
+    pub mode: String,
+    /// Raised at each change of what the datapath holds; a flow's verdicts given under
+    /// another generation are asked again.
+    pub generation: u32,
+    /// Every policy, by namespace and name.
+    pub policies: Vec<PolicyInfo>,
+    /// This node's Kubernetes pods (those whose runtime named them), by namespace and
+    /// name.
+    pub pods: Vec<PolicyPodInfo>,
+    /// The objects the source left out, with why.
+    pub refused: Vec<RefusedObject>,
+}
+
+/// One NetworkPolicy of [`PoliciesView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    pub namespace: String,
+    pub name: String,
+    /// The key of its counters in the pinned `POLICY_STATS` map.
+    pub slot: u32,
+    /// Whether it isolates the pods it selects for ingress, for egress.
+    pub ingress: bool,
+    pub egress: bool,
+    /// The pods of this node it selects, as `namespace/name`, sorted.
+    pub selects: Vec<String>,
+}
+
+/// One pod of this node in [`PoliciesView`], with the directions a policy isolates it
+/// in (neither: everything passes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyPodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub ingress: bool,
+    pub egress: bool,
+}
+
+/// An object the policy source left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedObject {
+    /// `NetworkPolicy x/deny-all`, or where it stands when it has no name (`document 2,
+    /// item 5`).
+    pub object: String,
+    pub reason: String,
 }
 
 /// A device source NAT translates on.

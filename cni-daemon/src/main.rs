@@ -175,6 +175,10 @@ enum Command {
     /// The cluster's nodes as the running daemon's node source gives them: name,
     /// address, pod ranges.
     Nodes,
+    /// The NetworkPolicies in force: each with the directions it isolates, the pods of
+    /// this node it selects and its counters (read from the pinned map); each pod of
+    /// this node with the directions it is isolated in; the objects the source refused.
+    Policy,
     /// Remove every pin and endpoint record of this instance (stop the daemon first),
     /// and the CNI configuration `run --cni-conf-dir` wrote.
     Uninstall {
@@ -290,6 +294,14 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             match cli.output {
                 Output::Json => print_json(&table),
                 Output::Table => print(&render::nodes_table(&table)),
+            }
+        }
+        Command::Policy => {
+            let view = client(&cli).policies()?;
+            let table = join::policy_table(view, &read::policy_counters(&cli.bpf_dir)?);
+            match cli.output {
+                Output::Json => print_json(&table),
+                Output::Table => print(&render::policy_table(&table)),
             }
         }
         Command::Ports => {

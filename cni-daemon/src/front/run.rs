@@ -188,6 +188,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             has_source: policy_objects.is_some(),
         },
     )?;
+    if let Some(source) = &policy_objects {
+        node.name_policy_source(source.name.clone());
+    }
     // The daemon's own listeners are no hostPort's.
     node.deny_host_ports([
         (
@@ -247,10 +250,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
             pod_cidrs_file,
         ))
     });
-    let policy_watch = policy_objects.map(|(objects, wait_first)| {
+    let policy_watch = policy_objects.map(|source| {
         tokio::spawn(policy_watch::run(
-            objects,
-            wait_first,
+            source.objects,
+            source.wait_first,
             Arc::clone(&node),
             Arc::clone(&telemetry),
         ))
@@ -343,24 +346,40 @@ async fn install_until_done(args: InstallArgs, node: NodeSettings, telemetry: Ar
     }
 }
 
+/// A policy source being followed.
+struct PolicySource {
+    objects: tokio::sync::watch::Receiver<Arc<cni_policy::Objects>>,
+    /// The first value is a placeholder (see `policy_watch::run`).
+    wait_first: bool,
+    /// As `ebpf-cnid policy` shows it.
+    name: String,
+}
+
 /// Starts following the policy objects: from `--policy-file` (its first read must
 /// succeed), else from the Kubernetes API when the nodes come from it (the watch starts
 /// with a placeholder and retries on its own; until it has listed everything, no pod's
-/// isolation changes: `true` beside the receiver), else from nowhere (no pod is
-/// isolated).
+/// isolation changes), else from nowhere (no pod is isolated).
 async fn watch_policies(
     args: &PolicyArgs,
     nodes: Option<&NodeSource>,
-) -> anyhow::Result<Option<(tokio::sync::watch::Receiver<Arc<cni_policy::Objects>>, bool)>> {
+) -> anyhow::Result<Option<PolicySource>> {
     Ok(match (&args.policy_file, nodes) {
         (Some(path), _) => {
             tracing::info!(file = %path.display(), "network policies from a file");
-            Some((cni_policy::watch_file(path.clone()).await?, false))
+            Some(PolicySource {
+                objects: cni_policy::watch_file(path.clone()).await?,
+                wait_first: false,
+                name: NodeSource::File(path.clone()).to_string(),
+            })
         }
-        (None, Some(NodeSource::Cluster(access))) => {
+        (None, Some(source @ NodeSource::Cluster(access))) => {
             tracing::info!("network policies from the Kubernetes API");
             let client = cni_nodes::connect(access).await?;
-            Some((cni_policy::watch_cluster(client), true))
+            Some(PolicySource {
+                objects: cni_policy::watch_cluster(client),
+                wait_first: true,
+                name: format!("kubernetes API ({source})"),
+            })
         }
         (None, Some(NodeSource::File(_)) | None) => {
             tracing::info!("no network policy source (--policy-file): no pod is isolated");

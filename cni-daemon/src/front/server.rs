@@ -253,6 +253,7 @@ fn answer(request: Request, node: &Mutex<LocalNode>, telemetry: &Telemetry) -> R
                 })
         }
         Request::Nodes => Ok(Response::Nodes(node.cluster().view())),
+        Request::Policies => Ok(Response::Policies(node.policies().view())),
     };
     if changes {
         telemetry.publish(NodeView::of(&node));

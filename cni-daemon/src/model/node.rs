@@ -772,6 +772,11 @@ impl LocalNode {
         &self.policies
     }
 
+    /// Names the policy source for `ebpf-cnid policy`.
+    pub fn name_policy_source(&mut self, name: impl Into<String>) {
+        self.policies.name_source(name);
+    }
+
     /// The policy maps in step with the endpoints and the source's objects.
     fn sync_policies(&mut self) -> Result<(), NodeError> {
         let synced = self

@@ -10,6 +10,10 @@
 //! namespace and no labels: the policies selecting every pod of its namespace isolate
 //! it from its first packet, those selecting by label once its object arrives.
 //! Endpoints without a Kubernetes pod are never isolated.
+//!
+//! Each compile also records which of this node's pods each policy selects, and the
+//! directions each pod is isolated in: what `ebpf-cnid policy` shows ([`Policies::view`])
+//! and the metrics count.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -18,7 +22,7 @@ use std::{
 };
 
 use aya::maps::MapError;
-use cni_api::values::Protocol;
+use cni_api::{PoliciesView, PolicyInfo, PolicyPodInfo, RefusedObject, values::Protocol};
 use cni_ebpf_common::{
     AddrKey, PolicyConfig, PolicyEndpoint, RuleKey, RuleValue, ip_proto,
     policy::{FAMILY_IPV6, RULE_ANY_PROTOCOL_BITS, RULE_PROTOCOL_BITS, direction, isolated, mode},
@@ -79,11 +83,33 @@ pub struct Synced {
 pub struct Policies {
     maps: PolicyMaps,
     source: Source,
+    /// What the source is, as the view names it (`file <path>`).
+    source_name: Option<String>,
     identities: Identities,
     /// Each policy's counters slot, by namespace and name.
     slots: BTreeMap<(String, String), u32>,
+    /// What the last compile found of this node's pods.
+    selection: Selection,
     written: Written,
     config: PolicyConfig,
+}
+
+/// This node's Kubernetes pods and the policies selecting them, as the last compile
+/// found them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Selection {
+    /// Each pod (namespace, name), sorted, with its [`isolated`] bits.
+    pods: Vec<((String, String), u32)>,
+    /// For each policy of the objects compiled, in their order: the indexes in `pods`
+    /// of those it selects.
+    selects: Vec<Vec<usize>>,
+}
+
+/// This node's pods isolated in each direction, for the metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IsolatedPods {
+    pub ingress: usize,
+    pub egress: usize,
 }
 
 /// What the maps hold, as written.
@@ -112,8 +138,10 @@ impl Policies {
             } else {
                 Source::None
             },
+            source_name: None,
             identities: Identities::default(),
             slots: BTreeMap::new(),
+            selection: Selection::default(),
             config: PolicyConfig {
                 generation: previous.generation,
                 mode: match policy_mode {
@@ -122,6 +150,11 @@ impl Policies {
                 },
             },
         }
+    }
+
+    /// Names the source for the view (`file <path>`); unnamed, the view says `unnamed`.
+    pub fn name_source(&mut self, name: impl Into<String>) {
+        self.source_name = Some(name.into());
     }
 
     /// Takes the source's objects (applied at the next [`Self::sync`]).
@@ -146,6 +179,95 @@ impl Policies {
         &self.maps
     }
 
+    /// Objects the source left out (0 before it answers).
+    pub fn refused(&self) -> usize {
+        self.objects().map_or(0, |objects| objects.refused.len())
+    }
+
+    /// This node's pods isolated in each direction, as of the last compile.
+    pub fn isolated_pods(&self) -> IsolatedPods {
+        let mut counts = IsolatedPods::default();
+        for (_, bits) in &self.selection.pods {
+            counts.ingress += usize::from(bits & isolated::INGRESS != 0);
+            counts.egress += usize::from(bits & isolated::EGRESS != 0);
+        }
+        counts
+    }
+
+    /// What `ebpf-cnid policy` shows: the source, the mode, each policy with the pods of
+    /// this node it selects, each of those pods with the directions it is isolated in,
+    /// and the objects refused.
+    pub fn view(&self) -> PoliciesView {
+        let source = match self.source {
+            Source::None => None,
+            Source::Pending | Source::Ready(_) => Some(
+                self.source_name
+                    .clone()
+                    .unwrap_or_else(|| "unnamed".to_owned()),
+            ),
+        };
+        let pods = &self.selection.pods;
+        let label = |index: &usize| {
+            pods.get(*index)
+                .map(|((namespace, name), _)| format!("{namespace}/{name}"))
+        };
+        let (policies, refused) = match self.objects() {
+            None => (Vec::new(), Vec::new()),
+            Some(objects) => {
+                let mut policies: Vec<PolicyInfo> = objects
+                    .policies
+                    .iter()
+                    .enumerate()
+                    .map(|(index, policy)| PolicyInfo {
+                        namespace: policy.namespace.clone(),
+                        name: policy.name.clone(),
+                        slot: self.slot_of(policy),
+                        ingress: policy.rules(Direction::Ingress).is_some(),
+                        egress: policy.rules(Direction::Egress).is_some(),
+                        selects: self
+                            .selection
+                            .selects
+                            .get(index)
+                            .map(|selected| selected.iter().filter_map(label).collect())
+                            .unwrap_or_default(),
+                    })
+                    .collect();
+                policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+                let refused = objects
+                    .refused
+                    .iter()
+                    .map(|refused| RefusedObject {
+                        object: refused.object.clone(),
+                        reason: refused.reason.clone(),
+                    })
+                    .collect();
+                (policies, refused)
+            }
+        };
+        PoliciesView {
+            source,
+            answered: matches!(self.source, Source::Ready(_)),
+            mode: if self.config.mode == mode::AUDIT {
+                "audit"
+            } else {
+                "enforce"
+            }
+            .to_owned(),
+            generation: self.config.generation,
+            policies,
+            pods: pods
+                .iter()
+                .map(|((namespace, name), bits)| PolicyPodInfo {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    ingress: bits & isolated::INGRESS != 0,
+                    egress: bits & isolated::EGRESS != 0,
+                })
+                .collect(),
+            refused,
+        }
+    }
+
     /// Compiles the policies for `endpoints` (this node's) and writes the differences.
     /// Nothing changes while the source has not answered.
     pub fn sync<'a>(
@@ -154,7 +276,10 @@ impl Policies {
     ) -> Result<Synced, MapError> {
         let desired = match &self.source {
             Source::Pending => return Ok(Synced::default()),
-            Source::None => Written::default(),
+            Source::None => {
+                self.selection = Selection::default();
+                Written::default()
+            }
             Source::Ready(objects) => {
                 let objects = Arc::clone(objects);
                 self.desired(&objects, endpoints)
@@ -217,6 +342,7 @@ impl Policies {
             policies: &objects.policies,
         };
         let compiled = compile(cluster, &local, &mut self.identities);
+        self.selection = select(&objects.policies, &pods, &local);
         let mut desired = Written::default();
         for (prefix, id) in &compiled.addresses {
             desired.ids.insert(addr_key(prefix), *id);
@@ -360,6 +486,46 @@ impl Policies {
     }
 }
 
+/// The `local` pods (indexes in `pods`, a pod with several endpoints there once each)
+/// and the policies selecting each, with the directions they isolate it in: local pods
+/// times policies.
+fn select(policies: &[Policy], pods: &[Pod], local: &[usize]) -> Selection {
+    let mut local: Vec<usize> = local.to_vec();
+    local.sort_by(|a, b| {
+        (&pods[*a].namespace, &pods[*a].name).cmp(&(&pods[*b].namespace, &pods[*b].name))
+    });
+    local.dedup();
+    let mut selection = Selection {
+        pods: local
+            .iter()
+            .map(|index| {
+                (
+                    (pods[*index].namespace.clone(), pods[*index].name.clone()),
+                    0,
+                )
+            })
+            .collect(),
+        selects: vec![Vec::new(); policies.len()],
+    };
+    for (policy, selected) in policies.iter().zip(&mut selection.selects) {
+        let ways = [
+            (Direction::Ingress, isolated::INGRESS),
+            (Direction::Egress, isolated::EGRESS),
+        ]
+        .into_iter()
+        .filter(|(direction, _)| policy.rules(*direction).is_some())
+        .fold(0, |bits, (_, bit)| bits | bit);
+        for (at, index) in local.iter().enumerate() {
+            let pod = &pods[*index];
+            if policy.namespace == pod.namespace && policy.selects.matches(&pod.labels) {
+                selected.push(at);
+                selection.pods[at].1 |= ways;
+            }
+        }
+    }
+    selection
+}
+
 /// The first policy isolating `pod` for `way` (its counters take what no way lets
 /// through).
 fn isolating(policies: &[Policy], pod: &Pod, way: u8) -> Option<usize> {
@@ -441,6 +607,71 @@ mod tests {
         let (bits, key) = rule_key(7, direction::EGRESS, &block);
         assert_eq!(bits, 112 + 13);
         assert_eq!(key, RuleKey::new(7, direction::EGRESS, 20, 17, 8080));
+    }
+
+    #[test]
+    fn each_policy_selects_the_local_pods_of_its_namespace_its_selector_matches() {
+        let objects = cni_policy::parse::parse_objects(
+            br#"
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: b, labels: {pod: b}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: a, labels: {pod: a}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: 'y', name: a, labels: {pod: a}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: elsewhere, labels: {pod: a}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: deny-ingress}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: a-out}
+spec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Egress]}
+"#,
+        )
+        .expect("objects");
+        assert!(objects.refused.is_empty(), "{:?}", objects.refused);
+        let at = |namespace: &str, name: &str| {
+            objects
+                .pods
+                .iter()
+                .position(|pod| pod.namespace == namespace && pod.name == name)
+                .expect("a pod")
+        };
+        // x/a has two interfaces; x/elsewhere is another node's.
+        let local = [at("x", "b"), at("x", "a"), at("y", "a"), at("x", "a")];
+        let selection = select(&objects.policies, &objects.pods, &local);
+        let pod =
+            |namespace: &str, name: &str, bits| ((namespace.to_owned(), name.to_owned()), bits);
+        assert_eq!(
+            selection.pods,
+            [
+                pod("x", "a", isolated::INGRESS | isolated::EGRESS),
+                pod("x", "b", isolated::INGRESS),
+                pod("y", "a", 0),
+            ]
+        );
+        let selects: Vec<(&str, &[usize])> = objects
+            .policies
+            .iter()
+            .map(|policy| policy.name.as_str())
+            .zip(selection.selects.iter().map(Vec::as_slice))
+            .collect();
+        assert_eq!(
+            selects,
+            [("deny-ingress", &[0, 1][..]), ("a-out", &[0][..])]
+        );
     }
 
     #[test]

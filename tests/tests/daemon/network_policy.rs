@@ -1,9 +1,11 @@
 //! NetworkPolicy on one node, from `--policy-file`: upstream's reachability model (pods
 //! in namespaces x and y, every pair probed) through default deny each way, a rule by
 //! pod label and port, replies of allowed connections, the node's own probes, a pod
-//! isolated from its first packet, and policies removed.
+//! isolated from its first packet, and policies removed; `ebpf-cnid policy` and the
+//! policy metrics along the way.
 
 use ebpf_cni_tests::{
+    http,
     netpol::{
         ModelPod, PolicyFile, Protocol, Reachability, add_pod, expect_reachability, namespace_yaml,
         pod_yaml, reaches, stream,
@@ -55,6 +57,17 @@ spec:
     - port: serve-80-tcp
 ";
 
+/// A policy the source refuses (no such policy type), left out alone.
+const SIDEWAYS_X: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: sideways
+spec:
+  podSelector: {}
+  policyTypes: [Sideways]
+";
+
 const DENY_EGRESS_Y: &str = "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
@@ -96,7 +109,7 @@ fn policies_from_a_file_decide_who_reaches_whom_on_one_node() {
         &Reachability::all(&all, true),
     );
 
-    file.replace(&objects(&[DENY_INGRESS_X]));
+    file.replace(&objects(&[DENY_INGRESS_X, SIDEWAYS_X]));
     let mut deny_x = Reachability::all(&all, true);
     deny_x.set(any, in_x, false);
     for (port, protocol) in [
@@ -108,6 +121,45 @@ fn policies_from_a_file_decide_who_reaches_whom_on_one_node() {
     }
     // The node itself still reaches them (kubelet's probes).
     round_trip(&node.netns, x_a.addr(80), b"kubelet").expect("the node reaches x/a");
+
+    // The node says which policy isolates whom, what it dropped, and what it refused.
+    let view = node.instance.cli_json(&["policy"]);
+    let policies = view["policies"].as_array().expect("a list of policies");
+    let deny = policies
+        .iter()
+        .find(|policy| policy["namespace"] == "x" && policy["name"] == "deny-ingress")
+        .unwrap_or_else(|| panic!("no x/deny-ingress in {view:#}"));
+    assert_eq!(
+        deny["selects"],
+        serde_json::json!(["x/a", "x/b"]),
+        "{view:#}"
+    );
+    assert!(
+        deny["ingress"] == true && deny["egress"] == false,
+        "{deny:#}"
+    );
+    assert!(deny["denied"].as_u64().expect("a count") > 0, "{view:#}");
+    let refused = view["refused"]
+        .as_array()
+        .expect("a list of refused objects");
+    assert!(
+        refused.iter().any(|refused| {
+            refused["object"]
+                .as_str()
+                .is_some_and(|o| o.contains("x/sideways"))
+                && refused["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("Sideways"))
+        }),
+        "the refused policy is listed with its reason: {view:#}"
+    );
+    let metrics = http::scrape(&node.netns);
+    let drops = metrics.expect(
+        "ebpf_cni_policy_drops_total",
+        &[("namespace", "x"), ("policy", "deny-ingress")],
+    );
+    assert!(drops > 0.0, "{}", metrics.0);
+    assert_eq!(metrics.expect("ebpf_cni_policy_refused_objects", &[]), 1.0);
 
     // A pod made while the policy holds is isolated from its first packet.
     let x_c = add_pod(&node, "x", "c");

@@ -135,6 +135,62 @@ pub fn nodes_table(
     }
 }
 
+/// `ebpf-cnid policy`: the daemon's view of the NetworkPolicies in force, each policy
+/// with its counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyTable {
+    pub source: Option<String>,
+    pub answered: bool,
+    pub mode: String,
+    pub generation: u32,
+    pub policies: Vec<PolicyRow>,
+    pub pods: Vec<cni_api::PolicyPodInfo>,
+    pub refused: Vec<cni_api::RefusedObject>,
+}
+
+/// One policy of [`PolicyTable`].
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyRow {
+    #[serde(flatten)]
+    pub policy: cni_api::PolicyInfo,
+    /// Flows a way of this policy let through.
+    pub allowed: u64,
+    /// Packets dropped at a pod it isolates (what no way let through).
+    pub denied: u64,
+    /// Flows that would have been dropped, let through in audit mode (counted at their
+    /// first packet).
+    pub audited: u64,
+}
+
+/// Joins the daemon's `view` with the pinned per-policy counters, by slot.
+pub fn policy_table(
+    view: cni_api::PoliciesView,
+    counters: &BTreeMap<u32, cni_ebpf_common::PolicyCounters>,
+) -> PolicyTable {
+    let policies = view
+        .policies
+        .into_iter()
+        .map(|policy| {
+            let counted = counters.get(&policy.slot).copied().unwrap_or_default();
+            PolicyRow {
+                policy,
+                allowed: counted.allowed,
+                denied: counted.denied,
+                audited: counted.audited,
+            }
+        })
+        .collect();
+    PolicyTable {
+        source: view.source,
+        answered: view.answered,
+        mode: view.mode,
+        generation: view.generation,
+        policies,
+        pods: view.pods,
+        refused: view.refused,
+    }
+}
+
 /// `ebpf-cnid status`: the daemon's answer, the drop and the NAT counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusView {

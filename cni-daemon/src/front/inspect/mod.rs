@@ -1,7 +1,7 @@
-//! What the inspection commands (`ebpf-cnid status|endpoints|ports|counters|nat`) show, in
-//! three steps: [`read`] the pinned maps (no running daemon needed), [`join`] them with
-//! what the daemon answers ([`nat`] for source NAT's flows), and [`render`] the views as
-//! tables; `--output json` prints the same views serialized.
+//! What the inspection commands (`ebpf-cnid status|endpoints|ports|counters|nat|nodes|
+//! policy`) show, in three steps: [`read`] the pinned maps (no running daemon needed),
+//! [`join`] them with what the daemon answers ([`nat`] for source NAT's flows), and
+//! [`render`] the views as tables; `--output json` prints the same views serialized.
 
 pub mod join;
 pub mod nat;

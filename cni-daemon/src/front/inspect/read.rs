@@ -10,7 +10,7 @@ use std::{
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray, PerCpuHashMap};
 use cni_ebpf_common::{
     DropReason, EndpointCounters, FlowCounts, NatConfig, NatCounter, NatEntry, NatKey,
-    NatReverseKey, RefusedFlows, SourceKey, TrafficCounters, Uplinks, map_names,
+    NatReverseKey, PolicyCounters, RefusedFlows, SourceKey, TrafficCounters, Uplinks, map_names,
 };
 use serde::Serialize;
 
@@ -111,6 +111,21 @@ pub fn endpoint_counters(bpf_dir: &Path) -> Result<BTreeMap<u32, EndpointCounter
         bpf_dir,
         map_names::ENDPOINT_COUNTERS,
         EndpointCounters::plus,
+    )?;
+    Ok(totals.into_iter().collect())
+}
+
+/// Each NetworkPolicy's counters by its slot (`POLICY_STATS`), summed over CPUs; a
+/// policy that counted nothing yet has no entry.
+pub fn policy_counters(bpf_dir: &Path) -> Result<BTreeMap<u32, PolicyCounters>, InspectError> {
+    let totals = per_cpu_totals(
+        bpf_dir,
+        map_names::POLICY_STATS,
+        |sum, cpu: PolicyCounters| PolicyCounters {
+            allowed: sum.allowed + cpu.allowed,
+            denied: sum.denied + cpu.denied,
+            audited: sum.audited + cpu.audited,
+        },
     )?;
     Ok(totals.into_iter().collect())
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    join::{EndpointView, NodesTable, PortRow, StatusView},
+    join::{EndpointView, NodesTable, PolicyTable, PortRow, StatusView},
     nat::{FlowView, NatView},
     read::SourceCounters,
 };
@@ -349,6 +349,87 @@ pub fn nodes_table(view: &NodesTable) -> String {
     out
 }
 
+/// `ebpf-cnid policy`: the source and mode; one row per policy with the directions it
+/// isolates, its counters and the pods of this node it selects; one row per pod of this
+/// node with the directions it is isolated in; then the objects refused, with why.
+pub fn policy_table(view: &PolicyTable) -> String {
+    let source = match &view.source {
+        None => "none (no pod is isolated)".to_owned(),
+        Some(source) if !view.answered => {
+            format!("{source} (not answered yet: the datapath keeps what it held)")
+        }
+        Some(source) => source.clone(),
+    };
+    let mut out = format!(
+        "source: {source}  mode: {}  generation: {}\n",
+        view.mode, view.generation
+    );
+    let directions = |ingress: bool, egress: bool| match (ingress, egress) {
+        (true, true) => "ingress,egress",
+        (true, false) => "ingress",
+        (false, true) => "egress",
+        (false, false) => "-",
+    };
+    let names: Vec<String> = view
+        .policies
+        .iter()
+        .map(|row| format!("{}/{}", row.policy.namespace, row.policy.name))
+        .collect();
+    let width = names
+        .iter()
+        .map(String::len)
+        .chain(["POLICY".len()])
+        .max()
+        .unwrap_or(0);
+    out.push_str(&format!(
+        "{:<width$} {:>5} {:<14} {:>13} {:>11} {:>13} {}\n",
+        "POLICY", "SLOT", "ISOLATES", "FLOWS ALLOWED", "PKTS DENIED", "FLOWS AUDITED", "SELECTS"
+    ));
+    for (row, name) in view.policies.iter().zip(&names) {
+        out.push_str(&format!(
+            "{:<width$} {:>5} {:<14} {:>13} {:>11} {:>13} {}\n",
+            name,
+            row.policy.slot,
+            directions(row.policy.ingress, row.policy.egress),
+            row.allowed,
+            row.denied,
+            row.audited,
+            if row.policy.selects.is_empty() {
+                "-".to_owned()
+            } else {
+                row.policy.selects.join(" ")
+            }
+        ));
+    }
+    if !view.pods.is_empty() {
+        let names: Vec<String> = view
+            .pods
+            .iter()
+            .map(|pod| format!("{}/{}", pod.namespace, pod.name))
+            .collect();
+        let width = names
+            .iter()
+            .map(String::len)
+            .chain(["POD".len()])
+            .max()
+            .unwrap_or(0);
+        out.push_str(&format!("{:<width$} {}\n", "POD", "ISOLATED"));
+        for (pod, name) in view.pods.iter().zip(&names) {
+            out.push_str(&format!(
+                "{name:<width$} {}\n",
+                directions(pod.ingress, pod.egress)
+            ));
+        }
+    }
+    if !view.refused.is_empty() {
+        out.push_str("refused:\n");
+        for refused in &view.refused {
+            out.push_str(&format!("  {}: {}\n", refused.object, refused.reason));
+        }
+    }
+    out
+}
+
 fn joined<T: std::fmt::Display>(items: &[T], separator: &str) -> String {
     let texts: Vec<String> = items.iter().map(ToString::to_string).collect();
     texts.join(separator)
@@ -433,6 +514,63 @@ mod tests {
              a-longer-name 192.0.2.2                3         4500 none\n  \
              greedy        192.0.2.3                0            0 169.254.0.0/16\n\
              refused:\n  greedy 169.254.0.0/16: it overlaps the link-local range 169.254.0.0/16\n"
+        );
+    }
+
+    #[test]
+    fn policies_are_listed_with_their_counters_the_pods_they_select_and_the_refused() {
+        let policy = |name: &str, slot, egress: bool, selects: &[&str]| cni_api::PolicyInfo {
+            namespace: "x".into(),
+            name: name.into(),
+            slot,
+            ingress: !egress,
+            egress,
+            selects: selects.iter().map(|pod| (*pod).to_owned()).collect(),
+        };
+        let pod = |name: &str, ingress| cni_api::PolicyPodInfo {
+            namespace: "x".into(),
+            name: name.into(),
+            ingress,
+            egress: false,
+        };
+        let view = cni_api::PoliciesView {
+            source: Some("file /etc/policies.yaml".into()),
+            answered: true,
+            mode: "enforce".into(),
+            generation: 4,
+            policies: vec![
+                policy("deny-ingress", 0, false, &["x/a", "x/b"]),
+                policy("quiet", 1, true, &[]),
+            ],
+            pods: vec![pod("a", true), pod("b", true), pod("unselected", false)],
+            refused: vec![cni_api::RefusedObject {
+                object: "NetworkPolicy x/sideways".into(),
+                reason: r#"spec.policyTypes[0]: "Sideways" is not Ingress or Egress"#.into(),
+            }],
+        };
+        let counted = [(
+            0,
+            cni_ebpf_common::PolicyCounters {
+                allowed: 2,
+                denied: 12,
+                audited: 0,
+            },
+        )]
+        .into_iter()
+        .collect();
+        let table = policy_table(&super::super::join::policy_table(view, &counted));
+        assert_eq!(
+            table,
+            "source: file /etc/policies.yaml  mode: enforce  generation: 4\n\
+             POLICY          SLOT ISOLATES       FLOWS ALLOWED PKTS DENIED FLOWS AUDITED SELECTS\n\
+             x/deny-ingress     0 ingress                    2          12             0 x/a x/b\n\
+             x/quiet            1 egress                     0           0             0 -\n\
+             POD          ISOLATED\n\
+             x/a          ingress\n\
+             x/b          ingress\n\
+             x/unselected -\n\
+             refused:\n  NetworkPolicy x/sideways: spec.policyTypes[0]: \"Sideways\" is not \
+             Ingress or Egress\n"
         );
     }
 

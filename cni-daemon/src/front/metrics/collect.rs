@@ -58,6 +58,18 @@ struct TableLabel {
     table: &'static str,
 }
 
+/// A NetworkPolicy: an operator's object, so a bounded label set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    namespace: String,
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: &'static str,
+}
+
 /// A counter family with one value per label set.
 fn counters<L>(values: impl IntoIterator<Item = (L, u64)>) -> Family<L, Counter>
 where
@@ -136,6 +148,25 @@ fn registry(telemetry: &Telemetry) -> Registry {
         left_out,
     );
     registry.register(
+        "policy_refused_objects",
+        "Objects the policy source left out (`ebpf-cnid policy` lists them with why)",
+        gauge(view.policies.refused),
+    );
+    let isolated = Family::<DirectionLabel, Gauge>::default();
+    for (direction, count) in [
+        ("ingress", view.policies.isolated_ingress),
+        ("egress", view.policies.isolated_egress),
+    ] {
+        isolated
+            .get_or_create(&DirectionLabel { direction })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "policy_isolated_pods",
+        "This node's pods a NetworkPolicy isolates, by direction",
+        isolated,
+    );
+    registry.register(
         "request_duration_seconds",
         "Time from the arrival of a plugin's request to its answer, the wait for the \
          node's lock included, by command (add: ADD's attach step, del: DEL)",
@@ -209,6 +240,42 @@ fn registry(telemetry: &Telemetry) -> Registry {
                 "drops",
                 "Packets the datapath dropped, by reason",
                 counters(values),
+            );
+        },
+    );
+    register_read(
+        &mut registry,
+        "policy counters",
+        read::policy_counters(bpf_dir),
+        |registry, by_slot| {
+            let (mut denied, mut allowed, mut audited) = (Vec::new(), Vec::new(), Vec::new());
+            for (slot, namespace, policy) in &view.policies.slots {
+                // A policy that counted nothing yet has no entry: zeros.
+                let counted = by_slot.get(slot).copied().unwrap_or_default();
+                let labels = PolicyLabels {
+                    namespace: namespace.clone(),
+                    policy: policy.clone(),
+                };
+                denied.push((labels.clone(), counted.denied));
+                allowed.push((labels.clone(), counted.allowed));
+                audited.push((labels, counted.audited));
+            }
+            registry.register(
+                "policy_drops",
+                "Packets dropped at a pod a NetworkPolicy isolates, nothing letting them \
+                 through, counted against the first policy isolating it that way",
+                counters(denied),
+            );
+            registry.register(
+                "policy_allowed_flows",
+                "Flows a way of a NetworkPolicy let through at a pod it isolates",
+                counters(allowed),
+            );
+            registry.register(
+                "policy_audited",
+                "Flows nothing lets through, let through in audit mode (--policy-mode \
+                 audit), once per flow and policy change",
+                counters(audited),
             );
         },
     );

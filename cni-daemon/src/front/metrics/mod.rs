@@ -171,5 +171,6 @@ pub fn command_of(request: &Request) -> &'static str {
         Request::Unprepare { .. } => "unprepare",
         Request::List => "list",
         Request::Nodes => "nodes",
+        Request::Policies => "policies",
     }
 }

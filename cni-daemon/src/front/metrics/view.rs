@@ -6,9 +6,7 @@ use std::net::IpAddr;
 
 use cni_api::UplinkStatus;
 
-use crate::model::record::EndpointRecord;
-
-use crate::model::node::LocalNode;
+use crate::model::{node::LocalNode, policy::Policies, record::EndpointRecord};
 
 /// Where installing the CNI configuration stands (`--cni-conf-dir`, `--cni-bin-dir`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +82,36 @@ pub struct NodeView {
     pub node_refusals: std::collections::BTreeMap<&'static str, u64>,
     /// Entries of each full map that did not fit.
     pub maps_left_out: std::collections::BTreeMap<&'static str, u64>,
+    /// NetworkPolicy: what the metrics name and count of it.
+    pub policies: PolicyView,
+}
+
+/// NetworkPolicy in [`NodeView`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyView {
+    /// Each policy's counters slot (`POLICY_STATS`) with its namespace and name.
+    pub slots: Vec<(u32, String, String)>,
+    /// Objects the policy source refused.
+    pub refused: u64,
+    /// This node's pods isolated for ingress, for egress.
+    pub isolated_ingress: u64,
+    pub isolated_egress: u64,
+}
+
+impl PolicyView {
+    fn of(policies: &Policies) -> Self {
+        let isolated = policies.isolated_pods();
+        Self {
+            slots: policies
+                .slots()
+                .iter()
+                .map(|((namespace, name), slot)| (*slot, namespace.clone(), name.clone()))
+                .collect(),
+            refused: policies.refused() as u64,
+            isolated_ingress: isolated.ingress as u64,
+            isolated_egress: isolated.egress as u64,
+        }
+    }
 }
 
 impl NodeView {
@@ -102,6 +130,7 @@ impl NodeView {
                 .iter()
                 .map(|(map, count)| (*map, *count as u64))
                 .collect(),
+            policies: PolicyView::of(node.policies()),
         }
     }
 
@@ -191,8 +220,7 @@ mod tests {
         telemetry.publish(NodeView {
             endpoints: Vec::new(),
             uplinks: vec![uplink(None)],
-            node_refusals: Default::default(),
-            maps_left_out: Default::default(),
+            ..NodeView::default()
         });
         let reasons = not_ready(&telemetry);
         assert!(
@@ -202,8 +230,7 @@ mod tests {
         telemetry.publish(NodeView {
             endpoints: Vec::new(),
             uplinks: vec![uplink(Some([198, 18, 0, 1]))],
-            node_refusals: Default::default(),
-            maps_left_out: Default::default(),
+            ..NodeView::default()
         });
         assert_eq!(
             not_ready(&telemetry),
