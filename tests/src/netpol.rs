@@ -116,16 +116,35 @@ pub enum Protocol {
     Udp,
 }
 
+/// A pod's servers: TCP and UDP on 80 and 81.
+type Servers = (EchoServer, EchoServer, UdpEcho, UdpEcho);
+
+fn servers(netns: &Netns) -> Servers {
+    (
+        EchoServer::start(netns, 80),
+        EchoServer::start(netns, 81),
+        UdpEcho::start(netns, 80),
+        UdpEcho::start(netns, 81),
+    )
+}
+
 /// A pod of the model: its namespace and name, the pod itself, and its servers (kept
-/// running while it lives).
+/// running while it lives, up to the traffic helpers' bound on a thread's life).
 pub struct ModelPod {
     pub namespace: String,
     pub name: String,
     pub pod: Pod,
-    _servers: (EchoServer, EchoServer, UdpEcho),
+    servers: Option<Servers>,
 }
 
 impl ModelPod {
+    /// Starts its servers again (a long run outlives the helpers' bound on a thread's
+    /// life).
+    pub fn serve_again(&mut self) {
+        self.servers = None;
+        self.servers = Some(servers(&self.pod.netns));
+    }
+
     /// `namespace/name`, as the matrices print it.
     pub fn label(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
@@ -146,17 +165,74 @@ pub fn add_pod(node: &Node, namespace: &str, name: &str) -> ModelPod {
 
 /// `pod`, serving as the model's pods do.
 pub fn serve(namespace: &str, name: &str, pod: Pod) -> ModelPod {
-    let servers = (
-        EchoServer::start(&pod.netns, 80),
-        EchoServer::start(&pod.netns, 81),
-        UdpEcho::start(&pod.netns, 80),
-    );
     ModelPod {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
+        servers: Some(servers(&pod.netns)),
         pod,
-        _servers: servers,
     }
+}
+
+/// A `List` of Namespaces (name and labels), Pods (namespace, name, labels, address;
+/// serving as [`pod_yaml`]'s) and `policies`, as JSON: what `kubectl get -o json`
+/// prints.
+pub fn objects_json(
+    namespaces: &[(String, BTreeMap<String, String>)],
+    pods: &[(String, String, BTreeMap<String, String>, String)],
+    policies: &[serde_json::Value],
+) -> String {
+    let mut items: Vec<serde_json::Value> = namespaces
+        .iter()
+        .map(|(name, labels)| namespace_json(name, labels, "1"))
+        .collect();
+    items.extend(
+        pods.iter()
+            .map(|(namespace, name, labels, ip)| pod_json(namespace, name, labels, ip, "1")),
+    );
+    items.extend(policies.iter().cloned());
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+/// A Namespace object, at `version`.
+pub fn namespace_json(
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    version: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels, "resourceVersion": version},
+    })
+}
+
+/// A Pod object at `ip`, serving TCP and UDP on 80 and 81 under upstream's port names,
+/// at `version`.
+pub fn pod_json(
+    namespace: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    ip: &str,
+    version: &str,
+) -> serde_json::Value {
+    let containers: Vec<serde_json::Value> = [(80, "TCP"), (81, "TCP"), (80, "UDP"), (81, "UDP")]
+        .iter()
+        .map(|(port, protocol)| {
+            let lower = protocol.to_lowercase();
+            serde_json::json!({
+                "name": format!("cont-{port}-{lower}"),
+                "image": "agnhost",
+                "ports": [{"name": format!("serve-{port}-{lower}"), "containerPort": port,
+                           "protocol": protocol}],
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": namespace, "name": name, "labels": labels,
+                     "resourceVersion": version},
+        "spec": {"containers": containers},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+    })
 }
 
 /// Whether a client in `from` reaches `to` with `protocol`: a TCP connection
@@ -239,6 +315,17 @@ impl Reachability {
         }
         text
     }
+}
+
+/// What `reach` says of every pair of `pods`.
+pub fn expected(pods: &[&ModelPod], reach: impl Fn(&ModelPod, &ModelPod) -> bool) -> Reachability {
+    let mut cells = BTreeMap::new();
+    for from in pods {
+        for to in pods {
+            cells.insert((from.label(), to.label()), reach(from, to));
+        }
+    }
+    Reachability { cells }
 }
 
 /// Probes every pair of `pods` on `port` with `protocol`, all at once.

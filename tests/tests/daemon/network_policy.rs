@@ -2,10 +2,15 @@
 //! in namespaces x and y, every pair probed) through default deny each way, a rule by
 //! pod label and port, replies of allowed connections, the node's own probes, a pod
 //! isolated from its first packet, and policies removed; `ebpf-cnid policy` and the
-//! policy metrics along the way.
+//! policy metrics along the way; a Service in front of a protected pod, with
+//! kube-proxy's own rules.
+
+use std::time::Duration;
 
 use ebpf_cni_tests::{
+    daemon::eventually,
     http,
+    kube_proxy::{Endpoint, KubeProxy, Mode, Service},
     netpol::{
         ModelPod, PolicyFile, Protocol, Reachability, add_pod, expect_reachability, namespace_yaml,
         pod_yaml, reaches, stream,
@@ -196,4 +201,102 @@ fn policies_from_a_file_decide_who_reaches_whom_on_one_node() {
     );
     let status = node.instance.cli(&["status"]);
     assert!(status.status.success(), "{status:?}");
+}
+
+/// A Service whose backend a policy protects, with kube-proxy's own rules (iptables
+/// mode): the backend's ingress judges the client the stack's DNAT kept, and a client's
+/// egress judges the backend the DNAT chose, not the Service's address.
+#[test]
+fn a_policy_judges_service_connections_after_kube_proxys_dnat() {
+    const SERVICE_RANGE: &str = "10.96.0.0/12";
+    const CLUSTER_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 21);
+    let backend_only_from_a = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'y'
+  name: backend-from-x-a
+spec:
+  podSelector:
+    matchLabels:
+      pod: a
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: 'x'
+      podSelector:
+        matchLabels:
+          pod: a
+    ports:
+    - port: 80
+";
+    let b_only_to_y = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: b-only-to-y
+spec:
+  podSelector:
+    matchLabels:
+      pod: b
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: 'y'
+";
+    let file = PolicyFile::new(&objects(&[backend_only_from_a]));
+    let mut flags = vec!["--service-cidr", SERVICE_RANGE];
+    flags.extend(file.flags());
+    let node = Node::start_with("10.78.1.0/24", &[], &flags);
+    let (x_a, x_b, x_c) = (
+        add_pod(&node, "x", "a"),
+        add_pod(&node, "x", "b"),
+        add_pod(&node, "x", "c"),
+    );
+    let y_a = add_pod(&node, "y", "a");
+    KubeProxy::new(Mode::Iptables).install(
+        &node.netns,
+        &[Service::tcp(
+            "y",
+            "backend",
+            CLUSTER_IP,
+            8080,
+            vec![Endpoint::local(y_a.pod.ip, 80)],
+        )],
+    );
+    let service = std::net::SocketAddr::from((CLUSTER_IP, 8080));
+    let through = |client: &ModelPod| {
+        reaches(&client.pod.netns, service, Protocol::Tcp)
+            .join()
+            .expect("a probe")
+    };
+    assert!(through(&x_a), "x/a reaches the backend through its Service");
+    assert!(
+        !through(&x_c),
+        "x/c does not: the backend's ingress judges the client after the DNAT"
+    );
+
+    // x/b may only reach y's pods: through the Service it reaches the backend there,
+    // and nothing in x.
+    file.replace(&objects(&[backend_only_from_a, b_only_to_y]));
+    let mut expected = Reachability::all(&[&x_a, &x_b, &x_c], true);
+    expected.set(|from| from == "x/b", any, false);
+    expect_reachability(
+        "x/b only to y",
+        &[&x_a, &x_b, &x_c],
+        80,
+        Protocol::Tcp,
+        &expected,
+    );
+    assert!(
+        !through(&x_b),
+        "x/b is let out to the backend but the backend only takes x/a"
+    );
+    file.replace(&objects(&[b_only_to_y]));
+    assert!(
+        eventually(Duration::from_secs(5), || through(&x_b)),
+        "with the backend open, x/b's egress lets it through the Service to y/a"
+    );
 }
