@@ -22,7 +22,7 @@ use crate::{
     blocks::{Blocks, PeerId},
     policy::{Direction, Namespaces, Peer, Policy, Ports, Rule},
     ports::{PortPrefix, prefixes},
-    selector::Labels,
+    selector::{Labels, Selector},
 };
 
 /// A class of addresses the policies treat alike, numbered on this node.
@@ -194,12 +194,30 @@ pub fn compile(cluster: Cluster<'_>, local: &[usize], identities: &mut Identitie
             )
         })
         .collect();
+    // Each namespace's candidate peers (those whose namespace part takes it), made once
+    // per namespace: a pod is then checked against its namespace's peers' pod
+    // selectors only, not every peer of the cluster.
+    let mut in_namespace: HashMap<&str, Vec<(&Selector, PeerId)>> = HashMap::new();
     for pod in cluster.pods {
-        let namespace = namespace_labels(cluster.namespaces, &pod.namespace);
-        let mut common: Signature = peers
+        if in_namespace.contains_key(pod.namespace.as_str()) {
+            continue;
+        }
+        let labels = namespace_labels(cluster.namespaces, &pod.namespace);
+        let candidates = peers
             .ids
             .iter()
-            .filter(|(key, _)| pod_matches(key, pod, &namespace))
+            .filter_map(|(key, id)| {
+                namespace_takes(key, &pod.namespace, &labels).map(|pods| (pods, *id))
+            })
+            .collect();
+        in_namespace.insert(pod.namespace.as_str(), candidates);
+    }
+    for pod in cluster.pods {
+        let mut common: Signature = in_namespace
+            .get(pod.namespace.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|(pods, _)| pods.matches(&pod.labels))
             .map(|(_, id)| peers.mark(*id))
             .collect();
         common.extend(
@@ -315,16 +333,17 @@ fn namespace_labels(namespaces: &BTreeMap<String, Labels>, name: &str) -> Labels
     labels
 }
 
-/// Whether `pod` (in a namespace with `namespace` labels) is one of the pods of `key`.
-fn pod_matches(key: &PeerKey<'_>, pod: &Pod, namespace: &Labels) -> bool {
+/// The pod selector of `key` when its namespace part takes the namespace `name` (with
+/// `labels`); `None` for a block, or a namespace it does not take.
+fn namespace_takes<'a>(key: &PeerKey<'a>, name: &str, labels: &Labels) -> Option<&'a Selector> {
     match key.peer {
-        Peer::Block { .. } => false,
+        Peer::Block { .. } => None,
         Peer::Pods { namespaces, pods } => {
-            let in_namespace = match namespaces {
-                Namespaces::Own => key.own_namespace == Some(pod.namespace.as_str()),
-                Namespaces::Matching(selector) => selector.matches(namespace),
+            let takes = match namespaces {
+                Namespaces::Own => key.own_namespace == Some(name),
+                Namespaces::Matching(selector) => selector.matches(labels),
             };
-            in_namespace && pods.matches(&pod.labels)
+            takes.then_some(pods)
         }
     }
 }
