@@ -226,11 +226,25 @@ pub static POLICY_CONFIG: Array<PolicyConfig> = Array::pinned(1, 0);
 #[map(name = "POLICY_FLOWS")]
 pub static POLICY_FLOWS: LruHashMap<FlowKey, FlowVerdict> = LruHashMap::pinned(MAX_POLICY_FLOWS, 0);
 
-/// Per CPU, the key of the flow a policy check is on (see `policy`): kept in a map
-/// value, not on the stack of the programs that call the check. Scratch for one program
-/// run: not pinned.
+/// What a policy check builds (see `policy`): the flow's key and the keys it looks the
+/// peer and the pod's ways up by.
+#[repr(C)]
+pub struct PolicyScratch {
+    pub flow: FlowKey,
+    /// What is read of the packet's headers.
+    pub header: [u8; 20],
+    pub addr: Key<AddrKey>,
+    pub rule: Key<RuleKey>,
+    /// A new flow's verdicts, as inserted.
+    pub verdict: FlowVerdict,
+    /// A policy's slot and its first counters, as inserted.
+    pub counted: (u32, PolicyCounters),
+}
+
+/// Per CPU, a policy check's [`PolicyScratch`]: kept in a map value, not on the stack
+/// of the programs that call the check. Scratch for one program run: not pinned.
 #[map(name = "POLICY_SCRATCH")]
-pub static POLICY_SCRATCH: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(1, 0);
+pub static POLICY_SCRATCH: PerCpuArray<PolicyScratch> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "POLICY_STATS")]
 pub static POLICY_STATS: PerCpuHashMap<u32, PolicyCounters> =

@@ -11,21 +11,20 @@
 //! The port a flow is judged by is the responder's. A fragment after its datagram's
 //! first has no ports: it is judged on port 0, so only ways open on every port of its
 //! protocol let it through. An ICMP echo is keyed by its identifier on the requester's
-//! side, so its reply matches it; other ICMP messages have no ports.
+//! side, so its reply matches it. An ICMP error (unreachable, time exceeded, parameter
+//! problem) belongs to the flow it quotes, the way it goes being the way back of the
+//! quoted packet's; quoting no flow known here, it is ICMP of its own.
+//! Other ICMP messages have no ports.
 
-use aya_ebpf::{maps::lpm_trie::Key, programs::TcContext};
+use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, maps::lpm_trie::Key, programs::TcContext};
 use cni_ebpf_common::{
-    AddrKey, DropReason, FlowKey, FlowVerdict, PolicyConfig, PolicyCounters, PolicyEndpoint,
-    RuleKey, ip_proto,
+    AddrKey, DropReason, FlowKey, FlowVerdict, PolicyCounters, PolicyEndpoint, RuleKey, ip_proto,
     policy::{
         ANY_IDENTITY, FAMILY_IPV4, RULE_ANY_PROTOCOL_BITS, WORLD_IDENTITY, allowed, direction,
         isolated, mode,
     },
 };
-use network_types::{
-    eth::{EthHdr, EtherType},
-    ip::Ipv4Hdr,
-};
+use network_types::eth::{EthHdr, EtherType};
 
 use super::{
     counters, maps,
@@ -33,7 +32,7 @@ use super::{
         POLICY_CONFIG, POLICY_ENDPOINTS, POLICY_FLOWS, POLICY_IDS, POLICY_RULES, POLICY_SCRATCH,
         POLICY_STATS,
     },
-    packet::{EthIpv4, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST},
+    packet::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_SRC, is_icmp_error},
 };
 
 /// Where a check stands: at the pod that sent the packet, or the one it is for.
@@ -49,33 +48,39 @@ pub enum Role {
 /// is refused.
 #[inline(always)]
 pub fn admits(ctx: &TcContext, endpoint: u32, role: Role) -> bool {
-    // SAFETY: the value is copied out at once, under the program's RCU read lock.
-    let Some(pod) = (unsafe { POLICY_ENDPOINTS.get(&endpoint) }).copied() else {
+    let Some(pod) = POLICY_ENDPOINTS.get_ptr(&endpoint) else {
         return true;
     };
-    if pod.isolated == 0 {
+    // SAFETY: the map's value, valid under the program's RCU read lock while it runs.
+    if unsafe { (*pod).isolated } == 0 {
         return true;
     }
-    judge(ctx, endpoint, &pod, role)
+    // SAFETY: as above.
+    judge(ctx, endpoint, unsafe { &*pod }, role)
 }
 
 /// Where the node's stack forwarded or delivered a packet (an uplink's, the overlay
 /// device's or a pod veth's egress): whether the policies of the pod of this node that
 /// sent it, if one did, let it out. The stack may have translated it (a Service's
-/// DNAT), so this is where a pod's egress meets the Service's backend.
-#[inline(always)]
+/// DNAT), so this is where a pod's egress meets the Service's backend. A call of its
+/// own: the egress programs' frames leave no room for its headers beside theirs.
+#[inline(never)]
 pub fn stack_sender_admits(ctx: &TcContext) -> bool {
-    let Ok(EthIpv4 { eth, ip }) = ctx.load::<EthIpv4>(0) else {
-        return true;
-    };
-    if eth.ether_type != EtherType::Ipv4 as u16 {
+    // The EtherType and the IPv4 source alone: two small reads.
+    if ctx.load::<u16>(ETHER_TYPE) != Ok(EtherType::Ipv4 as u16) {
         return true;
     }
-    match maps::endpoint(ip.src_addr) {
+    let Ok(source) = ctx.load::<[u8; 4]>(IP_SRC) else {
+        return true;
+    };
+    match maps::endpoint(source) {
         Some(pod) => admits(ctx, pod.host_ifindex, Role::Sender),
         None => true,
     }
 }
+
+/// Where the EtherType is in an Ethernet frame.
+const ETHER_TYPE: usize = 12;
 
 /// The check of a packet at an isolated pod: a call of its own rather than inlined at
 /// every place a packet is delivered.
@@ -94,25 +99,19 @@ fn judge(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> bo
 fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> Result<bool, i64> {
     // The flow's key lives in this CPU's scratch value, not on the stack: the check is
     // called from programs whose own frames leave it little room.
-    let key = POLICY_SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    let scratch = POLICY_SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: this CPU's value, which only this program run touches.
-    let key = unsafe { &mut *key };
-    flow(ctx, key)?;
-    let config = POLICY_CONFIG
-        .get(0)
-        .copied()
-        .unwrap_or(PolicyConfig::default());
+    let scratch = unsafe { &mut *scratch };
+    let key = &mut scratch.flow;
+    let header = &mut scratch.header;
+    let related = flow(ctx, key, header)?;
+    let config = POLICY_CONFIG.get(0).ok_or(0)?;
     // The flow as it was first seen: this packet goes its way, or is a reply.
-    let mut forward = true;
-    let mut known = POLICY_FLOWS.get_ptr_mut(&*key);
-    if known.is_none() {
-        reverse(key);
-        known = POLICY_FLOWS.get_ptr_mut(&*key);
-        if known.is_some() {
-            forward = false;
-        } else {
-            reverse(key);
-        }
+    let (mut known, mut forward) = seen(key);
+    if related && known.is_none() {
+        // An ICMP error quoting no flow known here is judged as ICMP of its own.
+        flow_of_headers(ctx, key, header, false)?;
+        (known, forward) = seen(key);
     }
     let at_opener = (role == Role::Sender) == forward;
     let (bit, way, isolating, slot) = if at_opener {
@@ -147,17 +146,26 @@ fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> 
     } else {
         // The peer is the far end of the flow, the port the responder's.
         let peer = if at_opener { key.responder } else { key.opener };
-        match way_through(endpoint, way, peer, key.protocol, key.responder_port) {
+        let (protocol, port) = (key.protocol, key.responder_port);
+        match way_through(
+            &mut scratch.addr,
+            &mut scratch.rule,
+            endpoint,
+            way,
+            peer,
+            protocol,
+            port,
+        ) {
             Some(policy) => {
-                count(policy, |counters| counters.allowed += 1);
+                count(&mut scratch.counted, policy, Counted::Allowed);
                 true
             }
             None if config.mode == mode::AUDIT => {
-                count(slot, |counters| counters.audited += 1);
+                count(&mut scratch.counted, slot, Counted::Audited);
                 true
             }
             None => {
-                count(slot, |counters| counters.denied += 1);
+                count(&mut scratch.counted, slot, Counted::Denied);
                 counters::drop_packet(DropReason::PolicyDenied);
                 false
             }
@@ -174,7 +182,8 @@ fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> 
             // A full table forgets its least recently seen flow; a failed insert only
             // means the next packet is asked again.
             None => {
-                let _ = POLICY_FLOWS.insert(&*key, &verdict, 0);
+                scratch.verdict = verdict;
+                let _ = POLICY_FLOWS.insert(&scratch.flow, &scratch.verdict, 0);
             }
         }
     }
@@ -184,43 +193,58 @@ fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> 
 /// The slot of the policy whose way lets `endpoint` reach (`way` egress) or be reached
 /// by (ingress) the address `peer` on `protocol` and `port`, if one does.
 #[inline(always)]
-fn way_through(endpoint: u32, way: u8, peer: [u8; 16], protocol: u8, port: u16) -> Option<u32> {
-    let addr = AddrKey {
+fn way_through(
+    addr: &mut Key<AddrKey>,
+    rule: &mut Key<RuleKey>,
+    endpoint: u32,
+    way: u8,
+    peer: [u8; 16],
+    protocol: u8,
+    port: u16,
+) -> Option<u32> {
+    addr.prefix_len = AddrKey::prefix_len(32);
+    addr.data = AddrKey {
         family: FAMILY_IPV4,
         pad: [0; 3],
         addr: peer,
     };
-    let identity = POLICY_IDS
-        .get(Key::new(AddrKey::prefix_len(32), addr))
-        .copied()
-        .unwrap_or(WORLD_IDENTITY);
-    let full = RULE_ANY_PROTOCOL_BITS + 32;
-    let rule = POLICY_RULES
-        .get(Key::new(
-            full,
-            RuleKey::new(endpoint, way, identity, protocol, port),
-        ))
-        .or_else(|| {
-            POLICY_RULES.get(Key::new(
-                full,
-                RuleKey::new(endpoint, way, ANY_IDENTITY, protocol, port),
-            ))
-        })?;
-    Some(rule.policy)
+    let identity = POLICY_IDS.get(&*addr).copied().unwrap_or(WORLD_IDENTITY);
+    rule.prefix_len = RULE_ANY_PROTOCOL_BITS + 32;
+    rule.data = RuleKey::new(endpoint, way, identity, protocol, port);
+    if let Some(found) = POLICY_RULES.get(&*rule) {
+        return Some(found.policy);
+    }
+    rule.data = RuleKey::new(endpoint, way, ANY_IDENTITY, protocol, port);
+    POLICY_RULES.get(&*rule).map(|found| found.policy)
 }
 
-/// Adds to the counters of the policy in `slot`.
+/// Which counter of a policy a check adds to.
+#[derive(Clone, Copy)]
+enum Counted {
+    Allowed,
+    Denied,
+    Audited,
+}
+
+/// Adds one to the `counter` of the policy in `slot`; `first` is where a policy's first
+/// counters are made (a map value, not the stack).
 #[inline(always)]
-fn count(slot: u32, add: impl FnOnce(&mut PolicyCounters)) {
+fn count(first: &mut (u32, PolicyCounters), slot: u32, counter: Counted) {
+    let add = |counters: &mut PolicyCounters| match counter {
+        Counted::Allowed => counters.allowed += 1,
+        Counted::Denied => counters.denied += 1,
+        Counted::Audited => counters.audited += 1,
+    };
     if let Some(counters) = POLICY_STATS.get_ptr_mut(slot) {
         // SAFETY: a valid pointer into this CPU's value, which only this run touches.
         add(unsafe { &mut *counters });
         return;
     }
-    let mut first = PolicyCounters::default();
-    add(&mut first);
+    first.0 = slot;
+    first.1 = PolicyCounters::default();
+    add(&mut first.1);
     // A full map only loses counting.
-    let _ = POLICY_STATS.insert(slot, first, 0);
+    let _ = POLICY_STATS.insert(&first.0, &first.1, 0);
 }
 
 /// Turns `key` to the flow's other side.
@@ -230,41 +254,121 @@ fn reverse(key: &mut FlowKey) {
     core::mem::swap(&mut key.opener_port, &mut key.responder_port);
 }
 
-/// Writes into `key` the flow of the packet in the frame as it goes, sender first.
+/// Looks `key` up as it is and the other way round; leaves it as the flow was first
+/// seen. Returns the flow's verdicts, if known, and whether the packet goes the way the
+/// flow's first packet went.
 #[inline(always)]
-fn flow(ctx: &TcContext, key: &mut FlowKey) -> Result<(), i64> {
-    let ip: Ipv4Hdr = ctx.load(EthHdr::LEN)?;
-    let l4 = EthHdr::LEN + ip.ihl() as usize;
-    let (source_port, destination_port) = if ip.frag_offset() != 0 {
-        (0, 0)
-    } else {
-        match ip.proto as u8 {
-            ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP => {
-                let ports: [u8; 4] = ctx.load(l4)?;
-                (
-                    u16::from_be_bytes([ports[0], ports[1]]),
-                    u16::from_be_bytes([ports[2], ports[3]]),
-                )
-            }
-            ip_proto::ICMP => {
-                // Type, code, checksum, identifier.
-                let head: [u8; 6] = ctx.load(l4)?;
-                let id = u16::from_be_bytes([head[4], head[5]]);
-                match head[0] {
-                    ICMP_ECHO_REQUEST => (id, 0),
-                    ICMP_ECHO_REPLY => (0, id),
-                    _ => (0, 0),
-                }
-            }
-            _ => (0, 0),
-        }
+fn seen(key: &mut FlowKey) -> (Option<*mut FlowVerdict>, bool) {
+    if let Some(verdict) = POLICY_FLOWS.get_ptr_mut(&*key) {
+        return (Some(verdict), true);
+    }
+    reverse(key);
+    if let Some(verdict) = POLICY_FLOWS.get_ptr_mut(&*key) {
+        return (Some(verdict), false);
+    }
+    reverse(key);
+    (None, true)
+}
+
+/// Writes into `key` the flow of the packet in the frame as it goes, sender first; for
+/// an ICMP error, the flow it quotes, turned the way the error goes (it answers the
+/// quoted packet): then `true`. `header` holds what is read of the headers.
+#[inline(always)]
+fn flow(ctx: &TcContext, key: &mut FlowKey, header: &mut [u8; IPV4_HEADER]) -> Result<bool, i64> {
+    flow_of_headers(ctx, key, header, true)
+}
+
+/// [`flow`]; with `quoted` false an ICMP error is taken as ICMP of its own.
+#[inline(always)]
+fn flow_of_headers(
+    ctx: &TcContext,
+    key: &mut FlowKey,
+    header: &mut [u8; IPV4_HEADER],
+    quoted: bool,
+) -> Result<bool, i64> {
+    let Some(l4) = addresses_and_ports(ctx, key, header, EthHdr::LEN)? else {
+        return Ok(false);
     };
+    if key.protocol != ip_proto::ICMP {
+        return Ok(false);
+    }
+    // Type, code, checksum, identifier, sequence.
+    load::<ICMP_HEADER>(ctx, l4, header)?;
+    let icmp_type = header[0];
+    if quoted && is_icmp_error(icmp_type) {
+        if addresses_and_ports(ctx, key, header, l4 + ICMP_HEADER)?.is_none() {
+            // A quoted later fragment has no ports: the error quotes no flow, and is
+            // ICMP of its own.
+            addresses_and_ports(ctx, key, header, EthHdr::LEN)?;
+            return Ok(false);
+        }
+        reverse(key);
+        return Ok(true);
+    }
+    let id = u16::from_be_bytes([header[4], header[5]]);
+    match icmp_type {
+        ICMP_ECHO_REQUEST => key.opener_port = id,
+        ICMP_ECHO_REPLY => key.responder_port = id,
+        _ => {}
+    }
+    Ok(false)
+}
+
+/// Bytes of an IPv4 header without options, and of an ICMP header before the packet an
+/// error quotes.
+const IPV4_HEADER: usize = 20;
+const ICMP_HEADER: usize = 8;
+
+/// Writes into `key` the addresses and protocol of the IPv4 header at `at` (read into
+/// `header`), and the ports after it for the protocols that have them (else 0). Returns
+/// where its payload starts, or `None` for a fragment after the first (no ports).
+#[inline(always)]
+fn addresses_and_ports(
+    ctx: &TcContext,
+    key: &mut FlowKey,
+    header: &mut [u8; IPV4_HEADER],
+    at: usize,
+) -> Result<Option<usize>, i64> {
+    load::<IPV4_HEADER>(ctx, at, header)?;
     key.family = FAMILY_IPV4;
-    key.protocol = ip.proto as u8;
+    key.protocol = header[9];
     key.pad = [0; 2];
-    key.opener_port = source_port;
-    key.responder_port = destination_port;
-    key.opener = AddrKey::ipv4(ip.src_addr).addr;
-    key.responder = AddrKey::ipv4(ip.dst_addr).addr;
-    Ok(())
+    key.opener_port = 0;
+    key.responder_port = 0;
+    key.opener = AddrKey::ipv4([header[12], header[13], header[14], header[15]]).addr;
+    key.responder = AddrKey::ipv4([header[16], header[17], header[18], header[19]]).addr;
+    if u16::from_be_bytes([header[6], header[7]]) & FRAGMENT_OFFSET != 0 {
+        return Ok(None);
+    }
+    let l4 = at + usize::from(header[0] & 0x0f) * 4;
+    if matches!(key.protocol, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
+        load::<4>(ctx, l4, header)?;
+        key.opener_port = u16::from_be_bytes([header[0], header[1]]);
+        key.responder_port = u16::from_be_bytes([header[2], header[3]]);
+    }
+    Ok(Some(l4))
+}
+
+/// The fragment offset's bits of an IPv4 header's flags and offset.
+const FRAGMENT_OFFSET: u16 = 0x1fff;
+
+/// Reads the `N` bytes at `offset` into the start of `to` (a map value: nothing on the
+/// stack); fewer left in the frame is an error.
+#[inline(always)]
+fn load<const N: usize>(
+    ctx: &TcContext,
+    offset: usize,
+    to: &mut [u8; IPV4_HEADER],
+) -> Result<(), i64> {
+    const { assert!(N <= IPV4_HEADER) };
+    // SAFETY: `to` is writable memory of the length given; the helper checks the frame.
+    let read = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            offset as u32,
+            to.as_mut_ptr().cast(),
+            N as u32,
+        )
+    };
+    if read < 0 { Err(read) } else { Ok(()) }
 }

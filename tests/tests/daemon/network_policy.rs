@@ -16,7 +16,7 @@ use ebpf_cni_tests::{
         pod_yaml, reaches, stream,
     },
     node::Node,
-    traffic::round_trip,
+    traffic::{round_trip, udp_round_trip},
 };
 
 /// The namespaces and pods of the model, with `policies` after them.
@@ -126,6 +126,15 @@ fn policies_from_a_file_decide_who_reaches_whom_on_one_node() {
     }
     // The node itself still reaches them (kubelet's probes).
     round_trip(&node.netns, x_a.addr(80), b"kubelet").expect("the node reaches x/a");
+    // An ICMP error about x/a's own flow is let in as that flow's answer: a datagram to
+    // a closed port is refused at once, not lost.
+    let refused = udp_round_trip(&x_a.pod.netns, 0, y_a.addr(99), b"anyone?")
+        .expect_err("nothing listens on 99");
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "x/a hears the port unreachable: {refused}"
+    );
 
     // The node says which policy isolates whom, what it dropped, and what it refused.
     let view = node.instance.cli_json(&["policy"]);
