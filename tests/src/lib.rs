@@ -18,6 +18,7 @@
 //! `service_account` gives a daemon a pod's in-cluster configuration.
 //! `netpol` runs NetworkPolicy tests as Kubernetes' e2e suite does (a reachability
 //! matrix of pods in namespaces, probed pair by pair).
+//! `netpol_cases` holds every case of that suite as data: policies, labels, expected reach.
 //! `kube_proxy` writes kube-proxy's own rules for a list of Services into a node's
 //! namespace, in its iptables or its nftables mode.
 
@@ -39,6 +40,7 @@ pub mod nat_frames;
 pub mod netkit;
 pub mod netns;
 pub mod netpol;
+pub mod netpol_cases;
 pub mod node;
 pub mod oci;
 pub mod runtimes;
