@@ -415,7 +415,24 @@ fn step(what: &str, policies: Vec<Value>, probes: Vec<Probe>) -> Step {
 /// Every upstream case, in upstream's order; `world` gives the pods' addresses (for
 /// ipBlock cases).
 pub fn all(world: &World) -> Vec<Case> {
-    tcp_block(world)
+    let mut cases = tcp_block(world);
+    cases.extend(over_other_protocol(
+        Proto::Udp,
+        [
+            "udp_default_deny_ingress",
+            "udp_ports",
+            "udp_pod_in_other_namespace",
+        ],
+    ));
+    cases.extend(over_other_protocol(
+        Proto::Sctp,
+        [
+            "sctp_default_deny_ingress",
+            "sctp_ports",
+            "sctp_pod_in_other_namespace",
+        ],
+    ));
+    cases
 }
 
 /// "[sig-network] Netpol NetworkPolicy between server and client": servers over TCP.
@@ -1793,6 +1810,66 @@ fn default_namespace_label_match_expressions() -> Case {
             ],
         )],
     }
+}
+
+/// "[sig-network] Netpol [LinuxOnly] NetworkPolicy between server and client using UDP"
+/// and "[sig-network] Netpol [Feature:SCTPConnectivity] [LinuxOnly] NetworkPolicy between
+/// server and client using SCTP": the same three cases, servers and probes over `proto`,
+/// under the three names given. Upstream runs them on Linux only, the SCTP ones only where
+/// SCTP works end to end (`[Feature:SCTPConnectivity]`); where they run is the harness's
+/// choice.
+fn over_other_protocol(
+    proto: Proto,
+    [deny_name, ports_name, pod_name]: [&'static str; 3],
+) -> Vec<Case> {
+    vec![
+        Case {
+            name: deny_name,
+            upstream: "should support a 'default-deny-ingress' policy",
+            steps: vec![step(
+                "deny-all: every pod of x isolated for ingress",
+                vec![deny_ingress("x", "deny-all")],
+                vec![
+                    all_true()
+                        .deny_ingress_to(in_namespace("x"))
+                        .probe(80, proto),
+                ],
+            )],
+        },
+        Case {
+            name: ports_name,
+            upstream: "should enforce policy based on Ports",
+            steps: vec![step(
+                &format!(
+                    "allow-ingress-on-port-81-ns-x: ingress to x/a from namespace y on {} 81 only",
+                    proto.name()
+                ),
+                vec![allow_from_y_on_port(
+                    "allow-ingress-on-port-81-ns-x",
+                    81,
+                    proto,
+                )],
+                vec![only_y_reaches_x_a().probe(81, proto)],
+            )],
+        },
+        Case {
+            name: pod_name,
+            upstream: "should enforce policy to allow traffic only from a pod in a different \
+                       namespace based on PodSelector and NamespaceSelector",
+            steps: vec![step(
+                "allow-ns-y-pod-a-via-namespace-pod-selector: ingress to x/a from y/a only",
+                vec![allow_from_y_a(
+                    "allow-ns-y-pod-a-via-namespace-pod-selector",
+                )],
+                vec![
+                    all_true()
+                        .deny_ingress_to(pod("x", "a"))
+                        .allow(pod("y", "a"), pod("x", "a"))
+                        .probe(80, proto),
+                ],
+            )],
+        },
+    ]
 }
 
 #[cfg(test)]
