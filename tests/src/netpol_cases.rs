@@ -391,6 +391,105 @@ impl fmt::Display for Cidr {
     }
 }
 
+/// A probe that expects every pod to reach every pod: the step of case `case` (0 the
+/// first), `port` over `proto`, and why. Every other probe expects some pair cut off.
+pub struct AllReach {
+    pub case: &'static str,
+    pub step: usize,
+    pub port: u16,
+    pub proto: Proto,
+    pub why: &'static str,
+}
+
+/// The probes of [`all`] under which everybody reaches everybody: steps that allow all,
+/// policies that select nobody yet, and the clean-up after deleting them.
+pub const ALL_REACH: &[AllReach] = &[
+    AllReach {
+        case: "allow_ingress_from_all_namespaces",
+        step: 0,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "x/a's one rule admits every pod of every namespace",
+    },
+    AllReach {
+        case: "allow_all",
+        step: 0,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "x's one empty ingress rule admits all",
+    },
+    AllReach {
+        case: "allow_all",
+        step: 0,
+        port: 81,
+        proto: Proto::Tcp,
+        why: "x's one empty ingress rule admits all",
+    },
+    AllReach {
+        case: "ingress_named_port",
+        step: 0,
+        port: 81,
+        proto: Proto::Tcp,
+        why: "the port named in the rule is the one probed",
+    },
+    AllReach {
+        case: "egress_named_port",
+        step: 0,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "the port named in the rule is the one probed",
+    },
+    AllReach {
+        case: "updated_policy",
+        step: 0,
+        port: 81,
+        proto: Proto::Tcp,
+        why: "before the update, x's one empty ingress rule admits all",
+    },
+    AllReach {
+        case: "updated_pod_isolated",
+        step: 0,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "before the label, the policy selects no pod",
+    },
+    AllReach {
+        case: "ingress_any_port_of_protocol",
+        step: 0,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "x/a admits every TCP port",
+    },
+    AllReach {
+        case: "ingress_allow_all_takes_precedence",
+        step: 1,
+        port: 81,
+        proto: Proto::Tcp,
+        why: "allow-ingress admits all to x",
+    },
+    AllReach {
+        case: "egress_allow_all_takes_precedence",
+        step: 1,
+        port: 81,
+        proto: Proto::Tcp,
+        why: "allow-egress lets x send anywhere",
+    },
+    AllReach {
+        case: "deleted_policies",
+        step: 1,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "clean-up: no policy left",
+    },
+    AllReach {
+        case: "ingress_egress_independent",
+        step: 0,
+        port: 80,
+        proto: Proto::Tcp,
+        why: "x/a's one empty egress rule lets it send anywhere",
+    },
+];
+
 /// A NetworkPolicy object: `name` in `namespace`, with `spec`.
 fn policy(namespace: &str, name: &str, spec: Value) -> Value {
     json!({
@@ -1874,7 +1973,60 @@ fn over_other_protocol(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+
     use super::*;
+
+    /// The model's pods over two nodes as the harness places them, each node with its own
+    /// /24: x/a on the first, x/b on the second, and so on.
+    fn two_nodes() -> World {
+        spread(Ipv4Addr::new(10, 244, 0, 0), Ipv4Addr::new(10, 244, 1, 0))
+    }
+
+    /// Two nodes whose ranges upstream's /4 around x/b does not both hold, neither shared
+    /// with [`two_nodes`].
+    fn far_apart() -> World {
+        spread(Ipv4Addr::new(172, 16, 0, 0), Ipv4Addr::new(192, 168, 1, 0))
+    }
+
+    fn spread(first: Ipv4Addr, second: Ipv4Addr) -> World {
+        let ips = model_pods()
+            .into_iter()
+            .zip(0u32..)
+            .map(|(pod, index)| {
+                let node = if index % 2 == 0 { first } else { second };
+                let ip = Ipv4Addr::from(u32::from(node) + 10 + index);
+                ((pod.namespace, pod.name), ip)
+            })
+            .collect();
+        World { ips }
+    }
+
+    /// Every (from, to) cell of `probe` over the model.
+    fn truth(probe: &Probe) -> Vec<(PodRef, PodRef, bool)> {
+        let pods = model_pods();
+        pods.iter()
+            .flat_map(|from| pods.iter().map(move |to| (from.clone(), to.clone())))
+            .map(|(from, to)| {
+                let reach = (probe.reach)(&from, &to);
+                (from, to, reach)
+            })
+            .collect()
+    }
+
+    /// `policy` as the Kubernetes type, refusing any field the type does not have (a typo
+    /// would otherwise be dropped silently).
+    fn typed(policy: &Value) -> NetworkPolicy {
+        let mut unknown = Vec::new();
+        let typed = serde_ignored::deserialize(policy.clone(), |path| {
+            unknown.push(path.to_string());
+        })
+        .unwrap_or_else(|error: serde_json::Error| panic!("{policy}: {error}"));
+        assert!(unknown.is_empty(), "{policy}: unknown fields {unknown:?}");
+        typed
+    }
 
     fn cell(expectation: &Expectation, from: (&str, &str), to: (&str, &str)) -> bool {
         expectation.reaches(&PodRef::new(from.0, from.1), &PodRef::new(to.0, to.1))
@@ -1908,5 +2060,181 @@ mod tests {
         assert_eq!(Cidr::parse("10.244.1.7/4"), Some(Cidr::around(ip, 4)));
         assert_eq!(Cidr::parse("10.244.1.7/33"), None);
         assert!(Cidr::parse("0.0.0.0/0").is_some_and(|all| all.contains(ip)));
+    }
+
+    #[test]
+    fn forty_eight_cases_in_upstream_blocks_with_distinct_names() {
+        let world = two_nodes();
+        let cases = all(&world);
+        assert_eq!(cases.len(), 48);
+        assert_eq!(tcp_block(&world).len(), 42);
+        let names: BTreeSet<&str> = cases.iter().map(|case| case.name).collect();
+        assert_eq!(names.len(), 48, "a name used twice");
+        for case in &cases {
+            assert!(
+                case.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{}: a name in snake case",
+                case.name
+            );
+            assert!(case.upstream.starts_with("should "), "{}", case.name);
+        }
+        // Titles repeat only across blocks, as upstream's do.
+        for block in [&cases[..42], &cases[42..45], &cases[45..]] {
+            let titles: BTreeSet<&str> = block.iter().map(|case| case.upstream).collect();
+            assert_eq!(titles.len(), block.len());
+        }
+        let protocols = |block: &[Case]| -> BTreeSet<&str> {
+            block
+                .iter()
+                .flat_map(|case| &case.steps)
+                .flat_map(|step| &step.probes)
+                .map(|probe| probe.proto.name())
+                .collect()
+        };
+        assert_eq!(protocols(&cases[42..45]), BTreeSet::from(["UDP"]));
+        assert_eq!(protocols(&cases[45..]), BTreeSet::from(["SCTP"]));
+    }
+
+    #[test]
+    fn every_step_says_what_it_changes_and_probes_the_model_ports() {
+        for case in all(&two_nodes()) {
+            assert!(!case.steps.is_empty(), "{}", case.name);
+            for (index, step) in case.steps.iter().enumerate() {
+                assert!(
+                    !step.what.is_empty() && !step.what.contains('\n'),
+                    "{} step {index}: one line",
+                    case.name
+                );
+                assert!(!step.probes.is_empty(), "{} step {index}", case.name);
+                for probe in &step.probes {
+                    assert!(PORTS.contains(&probe.port), "{} step {index}", case.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_probe_cuts_a_pair_off_unless_listed_as_all_reach() {
+        let cases = all(&two_nodes());
+        let mut listed: Vec<(&str, usize, u16, Proto)> = ALL_REACH
+            .iter()
+            .map(|entry| (entry.case, entry.step, entry.port, entry.proto))
+            .collect();
+        for case in &cases {
+            for (index, step) in case.steps.iter().enumerate() {
+                for probe in &step.probes {
+                    let key = (case.name, index, probe.port, probe.proto);
+                    let everyone = truth(probe).iter().all(|(_, _, reach)| *reach);
+                    let position = listed.iter().position(|entry| *entry == key);
+                    assert_eq!(
+                        everyone,
+                        position.is_some(),
+                        "{key:?}: all reach only where ALL_REACH says so\n{}",
+                        probe.table()
+                    );
+                    if let Some(position) = position {
+                        listed.remove(position);
+                    }
+                }
+            }
+        }
+        assert!(listed.is_empty(), "ALL_REACH names no probe: {listed:?}");
+    }
+
+    #[test]
+    fn a_pod_always_reaches_itself() {
+        for case in all(&two_nodes()) {
+            for step in &case.steps {
+                for probe in &step.probes {
+                    for pod in model_pods() {
+                        assert!((probe.reach)(&pod, &pod), "{}: {pod}", case.name);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn policies_are_network_policies_of_the_model_namespaces() {
+        for case in all(&two_nodes()) {
+            for (index, step) in case.steps.iter().enumerate() {
+                let mut names = BTreeSet::new();
+                for policy in &step.policies {
+                    let typed = typed(policy);
+                    let namespace = typed.metadata.namespace.as_deref().unwrap_or_default();
+                    let name = typed.metadata.name.as_deref().unwrap_or_default();
+                    assert!(NAMESPACES.contains(&namespace), "{}: {policy}", case.name);
+                    assert!(!name.is_empty(), "{}: {policy}", case.name);
+                    assert!(
+                        names.insert((namespace.to_owned(), name.to_owned())),
+                        "{} step {index}: {namespace}/{name} twice",
+                        case.name
+                    );
+                    let spec = typed.spec.unwrap_or_default();
+                    assert!(spec.policy_types.is_some(), "{}: {policy}", case.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn label_changes_are_complete_sets_that_keep_the_model_keys() {
+        for case in all(&two_nodes()) {
+            for step in &case.steps {
+                for (namespace, labels) in &step.namespace_labels {
+                    assert!(NAMESPACES.contains(&namespace.as_str()), "{}", case.name);
+                    // Kubernetes keeps this label; selectors rely on it.
+                    assert_eq!(
+                        labels.get(NAMESPACE_NAME_LABEL),
+                        Some(namespace),
+                        "{}",
+                        case.name
+                    );
+                    assert_ne!(*labels, model_namespace_labels(namespace), "{}", case.name);
+                }
+                for ((namespace, name), labels) in &step.pod_labels {
+                    assert!(
+                        model_pods().contains(&PodRef::new(namespace, name)),
+                        "{}",
+                        case.name
+                    );
+                    // The pod's Service selects it by this label.
+                    assert_eq!(labels.get("pod"), Some(name), "{}", case.name);
+                    assert_ne!(*labels, model_pod_labels(name), "{}", case.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ip_blocks_come_from_the_world() {
+        let near = all(&two_nodes());
+        let far = all(&far_apart());
+        let policies = |cases: &[Case], name: &str| -> Vec<String> {
+            cases
+                .iter()
+                .filter(|case| case.name == name)
+                .flat_map(|case| &case.steps)
+                .flat_map(|step| &step.policies)
+                .map(Value::to_string)
+                .collect()
+        };
+        for name in [
+            "egress_to_cidr",
+            "egress_to_cidr_except",
+            "egress_to_cidr_except_updated",
+        ] {
+            assert_ne!(policies(&near, name), policies(&far, name), "{name}");
+        }
+        // Where the /4 around x/b holds every pod, x/a loses x/b alone, as upstream expects.
+        let except = &near[34].steps[0].probes[0];
+        let cut: Vec<(PodRef, PodRef)> = truth(except)
+            .into_iter()
+            .filter(|(_, _, reach)| !reach)
+            .map(|(from, to, _)| (from, to))
+            .collect();
+        assert_eq!(cut, [(PodRef::new("x", "a"), PodRef::new("x", "b"))]);
     }
 }
