@@ -1975,7 +1975,10 @@ fn over_other_protocol(
 mod tests {
     use std::collections::BTreeSet;
 
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::{
+        api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
+        apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+    };
 
     use super::*;
 
@@ -2236,5 +2239,243 @@ mod tests {
             .map(|(from, to, _)| (from, to))
             .collect();
         assert_eq!(cut, [(PodRef::new("x", "a"), PodRef::new("x", "b"))]);
+    }
+
+    /// NetworkPolicy as Kubernetes documents it, read from the policy objects alone: an
+    /// independent account of each step to hold the hand-written expectations to.
+    struct Reference<'a> {
+        world: &'a World,
+        step: &'a Step,
+        policies: Vec<NetworkPolicy>,
+    }
+
+    /// Which way a policy rule looks: at what enters its pod, or at what leaves it.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Direction {
+        Ingress,
+        Egress,
+    }
+
+    impl Direction {
+        /// As `policyTypes` spells it.
+        fn name(self) -> &'static str {
+            match self {
+                Self::Ingress => "Ingress",
+                Self::Egress => "Egress",
+            }
+        }
+    }
+
+    /// A rule's peers (`from` or `to`) and ports.
+    type Rule = (
+        Option<Vec<NetworkPolicyPeer>>,
+        Option<Vec<NetworkPolicyPort>>,
+    );
+
+    impl<'a> Reference<'a> {
+        fn new(world: &'a World, step: &'a Step) -> Self {
+            Self {
+                world,
+                step,
+                policies: step.policies.iter().map(typed).collect(),
+            }
+        }
+
+        fn reaches(&self, from: &PodRef, to: &PodRef, port: u16, proto: Proto) -> bool {
+            from == to
+                || (self.admits(Direction::Egress, from, to, port, proto)
+                    && self.admits(Direction::Ingress, to, from, port, proto))
+        }
+
+        /// Whether the policies isolating `subject` in `direction` (if any) admit `peer`,
+        /// the server being the destination either way.
+        fn admits(
+            &self,
+            direction: Direction,
+            subject: &PodRef,
+            peer: &PodRef,
+            port: u16,
+            proto: Proto,
+        ) -> bool {
+            let server = match direction {
+                Direction::Ingress => subject,
+                Direction::Egress => peer,
+            };
+            let mut isolating = self
+                .policies
+                .iter()
+                .filter(|policy| self.isolates(policy, direction, subject))
+                .peekable();
+            isolating.peek().is_none()
+                || isolating.any(|policy| {
+                    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+                    let spec = policy.spec.clone().unwrap_or_default();
+                    let rules: Vec<Rule> = match direction {
+                        Direction::Ingress => spec
+                            .ingress
+                            .into_iter()
+                            .flatten()
+                            .map(|rule| (rule.from, rule.ports))
+                            .collect(),
+                        Direction::Egress => spec
+                            .egress
+                            .into_iter()
+                            .flatten()
+                            .map(|rule| (rule.to, rule.ports))
+                            .collect(),
+                    };
+                    rules.iter().any(|(peers, ports)| {
+                        self.peers_hold(peers.as_deref(), namespace, peer)
+                            && ports_hold(ports.as_deref(), server, port, proto)
+                    })
+                })
+        }
+
+        fn isolates(&self, policy: &NetworkPolicy, direction: Direction, subject: &PodRef) -> bool {
+            let spec = policy.spec.clone().unwrap_or_default();
+            let types = spec.policy_types.clone().unwrap_or_else(|| {
+                let mut types = vec!["Ingress".to_owned()];
+                if spec.egress.is_some() {
+                    types.push("Egress".to_owned());
+                }
+                types
+            });
+            policy.metadata.namespace.as_deref() == Some(subject.namespace.as_str())
+                && types.iter().any(|kind| kind == direction.name())
+                && selects(
+                    &spec.pod_selector.unwrap_or_default(),
+                    &self.step.labels_of_pod(subject),
+                )
+        }
+
+        /// No peers: anyone; else any of them.
+        fn peers_hold(
+            &self,
+            peers: Option<&[NetworkPolicyPeer]>,
+            namespace: &str,
+            pod: &PodRef,
+        ) -> bool {
+            let peers = peers.unwrap_or_default();
+            peers.is_empty()
+                || peers
+                    .iter()
+                    .any(|peer| self.peer_holds(peer, namespace, pod))
+        }
+
+        fn peer_holds(&self, peer: &NetworkPolicyPeer, namespace: &str, pod: &PodRef) -> bool {
+            if let Some(block) = &peer.ip_block {
+                let ip = self.world.ip(&pod.namespace, &pod.name);
+                let parse = |text: &str| {
+                    Cidr::parse(text).unwrap_or_else(|| panic!("{text}: not an IPv4 block"))
+                };
+                return parse(&block.cidr).contains(ip)
+                    && !block
+                        .except
+                        .iter()
+                        .flatten()
+                        .any(|except| parse(except).contains(ip));
+            }
+            let namespace_holds = match &peer.namespace_selector {
+                Some(selector) => selects(selector, &self.step.labels_of_namespace(&pod.namespace)),
+                None => pod.namespace == namespace,
+            };
+            namespace_holds
+                && peer
+                    .pod_selector
+                    .as_ref()
+                    .is_none_or(|selector| selects(selector, &self.step.labels_of_pod(pod)))
+        }
+    }
+
+    /// No ports: any; else any of them, a name resolved on `server`, whose every port
+    /// is named as [`port_name`] names it.
+    fn ports_hold(
+        ports: Option<&[NetworkPolicyPort]>,
+        server: &PodRef,
+        port: u16,
+        proto: Proto,
+    ) -> bool {
+        let ports = ports.unwrap_or_default();
+        ports.is_empty()
+            || ports.iter().any(|rule| {
+                assert!(
+                    rule.end_port.is_none(),
+                    "{server}: no case has a port range"
+                );
+                rule.protocol.as_deref().unwrap_or("TCP") == proto.name()
+                    && match &rule.port {
+                        None => true,
+                        Some(IntOrString::Int(number)) => *number == i32::from(port),
+                        Some(IntOrString::String(name)) => *name == port_name(port, proto),
+                    }
+            })
+    }
+
+    fn selects(selector: &LabelSelector, labels: &Labels) -> bool {
+        selector
+            .match_labels
+            .iter()
+            .flatten()
+            .all(|(key, value)| labels.get(key) == Some(value))
+            && selector
+                .match_expressions
+                .iter()
+                .flatten()
+                .all(|requirement| {
+                    let values = requirement.values.as_deref().unwrap_or_default();
+                    let value = labels.get(&requirement.key);
+                    match requirement.operator.as_str() {
+                        "In" => value.is_some_and(|value| values.contains(value)),
+                        "NotIn" => value.is_none_or(|value| !values.contains(value)),
+                        "Exists" => value.is_some(),
+                        "DoesNotExist" => value.is_none(),
+                        other => panic!("{other}: not a selector operator"),
+                    }
+                })
+    }
+
+    #[test]
+    fn expectations_agree_with_the_policies_read_as_kubernetes_documents_them() {
+        for world in [two_nodes(), far_apart()] {
+            for case in all(&world) {
+                for (index, step) in case.steps.iter().enumerate() {
+                    let reference = Reference::new(&world, step);
+                    for probe in &step.probes {
+                        let wrong: Vec<String> = truth(probe)
+                            .into_iter()
+                            .filter(|(from, to, reach)| {
+                                reference.reaches(from, to, probe.port, probe.proto) != *reach
+                            })
+                            .map(|(from, to, reach)| format!("{from} -> {to} expected {reach}"))
+                            .collect();
+                        assert!(
+                            wrong.is_empty(),
+                            "{} step {index}, {} {}: {wrong:?}\n{}",
+                            case.name,
+                            probe.proto.name(),
+                            probe.port,
+                            probe.table()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reference_is_no_rubber_stamp() {
+        // A policy isolating x/a with no rule: the reference cuts x/a off, so an
+        // expectation that forgot it would be caught.
+        let world = two_nodes();
+        let step = step(
+            "",
+            vec![deny_ingress("x", "deny-ingress")],
+            vec![all_true().probe(80, Proto::Tcp)],
+        );
+        let reference = Reference::new(&world, &step);
+        let (y_a, x_a) = (PodRef::new("y", "a"), PodRef::new("x", "a"));
+        assert!(!reference.reaches(&y_a, &x_a, 80, Proto::Tcp));
+        assert!(reference.reaches(&x_a, &y_a, 80, Proto::Tcp));
+        assert!(reference.reaches(&x_a, &x_a, 80, Proto::Tcp));
     }
 }
