@@ -12,7 +12,8 @@
 //! pair probed (81 cells). Newer upstream declares per case only the pods it needs; its
 //! expectations are these restricted to those pods. Where this differs from upstream:
 //! - upstream probes each pod's Service ClusterIP; the harness probes pod IPs (and tests
-//!   Services on their own), which gives the same truth;
+//!   Services on their own), which gives the same truth, but only the Service test shows
+//!   policy applied to the translated packet (which matters most to the ipBlock cases);
 //! - upstream probes a pod and itself but ignores the result; here a pod always reaches
 //!   itself, whatever the policies ([`Expectation::reaches`]): loopback never leaves it;
 //! - every pod serves every port and protocol of the model; upstream serves in each case
@@ -377,7 +378,8 @@ impl Cidr {
     }
 
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & Self::mask(self.prefix) == u32::from(self.network)
+        let mask = Self::mask(self.prefix);
+        u32::from(ip) & mask == u32::from(self.network) & mask
     }
 
     fn mask(prefix: u8) -> u32 {
@@ -626,7 +628,9 @@ fn allow_from_y_a(name: &str) -> Value {
     )
 }
 
-/// Every pod of `namespace` isolated for ingress, no rule allowing any.
+/// Every pod of `namespace` isolated for ingress, no rule allowing any. Here and wherever
+/// a case has no rules, the empty list is left out, as the API server gives such a policy
+/// back.
 fn deny_ingress(namespace: &str, name: &str) -> Value {
     policy(
         namespace,
@@ -1625,7 +1629,8 @@ fn deleted_policies() -> Case {
                         .probe(80, Proto::Tcp),
                 ],
             ),
-            // Upstream sleeps 3 s after deleting; the probes' retries absorb that here.
+            // Upstream sleeps 3 s after deleting; a harness that retries each probe toward
+            // the expected truth, as upstream's does, needs no such wait.
             step(
                 "every NetworkPolicy of x, y and z deleted",
                 Vec::new(),
@@ -1782,8 +1787,8 @@ fn allow_port_of_protocol(name: &str, port: u16, proto: Proto) -> Value {
     )
 }
 
-// Cases 38 and 39 probe TCP only and need no SCTP in the datapath, but the policy has to be
-// accepted and kept to its protocol (upstream: failing them is a security hole).
+// This case and the next probe TCP only and need no SCTP in the datapath, but the policy
+// has to be accepted and kept to its protocol (upstream: failing them is a security hole).
 fn sctp_rule_not_tcp() -> Case {
     Case {
         name: "sctp_rule_not_tcp",
@@ -2464,8 +2469,8 @@ mod tests {
 
     #[test]
     fn the_reference_is_no_rubber_stamp() {
-        // A policy isolating x/a with no rule: the reference cuts x/a off, so an
-        // expectation that forgot it would be caught.
+        // A policy isolating the pods of x with no rule: the reference cuts them off from
+        // their clients, so an expectation that forgot it would be caught.
         let world = two_nodes();
         let step = step(
             "",
