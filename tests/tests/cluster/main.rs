@@ -13,5 +13,6 @@ mod cluster_kube_source;
 mod cluster_nodes;
 mod cluster_scale;
 mod cross_node_changes;
+mod network_policy_model;
 mod node_objects;
 mod policy_kube_source;
