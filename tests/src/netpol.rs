@@ -119,32 +119,30 @@ pub enum Protocol {
 /// A pod's servers: TCP and UDP on 80 and 81.
 type Servers = (EchoServer, EchoServer, UdpEcho, UdpEcho);
 
+/// How long a model pod serves: a whole run of the upstream cases, with room.
+fn serving() -> Duration {
+    crate::scaled(Duration::from_secs(900))
+}
+
 fn servers(netns: &Netns) -> Servers {
     (
-        EchoServer::start(netns, 80),
-        EchoServer::start(netns, 81),
-        UdpEcho::start(netns, 80),
-        UdpEcho::start(netns, 81),
+        EchoServer::start_for(netns, 80, serving()),
+        EchoServer::start_for(netns, 81, serving()),
+        UdpEcho::start_for(netns, 80, serving()),
+        UdpEcho::start_for(netns, 81, serving()),
     )
 }
 
 /// A pod of the model: its namespace and name, the pod itself, and its servers (kept
-/// running while it lives, up to the traffic helpers' bound on a thread's life).
+/// running while it lives, up to [`serving`]).
 pub struct ModelPod {
     pub namespace: String,
     pub name: String,
     pub pod: Pod,
-    servers: Option<Servers>,
+    _servers: Servers,
 }
 
 impl ModelPod {
-    /// Starts its servers again (a long run outlives the helpers' bound on a thread's
-    /// life).
-    pub fn serve_again(&mut self) {
-        self.servers = None;
-        self.servers = Some(servers(&self.pod.netns));
-    }
-
     /// `namespace/name`, as the matrices print it.
     pub fn label(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
@@ -163,12 +161,18 @@ pub fn add_pod(node: &Node, namespace: &str, name: &str) -> ModelPod {
     serve(namespace, name, pod)
 }
 
+/// Like [`add_pod`], the pod on a netkit pair.
+pub fn add_netkit_pod(node: &Node, namespace: &str, name: &str) -> ModelPod {
+    let pod = node.add_kubernetes_pod_on(&crate::unique_name(name), namespace, name, true);
+    serve(namespace, name, pod)
+}
+
 /// `pod`, serving as the model's pods do.
 pub fn serve(namespace: &str, name: &str, pod: Pod) -> ModelPod {
     ModelPod {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
-        servers: Some(servers(&pod.netns)),
+        _servers: servers(&pod.netns),
         pod,
     }
 }

@@ -162,17 +162,26 @@ impl Node {
     /// Like [`Self::add_pod`], the runtime naming the Kubernetes pod as kubelet does
     /// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME` in `CNI_ARGS`).
     pub fn add_kubernetes_pod(&self, container_id: &str, namespace: &str, name: &str) -> Pod {
+        self.add_kubernetes_pod_on(container_id, namespace, name, false)
+    }
+
+    /// Like [`Self::add_kubernetes_pod`], on a netkit pair when `netkit`.
+    pub fn add_kubernetes_pod_on(
+        &self,
+        container_id: &str,
+        namespace: &str,
+        name: &str,
+        netkit: bool,
+    ) -> Pod {
         let netns = Netns::new("pod");
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
-        let outcome = Call::new(
-            "ADD",
-            container_id,
-            "eth0",
-            Some(&netns),
-            &self.network.config("1.1.0"),
-        )
-        .var("CNI_ARGS", &args)
-        .run(&self.netns);
+        let mut config = self.network.config("1.1.0");
+        if netkit {
+            config["podDevice"] = serde_json::json!("netkit");
+        }
+        let outcome = Call::new("ADD", container_id, "eth0", Some(&netns), &config)
+            .var("CNI_ARGS", &args)
+            .run(&self.netns);
         Pod::added(container_id, netns, &outcome)
     }
 

@@ -3,7 +3,8 @@
 //! veth pods, to the node and to the outside through it, with the same source checks.
 //! Across nodes too, natively routed and over the overlay; hostPorts and rate limits
 //! too. A restarted daemon swaps its program in; uninstall takes it off; CHECK accepts
-//! the pod; DEL leaves nothing.
+//! the pod; DEL leaves nothing. NetworkPolicy holds a netkit pod as a veth pod (`to_pod`
+//! on the pair's primary hook).
 //!
 //! On a kernel without netkit (the host's here: 6.18 built without `CONFIG_NETKIT`)
 //! every test checks instead that ADD is refused with code 2 and leaves nothing behind.
@@ -343,4 +344,48 @@ fn del_takes_the_netkit_pair_and_its_address_away() {
     assert_eq!(node.instance.cli_json(&["endpoints"]), json!([]));
     let links = a.netns.ip(&["-j", "link", "show"]);
     assert!(!links.contains("eth0"), "no eth0 left in the pod: {links}");
+}
+
+/// A netkit pod under a policy denying ingress in its namespace: a veth pod does not
+/// reach it, its own connections' replies come back (through `to_pod` on the pair's
+/// primary hook as well as the delivery into it), and the node still reaches it.
+#[test]
+fn a_netkit_pod_is_held_to_network_policy() {
+    use ebpf_cni_tests::netpol::{
+        PolicyFile, Protocol, add_netkit_pod, add_pod, namespace_yaml, pod_yaml, reaches, stream,
+    };
+    require_root();
+    let deny = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: deny-ingress
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+";
+    let file = PolicyFile::new(&stream(&[
+        namespace_yaml("x", &[]),
+        namespace_yaml("y", &[]),
+        pod_yaml("x", "a", &[("pod", "a")], None),
+        pod_yaml("y", "a", &[("pod", "a")], None),
+        deny.to_owned(),
+    ]));
+    let node = Node::start_with("10.79.9.0/24", &[], &file.flags());
+    if !netkit_or_refused(&node) {
+        return;
+    }
+    let x_a = add_netkit_pod(&node, "x", "a");
+    let y_a = add_pod(&node, "y", "a");
+    let probe =
+        |from: &Netns, to: SocketAddr| reaches(from, to, Protocol::Tcp).join().expect("a probe");
+    assert!(
+        !probe(&y_a.pod.netns, x_a.addr(80)),
+        "y/a reaches the netkit pod x/a under a policy denying it"
+    );
+    assert!(
+        probe(&x_a.pod.netns, y_a.addr(80)),
+        "x/a's own connection is answered"
+    );
+    round_trip(&node.netns, x_a.addr(80), b"kubelet").expect("the node reaches x/a");
 }

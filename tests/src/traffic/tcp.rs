@@ -32,6 +32,12 @@ pub struct EchoServer {
 impl EchoServer {
     /// Listens on `0.0.0.0:port` inside `netns`; returns once it is bound.
     pub fn start(netns: &Netns, port: u16) -> Self {
+        Self::start_for(netns, port, max_lifetime())
+    }
+
+    /// Like [`Self::start`], listening for up to `lifetime` rather than the helpers'
+    /// usual bound (for a test that probes the same servers for minutes).
+    pub fn start_for(netns: &Netns, port: u16, lifetime: Duration) -> Self {
         let received = Arc::new(AtomicU64::new(0));
         let peers = Arc::new(Mutex::new(Vec::new()));
         let (bound, ready) = mpsc::channel();
@@ -40,7 +46,7 @@ impl EchoServer {
             let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind");
             listener.set_nonblocking(true).expect("nonblocking");
             bound.send(()).expect("ready signal");
-            let deadline = Instant::now() + max_lifetime();
+            let deadline = Instant::now() + lifetime;
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 match listener.accept() {
                     Ok((stream, peer)) => {

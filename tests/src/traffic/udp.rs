@@ -21,6 +21,12 @@ pub struct UdpEcho {
 impl UdpEcho {
     /// Listens on `0.0.0.0:port` inside `netns`; returns once it is bound.
     pub fn start(netns: &Netns, port: u16) -> Self {
+        Self::start_for(netns, port, max_lifetime())
+    }
+
+    /// Like [`Self::start`], answering for up to `lifetime` rather than the helpers'
+    /// usual bound.
+    pub fn start_for(netns: &Netns, port: u16, lifetime: Duration) -> Self {
         let peers = Arc::new(Mutex::new(Vec::new()));
         let (bound, ready) = mpsc::channel();
         let seen = Arc::clone(&peers);
@@ -30,7 +36,7 @@ impl UdpEcho {
                 .set_read_timeout(Some(Duration::from_millis(100)))
                 .expect("timeout");
             bound.send(()).expect("ready signal");
-            let deadline = Instant::now() + max_lifetime();
+            let deadline = Instant::now() + lifetime;
             let mut buffer = vec![0u8; MAX_DATAGRAM];
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 if let Ok((n, peer)) = socket.recv_from(&mut buffer) {

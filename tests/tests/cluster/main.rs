@@ -16,3 +16,4 @@ mod cross_node_changes;
 mod network_policy_model;
 mod node_objects;
 mod policy_kube_source;
+mod policy_services;

@@ -122,14 +122,10 @@ fn protocol(proto: Proto) -> Option<Protocol> {
 
 /// Runs every case through `take` (which applies a step and returns once every daemon
 /// has taken it), probing after each step.
-fn run_cases(pods: &mut [ModelPod], mut take: impl FnMut(&Step, &str)) {
+fn run_cases(pods: &[ModelPod], mut take: impl FnMut(&Step, &str)) {
     let world = world(pods);
     let cases: Vec<Case> = netpol_cases::all(&world);
     for case in &cases {
-        // Every case starts its servers afresh: a whole run outlives a server thread.
-        for pod in pods.iter_mut() {
-            pod.serve_again();
-        }
         let all: Vec<&ModelPod> = pods.iter().collect();
         for (n, step) in case.steps.iter().enumerate() {
             let mark = format!("{}-{n}", case.name).replace('_', "-");
@@ -167,7 +163,7 @@ fn every_upstream_case_from_a_policy_file_on_two_nodes() {
     require_root();
     let file = PolicyFile::new(&objects_json(&[], &[], &[]));
     let cluster = TestCluster::start(&["10.244.61.0/24", "10.244.62.0/24"], &file.flags());
-    let mut pods: Vec<ModelPod> = model()
+    let pods: Vec<ModelPod> = model()
         .into_iter()
         .enumerate()
         .map(|(i, (namespace, name))| add_pod(cluster.node(1 + i % 2), namespace, name))
@@ -181,7 +177,7 @@ fn every_upstream_case_from_a_policy_file_on_two_nodes() {
             )
         })
         .collect();
-    run_cases(&mut pods, |step, mark| {
+    run_cases(&pods, |step, mark| {
         let namespaces: Vec<(String, BTreeMap<String, String>)> = NAMESPACES_OF_MODEL
             .iter()
             .map(|namespace| ((*namespace).to_owned(), namespace_labels(step, namespace)))
@@ -302,7 +298,7 @@ fn every_upstream_case_from_the_kubernetes_api() {
         streams.insert("nodes", nodes);
         streams
     });
-    let mut pods: Vec<ModelPod> = model()
+    let pods: Vec<ModelPod> = model()
         .into_iter()
         .map(|(namespace, name)| add_pod(&node_1, namespace, name))
         .collect();
@@ -319,7 +315,7 @@ fn every_upstream_case_from_the_kubernetes_api() {
         version: 10,
         objects: BTreeMap::new(),
     };
-    run_cases(&mut pods, |step, mark| {
+    run_cases(&pods, |step, mark| {
         let mut objects = BTreeMap::new();
         for namespace in NAMESPACES_OF_MODEL {
             objects.insert(

@@ -309,3 +309,52 @@ spec:
         "with the backend open, x/b's egress lets it through the Service to y/a"
     );
 }
+
+/// `--policy-mode audit`: what the policies would drop is counted for the policy that
+/// isolates the pod, once per flow, and let through; nothing is dropped.
+#[test]
+fn audit_mode_counts_what_it_would_drop_and_lets_it_through() {
+    let file = PolicyFile::new(&objects(&[DENY_INGRESS_X]));
+    let mut flags = vec!["--policy-mode", "audit"];
+    flags.extend(file.flags());
+    let node = Node::start_with("10.78.2.0/24", &[], &flags);
+    let pods: Vec<ModelPod> = [("x", "a"), ("y", "a")]
+        .into_iter()
+        .map(|(namespace, name)| add_pod(&node, namespace, name))
+        .collect();
+    let all: Vec<&ModelPod> = pods.iter().collect();
+    expect_reachability(
+        "audit: everything passes",
+        &all,
+        80,
+        Protocol::Tcp,
+        &Reachability::all(&all, true),
+    );
+    let view = node.instance.cli_json(&["policy"]);
+    assert_eq!(view["mode"], "audit", "{view:#}");
+    let deny = view["policies"]
+        .as_array()
+        .expect("a list of policies")
+        .iter()
+        .find(|policy| policy["name"] == "deny-ingress")
+        .cloned()
+        .unwrap_or_else(|| panic!("no deny-ingress in {view:#}"));
+    assert_eq!(deny["denied"], 0, "{deny:#}");
+    assert!(
+        deny["audited"].as_u64().expect("a count") >= 1,
+        "y/a's connection to x/a is audited: {deny:#}"
+    );
+    let metrics = http::scrape(&node.netns);
+    assert!(
+        metrics.expect(
+            "ebpf_cni_policy_audited_total",
+            &[("namespace", "x"), ("policy", "deny-ingress")],
+        ) >= 1.0,
+        "{}",
+        metrics.0
+    );
+    assert_eq!(
+        metrics.expect("ebpf_cni_drops_total", &[("reason", "policy_denied")]),
+        0.0
+    );
+}
