@@ -5,6 +5,7 @@ use std::net::Ipv4Addr;
 
 use aya::maps::{Map, MapData};
 use cni_ebpf_common::NatEntry;
+use serde_json::Value;
 
 use crate::{
     cni::{Call, Network},
@@ -173,11 +174,26 @@ impl Node {
         name: &str,
         netkit: bool,
     ) -> Pod {
+        self.add_kubernetes_pod_with(container_id, namespace, name, netkit, &Value::Null)
+    }
+
+    /// Like [`Self::add_kubernetes_pod_on`], with `runtime_config` (e.g. portMappings).
+    pub fn add_kubernetes_pod_with(
+        &self,
+        container_id: &str,
+        namespace: &str,
+        name: &str,
+        netkit: bool,
+        runtime_config: &Value,
+    ) -> Pod {
         let netns = Netns::new("pod");
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
         let mut config = self.network.config("1.1.0");
         if netkit {
             config["podDevice"] = serde_json::json!("netkit");
+        }
+        if !runtime_config.is_null() {
+            config["runtimeConfig"] = runtime_config.clone();
         }
         let outcome = Call::new("ADD", container_id, "eth0", Some(&netns), &config)
             .var("CNI_ARGS", &args)

@@ -3,7 +3,7 @@
 //! pod label and port, replies of allowed connections, the node's own probes, a pod
 //! isolated from its first packet, and policies removed; `ebpf-cnid policy` and the
 //! policy metrics along the way; a Service in front of a protected pod, with
-//! kube-proxy's own rules.
+//! kube-proxy's own rules; audit mode; a hostPort into a protected pod.
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use ebpf_cni_tests::{
         ModelPod, PolicyFile, Protocol, Reachability, add_pod, expect_reachability, namespace_yaml,
         pod_yaml, reaches, stream,
     },
-    node::Node,
+    node::{EXTERNAL_ADDR, NODE_ADDR, Node, port_mappings},
     traffic::{round_trip, udp_round_trip},
 };
 
@@ -357,4 +357,55 @@ fn audit_mode_counts_what_it_would_drop_and_lets_it_through() {
         metrics.expect("ebpf_cni_drops_total", &[("reason", "policy_denied")]),
         0.0
     );
+}
+
+/// A hostPort into a pod under a policy: the pod's ingress judges the client the
+/// mapping kept (a host outside the node), refused by default deny, let in by an
+/// ipBlock holding it.
+#[test]
+fn a_host_port_into_a_protected_pod_is_judged_by_the_pods_ingress() {
+    let allow_external = format!(
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: allow-external
+spec:
+  podSelector: {{}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - ipBlock:
+        cidr: {EXTERNAL_ADDR}/32
+"
+    );
+    let file = PolicyFile::new(&objects(&[DENY_INGRESS_X]));
+    let node = Node::start_with("10.78.3.0/24", &[], &file.flags());
+    let pod = node.add_kubernetes_pod_with(
+        "hostport-x-a",
+        "x",
+        "a",
+        false,
+        &port_mappings(80, &[(30080, "tcp", None)]),
+    );
+    let x_a = ebpf_cni_tests::netpol::serve("x", "a", pod);
+    let mapped = std::net::SocketAddr::from((
+        NODE_ADDR.parse::<std::net::Ipv4Addr>().expect("an address"),
+        30080,
+    ));
+    let from_outside = || {
+        reaches(&node.external, mapped, Protocol::Tcp)
+            .join()
+            .expect("a probe")
+    };
+    assert!(
+        !from_outside(),
+        "the external host reaches x/a through its hostPort under default deny"
+    );
+    file.replace(&objects(&[DENY_INGRESS_X, &allow_external]));
+    assert!(
+        eventually(Duration::from_secs(5), from_outside),
+        "an ipBlock holding the external host lets it in through the hostPort"
+    );
+    drop(x_a);
 }
