@@ -1,6 +1,6 @@
 //! One node's daemon over netlink, files and its maps: the socket, the endpoint records,
 //! metrics and health, the flow tables' budgets and sweeps, hostPorts from the node
-//! itself, the host firewall, the Service tables, the pinned layout, NetworkPolicy.
+//! itself, the host firewall, the Service tables, the pinned layout.
 //!
 //! One binary of many modules, so that one build serves them all: run one with
 //! `cargo test -p ebpf-cni-tests --test daemon <module>::`.
@@ -15,7 +15,6 @@ mod host_firewall;
 mod hostport_flows;
 mod hostport_local;
 mod nat_sweeps;
-mod network_policy;
 mod node_addrs;
 mod pin_layout;
 mod service_tables;

@@ -1,7 +1,7 @@
 //! The tests whose outcome the kernel decides: the programs through the verifier and
 //! `BPF_PROG_TEST_RUN`, the uplink's attach modes, pins across restarts, and every datapath
 //! path (redirects into pods, source NAT, hostPorts, the overlay, FIB lookups, BIG TCP,
-//! `tbf`, the gateway, isolation, Services). CI runs this binary on the host and in the
+//! `tbf`, the gateway, isolation, Services, NetworkPolicy). CI runs this binary on the host and in the
 //! guest of Debian 12's 6.1 (`xtask/src/vm/kernel.rs`).
 //!
 //! One binary of many modules, so that one build serves them all: run one with
@@ -24,6 +24,7 @@ mod nat_program_protocols;
 mod nat_program_replies;
 mod nat_program_sweep;
 mod nat_program_tcp_window;
+mod network_policy;
 mod pod_boundaries;
 mod pod_isolation;
 mod pod_program_arp;
