@@ -54,11 +54,16 @@ fn daemon_counts_pings_per_source_on_the_attached_veth() {
     let status = instance.cli_json(&["status"]);
     let all = status["attachments"].as_array().expect("attachments");
     // The socket programs (hostPorts for the node's processes) sit on the cgroup, the
-    // pod program in the pods' TC block.
+    // pod programs in the pods' TC blocks (from_pod on the veths' ingress, to_pod on
+    // their egress).
     let on_cgroup = all.iter().filter(|a| a["mode"] == "cgroup").count();
     assert_eq!(on_cgroup, 4, "status: {status}");
-    let in_block = all.iter().filter(|a| a["mode"] == "tc block").count();
-    assert_eq!(in_block, 1, "status: {status}");
+    let in_blocks: Vec<&str> = all
+        .iter()
+        .filter(|a| a["mode"] == "tc block")
+        .filter_map(|a| a["program"].as_str())
+        .collect();
+    assert_eq!(in_blocks, ["from_pod", "to_pod"], "status: {status}");
     let attachments: Vec<_> = all
         .iter()
         .filter(|a| a["mode"] != "cgroup" && a["mode"] != "tc block")
