@@ -29,7 +29,7 @@
 //!
 //! Without ranges each check is one array read.
 
-use aya_ebpf::{maps::lpm_trie::Key, programs::TcContext};
+use aya_ebpf::programs::TcContext;
 use cni_ebpf_common::{
     FragmentKey, NatKey, Segment, ServiceClient, ServiceTable,
     ip_proto::{ICMP, TCP, UDP},
@@ -41,7 +41,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use crate::{
     features::{fragments, service_tables},
     primitives::{
-        maps::{self, SERVICE_CIDRS, SERVICE_CLIENTS, SERVICE_FLOWS, SERVICE_RANGES},
+        maps::{self, SERVICE_CLIENTS, SERVICE_FLOWS, SERVICE_RANGES},
         packet,
     },
 };
@@ -128,13 +128,6 @@ fn flow_key(pod: ([u8; 4], u16), remote: ([u8; 4], u16), proto: u8) -> NatKey {
     unsafe { core::mem::transmute::<[u64; 2], NatKey>([addrs, rest]) }
 }
 
-/// Whether `addr` is in a Service range: kube-proxy's DNAT in the stack decides where
-/// a packet for it goes.
-#[inline(always)]
-pub fn in_service_range(addr: [u8; 4]) -> bool {
-    SERVICE_CIDRS.get(Key::new(32, addr)).is_some()
-}
-
 /// Whether `ip`, for a node address, is for a NodePort (a TCP or UDP destination port
 /// in the range the daemon wrote).
 #[inline(always)]
@@ -151,7 +144,7 @@ pub fn to_service(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Service, i64> {
     if !enabled() {
         return Ok(Service::No);
     }
-    let in_range = SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some();
+    let in_range = maps::in_service_range(ip.dst_addr);
     let node = !in_range && maps::is_node_addr(ip.dst_addr);
     if in_range || node {
         // A node address is also where a backend's answers to a masqueraded client go,
@@ -199,7 +192,7 @@ pub fn from_outside(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
     let Some((source, destination, seg)) = l4(ctx, ip)? else {
         return Ok(false);
     };
-    let in_range = SERVICE_CIDRS.get(Key::new(32, ip.dst_addr)).is_some();
+    let in_range = maps::in_service_range(ip.dst_addr);
     if !in_range && !(maps::is_node_addr(ip.dst_addr) && is_node_port(destination)) {
         return Ok(false);
     }
@@ -255,7 +248,7 @@ fn reply_on_node(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<bool, i64> {
         return Ok(false);
     }
     let socket = client(ip.dst_addr, destination, proto);
-    if !service_tables::answerer_socket(ServiceTable::Clients, &socket, &seg) {
+    if !service_tables::answered_socket(ServiceTable::Clients, &socket, &seg) {
         return Ok(false);
     }
     let reply = flow_key((ip.dst_addr, destination), (ip.src_addr, source), proto);

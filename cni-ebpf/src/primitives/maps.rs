@@ -182,6 +182,13 @@ pub static SOCK_REV: LruHashMap<SockRevKey, HostPortFlow> = LruHashMap::pinned(M
 #[map(name = "SERVICE_CIDRS")]
 pub static SERVICE_CIDRS: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(MAX_SERVICE_CIDRS, 0);
 
+/// Whether `addr` is in a Service range: kube-proxy's DNAT in the stack decides where
+/// a packet for it goes.
+#[inline(always)]
+pub fn in_service_range(addr: [u8; 4]) -> bool {
+    SERVICE_CIDRS.get(Key::new(32, addr)).is_some()
+}
+
 #[map(name = "SERVICE_RANGES")]
 pub static SERVICE_RANGES: Array<u32> = Array::pinned(1, 0);
 

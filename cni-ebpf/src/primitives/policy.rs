@@ -16,6 +16,8 @@
 //! quoted packet's; quoting no flow known here, it is ICMP of its own.
 //! Other ICMP messages have no ports.
 
+use core::ptr::write_volatile;
+
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, maps::lpm_trie::Key, programs::TcContext};
 use cni_ebpf_common::{
     AddrKey, DropReason, FlowKey, FlowVerdict, PolicyCounters, PolicyEndpoint, RuleKey, ip_proto,
@@ -45,25 +47,27 @@ pub enum Role {
 /// Whether the IPv4 packet in the frame may pass the pod whose host-side ifindex is
 /// `endpoint`, in `role`. A refused packet is counted (by reason and by policy); the
 /// caller drops it. At an isolated pod, a packet too short for the ports it should have
-/// is refused.
-#[inline(always)]
+/// is refused. A call of its own, the whole check in one frame (see [`checked`]).
+#[inline(never)]
 pub fn admits(ctx: &TcContext, endpoint: u32, role: Role) -> bool {
-    let Some(pod) = POLICY_ENDPOINTS.get_ptr(&endpoint) else {
-        return true;
-    };
-    // SAFETY: the map's value, valid under the program's RCU read lock while it runs.
-    if unsafe { (*pod).isolated } == 0 {
-        return true;
-    }
-    // SAFETY: as above.
-    judge(ctx, endpoint, unsafe { &*pod }, role)
+    checked(ctx, endpoint, role)
+}
+
+/// Whether the egress policies of the pod whose host-side ifindex is `endpoint` let its
+/// packet for `destination` out (as [`admits`]). They judge it by the address it was
+/// sent to, except in a Service range: by the backend the stack's DNAT chose, where the
+/// stack hands it on ([`stack_sender_admits`]). The range's lookup is in this call's
+/// frame, not from_pod's.
+#[inline(never)]
+pub fn sender_admits(ctx: &TcContext, endpoint: u32, destination: [u8; 4]) -> bool {
+    maps::in_service_range(destination) || checked(ctx, endpoint, Role::Sender)
 }
 
 /// Where the node's stack forwarded or delivered a packet (an uplink's, the overlay
 /// device's or a pod veth's egress): whether the policies of the pod of this node that
 /// sent it, if one did, let it out. The stack may have translated it (a Service's
 /// DNAT), so this is where a pod's egress meets the Service's backend. A call of its
-/// own: the egress programs' frames leave no room for its headers beside theirs.
+/// own, the whole check in one frame (see [`checked`]).
 #[inline(never)]
 pub fn stack_sender_admits(ctx: &TcContext) -> bool {
     // The EtherType and the IPv4 source alone: two small reads.
@@ -74,7 +78,7 @@ pub fn stack_sender_admits(ctx: &TcContext) -> bool {
         return true;
     };
     match maps::endpoint(source) {
-        Some(pod) => admits(ctx, pod.host_ifindex, Role::Sender),
+        Some(pod) => checked(ctx, pod.host_ifindex, Role::Sender),
         None => true,
     }
 }
@@ -82,10 +86,21 @@ pub fn stack_sender_admits(ctx: &TcContext) -> bool {
 /// Where the EtherType is in an Ethernet frame.
 const ETHER_TYPE: usize = 12;
 
-/// The check of a packet at an isolated pod: a call of its own rather than inlined at
-/// every place a packet is delivered.
-#[inline(never)]
-fn judge(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> bool {
+/// The check, inlined into the calls above so that it takes one frame beside its
+/// callers' and calls nothing (not even `memset`: see [`verdict`]). Linux 6.1's
+/// verifier allows 512 bytes for the frames of a chain of calls, each rounded up to 32:
+/// from_pod's and the uplink's egress program's leave room for one frame of the check's
+/// size and no more (`datapath::frames` in the daemon checks every chain).
+#[inline(always)]
+fn checked(ctx: &TcContext, endpoint: u32, role: Role) -> bool {
+    let Some(pod) = POLICY_ENDPOINTS.get_ptr(&endpoint) else {
+        return true;
+    };
+    // SAFETY: the map's value, valid under the program's RCU read lock while it runs.
+    let pod = unsafe { &*pod };
+    if pod.isolated == 0 {
+        return true;
+    }
     match verdict(ctx, endpoint, pod, role) {
         Ok(admitted) => admitted,
         Err(_) => {
@@ -99,6 +114,9 @@ fn judge(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> bo
 fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> Result<bool, i64> {
     // The flow's key lives in this CPU's scratch value, not on the stack: the check is
     // called from programs whose own frames leave it little room.
+    // Its pads and the bytes of its addresses past an IPv4 address are never written:
+    // zero, as the map's value starts. Zeros written the compiler makes a call of
+    // `memset`, which would add a frame to the chain.
     let scratch = POLICY_SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: this CPU's value, which only this program run touches.
     let scratch = unsafe { &mut *scratch };
@@ -203,18 +221,19 @@ fn way_through(
     port: u16,
 ) -> Option<u32> {
     addr.prefix_len = AddrKey::prefix_len(32);
-    addr.data = AddrKey {
-        family: FAMILY_IPV4,
-        pad: [0; 3],
-        addr: peer,
-    };
+    addr.data.family = FAMILY_IPV4;
+    addr.data.addr[..4].copy_from_slice(&peer[..4]);
     let identity = POLICY_IDS.get(&*addr).copied().unwrap_or(WORLD_IDENTITY);
     rule.prefix_len = RULE_ANY_PROTOCOL_BITS + 32;
-    rule.data = RuleKey::new(endpoint, way, identity, protocol, port);
+    rule.data.endpoint = endpoint.to_be_bytes();
+    rule.data.direction = way;
+    rule.data.identity = identity.to_be_bytes();
+    rule.data.protocol = protocol;
+    rule.data.port = port.to_be_bytes();
     if let Some(found) = POLICY_RULES.get(&*rule) {
         return Some(found.policy);
     }
-    rule.data = RuleKey::new(endpoint, way, ANY_IDENTITY, protocol, port);
+    rule.data.identity = ANY_IDENTITY.to_be_bytes();
     POLICY_RULES.get(&*rule).map(|found| found.policy)
 }
 
@@ -241,8 +260,23 @@ fn count(first: &mut (u32, PolicyCounters), slot: u32, counter: Counted) {
         return;
     }
     first.0 = slot;
-    first.1 = PolicyCounters::default();
-    add(&mut first.1);
+    // One store each: zeros the compiler would otherwise gather into a call of `memset`.
+    // SAFETY: valid, aligned pointers to fields of `first`.
+    unsafe {
+        let counters = &mut first.1;
+        write_volatile(
+            &mut counters.allowed,
+            u64::from(matches!(counter, Counted::Allowed)),
+        );
+        write_volatile(
+            &mut counters.denied,
+            u64::from(matches!(counter, Counted::Denied)),
+        );
+        write_volatile(
+            &mut counters.audited,
+            u64::from(matches!(counter, Counted::Audited)),
+        );
+    }
     // A full map only loses counting.
     let _ = POLICY_STATS.insert(&first.0, &first.1, 0);
 }
@@ -332,11 +366,10 @@ fn addresses_and_ports(
     load::<IPV4_HEADER>(ctx, at, header)?;
     key.family = FAMILY_IPV4;
     key.protocol = header[9];
-    key.pad = [0; 2];
     key.opener_port = 0;
     key.responder_port = 0;
-    key.opener = AddrKey::ipv4([header[12], header[13], header[14], header[15]]).addr;
-    key.responder = AddrKey::ipv4([header[16], header[17], header[18], header[19]]).addr;
+    key.opener[..4].copy_from_slice(&header[12..16]);
+    key.responder[..4].copy_from_slice(&header[16..20]);
     if u16::from_be_bytes([header[6], header[7]]) & FRAGMENT_OFFSET != 0 {
         return Ok(None);
     }

@@ -111,10 +111,7 @@ fn ipv4(ctx: &TcContext, eth: &EthHdr, ip: &Ipv4Hdr, ifindex: u32) -> Result<i32
     if pod_tunnel::into_node(ctx, ip) {
         return Ok(counters::drop_packet(DropReason::PodTunnel));
     }
-    // Its egress policies judge it by the address it was sent to, except in a Service
-    // range: by the backend the stack's DNAT chose, where the stack hands it on
-    // (`to_pod`, or an uplink's or the overlay device's egress).
-    if !services::in_service_range(ip.dst_addr) && !policy::admits(ctx, ifindex, Role::Sender) {
+    if !policy::sender_admits(ctx, ifindex, ip.dst_addr) {
         return Ok(TC_ACT_SHOT as i32);
     }
     match maps::endpoint(ip.dst_addr) {
