@@ -12,6 +12,8 @@
 
 pub mod bpffs;
 mod clsact;
+#[cfg(test)]
+mod frames;
 pub mod gateways;
 mod guard;
 mod links;
