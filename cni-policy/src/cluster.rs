@@ -7,8 +7,8 @@
 //! listed again after a `410 Gone`, retried with kube's default back-off. A list replaces
 //! that kind's objects whole at its end. Nothing is published until each kind's first list
 //! is complete; after that, the whole of [`Objects`] is published again after each batch
-//! of changes: a change is published [`DEBOUNCE`] after it arrived, with every change that
-//! arrived meanwhile. An update that changes nothing policies see (a pod's status
+//! of changes: a change is published at once when the last publish is [`DEBOUNCE`] old
+//! or older, else when it is, with every change that arrived meanwhile. An update that changes nothing policies see (a pod's status
 //! conditions, a policy's annotations) publishes nothing.
 //!
 //! What is kept is what policies need, not Kubernetes' objects: each object is translated
@@ -57,8 +57,10 @@ use crate::{
     translate,
 };
 
-/// How long after a change it is published: the changes that arrive meanwhile (a
-/// Deployment's pods starting together, say) go out with it, in one publish. Each publish
+/// The least time between two publishes: the changes that arrive meanwhile (a
+/// Deployment's pods starting together, say) go out together, in one publish; a change
+/// after a quiet time goes out at once, so a policy's edit is enforced within the
+/// compile and the map writes, not a wait. Each publish
 /// builds the whole of [`Objects`], about 6 ms for 10,000 pods and 1,000 policies in a
 /// release build: with a publish at most every 100 ms, a cluster whose pods never stop
 /// changing costs this task some 6% of a core, and receivers that compile policies from
@@ -124,8 +126,9 @@ async fn run(client: Client, tx: watch::Sender<Arc<Objects>>) {
         policies.map(Received::Policy),
     ));
     let mut state = State::default();
-    // When the changes not published yet are.
+    // When the changes not published yet are, and when the last publish was.
     let mut due: Option<Instant> = None;
+    let mut published: Option<Instant> = None;
     loop {
         let publish = async {
             match due {
@@ -137,6 +140,7 @@ async fn run(client: Client, tx: watch::Sender<Arc<Objects>>) {
             () = tx.closed() => return,
             () = publish => {
                 due = None;
+                published = Some(Instant::now());
                 state.publish(&tx);
                 continue;
             }
@@ -149,7 +153,8 @@ async fn run(client: Client, tx: watch::Sender<Arc<Objects>>) {
             return;
         };
         if state.apply(change) && state.synced() && due.is_none() {
-            due = Some(Instant::now() + DEBOUNCE);
+            let now = Instant::now();
+            due = Some(published.map_or(now, |last| (last + DEBOUNCE).max(now)));
         }
     }
 }
