@@ -1,5 +1,7 @@
 //! NetworkPolicy tests as Kubernetes' own e2e suite runs them (`test/e2e/network/netpol`):
-//! pods in namespaces, each serving TCP on 80 and 81 and UDP on 80, every pair probed,
+//! pods in namespaces, each serving TCP, UDP and SCTP on 80 and 81 (SCTP as
+//! `traffic::sctp` can: real associations, or raw packets where the kernel has no SCTP),
+//! every pair probed,
 //! and the reachability seen compared with the one expected, both printed on a
 //! mismatch. Policies reach the daemon through `--policy-file`, written and replaced as
 //! a sync job would.
@@ -16,7 +18,11 @@ use std::{
 use crate::{
     netns::Netns,
     node::{Node, Pod},
-    traffic::{EchoServer, UdpEcho, spawn_in},
+    traffic::{
+        EchoServer, UdpEcho,
+        sctp::{self, SctpServer},
+        spawn_in,
+    },
 };
 
 /// How long a probe waits for a connection or an answer: a refused one waits it out.
@@ -114,10 +120,18 @@ pub fn stream(documents: &[String]) -> String {
 pub enum Protocol {
     Tcp,
     Udp,
+    Sctp,
 }
 
-/// A pod's servers: TCP and UDP on 80 and 81.
-type Servers = (EchoServer, EchoServer, UdpEcho, UdpEcho);
+/// A pod's servers: TCP, UDP and SCTP on 80 and 81.
+type Servers = (
+    EchoServer,
+    EchoServer,
+    UdpEcho,
+    UdpEcho,
+    SctpServer,
+    SctpServer,
+);
 
 /// How long a model pod serves: a whole run of the upstream cases, with room.
 fn serving() -> Duration {
@@ -130,6 +144,8 @@ fn servers(netns: &Netns) -> Servers {
         EchoServer::start_for(netns, 81, serving()),
         UdpEcho::start_for(netns, 80, serving()),
         UdpEcho::start_for(netns, 81, serving()),
+        SctpServer::start_for(netns, 80, serving()),
+        SctpServer::start_for(netns, 81, serving()),
     )
 }
 
@@ -209,7 +225,7 @@ pub fn namespace_json(
     })
 }
 
-/// A Pod object at `ip`, serving TCP and UDP on 80 and 81 under upstream's port names,
+/// A Pod object at `ip`, serving TCP, UDP and SCTP on 80 and 81 under upstream's port names,
 /// at `version`.
 pub fn pod_json(
     namespace: &str,
@@ -218,18 +234,25 @@ pub fn pod_json(
     ip: &str,
     version: &str,
 ) -> serde_json::Value {
-    let containers: Vec<serde_json::Value> = [(80, "TCP"), (81, "TCP"), (80, "UDP"), (81, "UDP")]
-        .iter()
-        .map(|(port, protocol)| {
-            let lower = protocol.to_lowercase();
-            serde_json::json!({
-                "name": format!("cont-{port}-{lower}"),
-                "image": "agnhost",
-                "ports": [{"name": format!("serve-{port}-{lower}"), "containerPort": port,
-                           "protocol": protocol}],
-            })
+    let containers: Vec<serde_json::Value> = [
+        (80, "TCP"),
+        (81, "TCP"),
+        (80, "UDP"),
+        (81, "UDP"),
+        (80, "SCTP"),
+        (81, "SCTP"),
+    ]
+    .iter()
+    .map(|(port, protocol)| {
+        let lower = protocol.to_lowercase();
+        serde_json::json!({
+            "name": format!("cont-{port}-{lower}"),
+            "image": "agnhost",
+            "ports": [{"name": format!("serve-{port}-{lower}"), "containerPort": port,
+                       "protocol": protocol}],
         })
-        .collect();
+    })
+    .collect();
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"namespace": namespace, "name": name, "labels": labels,
@@ -240,7 +263,8 @@ pub fn pod_json(
 }
 
 /// Whether a client in `from` reaches `to` with `protocol`: a TCP connection
-/// established, or a UDP datagram echoed, within [`PROBE_TIMEOUT`].
+/// established, a UDP datagram echoed, or an SCTP association made (or its raw packet
+/// echoed: `traffic::sctp`), within [`PROBE_TIMEOUT`].
 pub fn reaches(from: &Netns, to: SocketAddr, protocol: Protocol) -> thread::JoinHandle<bool> {
     spawn_in(from, move || match protocol {
         Protocol::Tcp => TcpStream::connect_timeout(&to, PROBE_TIMEOUT).is_ok(),
@@ -255,6 +279,7 @@ pub fn reaches(from: &Netns, to: SocketAddr, protocol: Protocol) -> thread::Join
             let mut buffer = [0u8; 16];
             socket.recv(&mut buffer).is_ok()
         }
+        Protocol::Sctp => sctp::reaches(to, PROBE_TIMEOUT),
     })
 }
 

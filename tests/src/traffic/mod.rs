@@ -5,13 +5,14 @@
 //!
 //! This module hands out the threads (`spawn_in`, `run_in`: a thread the namespace
 //! itself enters, see `Netns::spawn`; `Background`); `tcp` and `udp`
-//! own the traffic itself (`bulk`: one-way transfers checked byte for byte); `probe` runs the one client that must be a process of its
+//! own the traffic itself, `sctp` SCTP's (`bulk`: one-way transfers checked byte for byte); `probe` runs the one client that must be a process of its
 //! own (in a cgroup); `iperf` runs iperf3; `spoof` sends what an attacker in a pod would.
 
 pub mod bulk;
 pub mod iperf;
 mod probe;
 mod raw;
+pub mod sctp;
 pub mod spoof;
 mod tcp;
 mod udp;

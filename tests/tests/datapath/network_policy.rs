@@ -409,3 +409,67 @@ spec:
     );
     drop(x_a);
 }
+
+/// Upstream's SCTP ports case ("should enforce policy based on Ports", over SCTP): x's
+/// pods take SCTP 81 from namespace y only. SCTP 80 stays closed into x, and the SCTP
+/// rule opens no TCP. Real associations where the kernel has SCTP (the 6.1 guest in CI),
+/// raw SCTP packets and their echo where it has not (`traffic::sctp`); a guest whose
+/// kernel has SCTP cannot take the raw way (`sctp::KERNEL_VAR`).
+#[test]
+fn sctp_is_judged_by_its_ports_as_tcp_and_udp_are() {
+    const ALLOW_Y_ON_SCTP_81: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: allow-y-on-sctp-81
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels:
+          ns: 'y'
+    ports:
+    - port: 81
+      protocol: SCTP
+";
+    eprintln!(
+        "SCTP: {}",
+        if ebpf_cni_tests::traffic::sctp::available() {
+            "the kernel's associations"
+        } else {
+            "raw packets (the kernel has no SCTP)"
+        }
+    );
+    let file = PolicyFile::new(&objects(&[]));
+    let node = Node::start_with("10.78.4.0/24", &[], &file.flags());
+    let pods: Vec<ModelPod> = [("x", "a"), ("x", "b"), ("y", "a"), ("y", "b")]
+        .into_iter()
+        .map(|(namespace, name)| add_pod(&node, namespace, name))
+        .collect();
+    let all: Vec<&ModelPod> = pods.iter().collect();
+    expect_reachability(
+        "no policy, SCTP 80",
+        &all,
+        80,
+        Protocol::Sctp,
+        &Reachability::all(&all, true),
+    );
+
+    file.replace(&objects(&[ALLOW_Y_ON_SCTP_81]));
+    let mut from_y_only = Reachability::all(&all, true);
+    from_y_only.set(in_x, in_x, false);
+    expect_reachability(
+        "SCTP 81 into x from y only",
+        &all,
+        81,
+        Protocol::Sctp,
+        &from_y_only,
+    );
+    let mut closed_into_x = Reachability::all(&all, true);
+    closed_into_x.set(any, in_x, false);
+    for (port, protocol) in [(80, Protocol::Sctp), (81, Protocol::Tcp)] {
+        expect_reachability("nothing else into x", &all, port, protocol, &closed_into_x);
+    }
+}

@@ -330,6 +330,17 @@ fn plan(
             }
             .to_owned(),
         ),
+        // Whether the kernel has SCTP, so that its NetworkPolicy tests make real
+        // associations there, never only raw SCTP packets.
+        (
+            ebpf_cni_tests::traffic::sctp::KERNEL_VAR.to_owned(),
+            if kernel.configured("CONFIG_IP_SCTP")? {
+                "y"
+            } else {
+                "n"
+            }
+            .to_owned(),
+        ),
     ];
     // The refusal's one test runs whatever the filter: it is the only one there.
     let args = match kernel.spec.suite_kind {
