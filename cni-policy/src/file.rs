@@ -1,6 +1,6 @@
 //! The policy file (`--policy-file`): a file of Namespaces, Pods and NetworkPolicies
 //! ([`crate::parse`]) read at start, then polled and published again when it changes, as
-//! the nodes file is ([`cni_nodes::Poller`]: one `stat` every 100 ms, which sees a file
+//! the nodes file is ([`cni_nodes::Poller`]: one `stat` every 50 ms, which sees a file
 //! replaced by rename, rewritten in place or swapped in by a ConfigMap volume alike).
 //!
 //! A file that is missing or does not read at start is an error. Later, a file that does

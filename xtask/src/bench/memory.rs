@@ -117,7 +117,7 @@ impl Drop for PeakWrapper {
     }
 }
 
-fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+pub(super) fn rss_mib(pid: u32) -> anyhow::Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()

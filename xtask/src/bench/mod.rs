@@ -10,6 +10,7 @@ mod cross_node;
 mod hostport;
 mod load;
 mod memory;
+mod policy;
 mod reference;
 mod report;
 mod services;
@@ -73,13 +74,14 @@ impl Plan {
 const PARALLEL_PODS: usize = 30;
 
 /// The sections, in run order; `--only <name>` runs one (with `--quick`, for work on it).
-pub const SECTIONS: [&str; 8] = [
+pub const SECTIONS: [&str; 9] = [
     "add-del",
     "pod-to-pod",
     "pod-to-external",
     "hostport",
     "cross-node",
     "services",
+    "policy",
     "bandwidth",
     "memory",
 ];
@@ -135,6 +137,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
     section("hostport", &|| hostport::hostport(plan))?;
     section("cross-node", &|| cross_node::cross_node(plan))?;
     section("services", &|| services::services(plan))?;
+    section("policy", &|| policy::policy(plan))?;
     section("bandwidth", &|| bandwidth::bandwidth(plan))?;
     section("memory", &memory)?;
     let sections = sections
@@ -143,7 +146,8 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
         .collect::<Vec<_>>()
         .join(", ");
 
-    let report = Report {
+    let policy_notes = policy::notes(&figures);
+    let mut report = Report {
         title: "ebpf-cni benchmarks".into(),
         date: text(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])),
         commit: commit(root),
@@ -163,6 +167,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
             "Both simulated nodes' uplinks have IPv4 BIG TCP (GSO/GRO 192 KiB, as a NIC with it switched on): new ebpf-cni pods follow the uplink's size, the reference's bridge ports stay at 64 KiB. The figure \"without BIG TCP\" is two of our pods created before the uplink got it.".into(),
             format!("TCP_RR and TCP_CRR use the project's own bounded client and server (xtask/src/bench/load.rs); throughput uses iperf3 with TCP {}, the kernel's default, whatever the machine sets (a paced BBR stream left the CPUs idle and measured its own rate estimate, not the datapath).", load::CONGESTION_CONTROL),
             "Bandwidth figures: a pod limited both ways (burst: 100 ms at the rate) streams 10 s with iperf3 (5 runs per contender, interleaved; 1 with --quick) to or from an unlimited pod while ping runs alongside in the stream's direction. The reference there is bridge + host-local + Debian's bandwidth plugin (tbf on the host veth, ifb + tbf for the pod's egress); the raw veth pair has a tbf of the same rate, burst and 25 ms latency on each end: the qdisc alone, the ceiling.".into(),
+            "NetworkPolicy figures: the server pod on another node (native routes) selected by 0, 100 or 1,000 policies of ten ipBlock peers each plus one allowing the client; the reference has the same allowance as an iptables chain in the server's node (established first, one ACCEPT per peer, the client's last, DROP), the ceiling no policy. Latency probes are TCP connections every millisecond, a refused one waiting 20 ms for its SYN's answer.".into(),
             "2 shared cores: absolute numbers are noisy, ratios within one run are what to read.".into(),
             format!(
                 "The run took {:.0} s ({sections}).",
@@ -171,6 +176,7 @@ pub fn run(root: &Path, plan: Plan, only: Option<&str>) -> anyhow::Result<()> {
         ],
         figures,
     };
+    report.notes.extend(policy_notes);
     let (markdown, svg) = if plan.quick {
         let dir = root.join("target").join("bench");
         std::fs::create_dir_all(&dir)?;
