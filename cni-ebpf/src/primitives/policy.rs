@@ -56,11 +56,14 @@ pub fn admits(ctx: &TcContext, endpoint: u32, role: Role) -> bool {
 /// Whether the egress policies of the pod whose host-side ifindex is `endpoint` let its
 /// packet for `destination` out (as [`admits`]). They judge it by the address it was
 /// sent to, except in a Service range: by the backend the stack's DNAT chose, where the
-/// stack hands it on ([`stack_sender_admits`]). The range's lookup is in this call's
-/// frame, not from_pod's.
+/// stack hands it on ([`stack_sender_admits`]). The range's lookup, asked only for an
+/// isolated pod, is in this call's frame, not from_pod's.
 #[inline(never)]
 pub fn sender_admits(ctx: &TcContext, endpoint: u32, destination: [u8; 4]) -> bool {
-    maps::in_service_range(destination) || checked(ctx, endpoint, Role::Sender)
+    let Some(pod) = isolated(endpoint) else {
+        return true;
+    };
+    maps::in_service_range(destination) || judged(ctx, endpoint, pod, Role::Sender)
 }
 
 /// Where the node's stack forwarded or delivered a packet (an uplink's, the overlay
@@ -93,14 +96,25 @@ const ETHER_TYPE: usize = 12;
 /// size and no more (`datapath::frames` in the daemon checks every chain).
 #[inline(always)]
 fn checked(ctx: &TcContext, endpoint: u32, role: Role) -> bool {
-    let Some(pod) = POLICY_ENDPOINTS.get_ptr(&endpoint) else {
-        return true;
-    };
+    match isolated(endpoint) {
+        Some(pod) => judged(ctx, endpoint, pod, role),
+        None => true,
+    }
+}
+
+/// The policy record of the pod on `endpoint` when it is isolated in some direction.
+#[inline(always)]
+fn isolated(endpoint: u32) -> Option<&'static PolicyEndpoint> {
+    let pod = POLICY_ENDPOINTS.get_ptr(&endpoint)?;
     // SAFETY: the map's value, valid under the program's RCU read lock while it runs.
     let pod = unsafe { &*pod };
-    if pod.isolated == 0 {
-        return true;
-    }
+    (pod.isolated != 0).then_some(pod)
+}
+
+/// A packet at the isolated pod `pod`: its verdict; a frame too short for the ports it
+/// should have is refused, counted as truncated.
+#[inline(always)]
+fn judged(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> bool {
     match verdict(ctx, endpoint, pod, role) {
         Ok(admitted) => admitted,
         Err(_) => {
