@@ -38,6 +38,22 @@ pub fn has_big_tcp_ipv4() -> bool {
     version() >= (6, 3)
 }
 
+/// `made`, what a probe of the running kernel found (it made `what`), held to the
+/// kernel's configuration where `cargo xtask vm-test` tells it in `var` (`y` or `n`;
+/// unset on a host, whose kernel the probe alone decides): a guest whose kernel has
+/// the feature can never take the path of a kernel without it.
+pub fn as_configured(var: &str, made: bool, what: &str) -> bool {
+    if let Ok(expected) = std::env::var(var) {
+        assert_eq!(
+            made,
+            expected == "y",
+            "{var}={expected} (the kernel's configuration), but the probe {} {what}",
+            if made { "made" } else { "did not make" }
+        );
+    }
+    made
+}
+
 #[cfg(test)]
 mod tests {
     use super::major_minor;

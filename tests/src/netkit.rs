@@ -47,16 +47,7 @@ pub fn supported() -> bool {
         }
         Err(error) => panic!("probing for netkit: {error}"),
     };
-    if let Ok(expected) = std::env::var(KERNEL_VAR) {
-        assert_eq!(
-            supported,
-            expected == "y",
-            "{KERNEL_VAR}={expected} (the kernel's configuration), but the probe made \
-             {}netkit pair",
-            if supported { "a " } else { "no " }
-        );
-    }
-    supported
+    crate::kernel::as_configured(KERNEL_VAR, supported, "a netkit pair")
 }
 
 /// IDs of the programs on the peer hook of the netkit pair whose primary is `device` in

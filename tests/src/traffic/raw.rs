@@ -22,15 +22,19 @@ pub struct RawSocket {
 impl RawSocket {
     /// Opens the socket inside `netns` (it stays in that namespace).
     pub fn open(netns: &Netns, proto: u8) -> Self {
-        let socket = run_in(netns, move || {
-            Socket::new(
-                Domain::IPV4,
-                Type::RAW,
-                Some(Protocol::from(i32::from(proto))),
-            )
-        })
-        .unwrap_or_else(|error| panic!("cannot open a raw socket of protocol {proto}: {error}"));
-        Self { socket }
+        run_in(netns, move || Self::open_here(proto))
+            .unwrap_or_else(|error| panic!("cannot open a raw socket of protocol {proto}: {error}"))
+    }
+
+    /// Opens the socket in the calling thread's namespace (a thread already inside the
+    /// namespace it works in).
+    pub fn open_here(proto: u8) -> io::Result<Self> {
+        let socket = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(Protocol::from(i32::from(proto))),
+        )?;
+        Ok(Self { socket })
     }
 
     /// Sends `payload` (what follows the IPv4 header, which the kernel writes) to `to`.

@@ -8,7 +8,6 @@
 //! each other). The datapath judges SCTP by its ports, as either way shows.
 
 use std::{
-    mem::MaybeUninit,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     sync::{
         OnceLock,
@@ -20,11 +19,11 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::{Background, io_timeout, run_in};
+use super::{Background, RawSocket, io_timeout, run_in};
 use crate::netns::Netns;
 
 /// IP protocol number of SCTP.
-const IPPROTO_SCTP: i32 = 132;
+const IPPROTO_SCTP: u8 = 132;
 
 /// What `cargo xtask vm-test` tells a guest of its kernel's configuration: `y` when it
 /// is built with SCTP (`CONFIG_IP_SCTP`), `n` when not. Unset on a host, whose kernel
@@ -40,16 +39,7 @@ pub fn available() -> bool {
     *AVAILABLE.get_or_init(|| {
         let scratch = Netns::new("sctpprobe");
         let made = run_in(&scratch, || sctp_socket().is_ok());
-        if let Ok(expected) = std::env::var(KERNEL_VAR) {
-            assert_eq!(
-                made,
-                expected == "y",
-                "{KERNEL_VAR}={expected} (the kernel's configuration), but the probe made \
-                 {}SCTP socket",
-                if made { "an " } else { "no " }
-            );
-        }
-        made
+        crate::kernel::as_configured(KERNEL_VAR, made, "an SCTP socket")
     })
 }
 
@@ -57,7 +47,7 @@ fn sctp_socket() -> std::io::Result<Socket> {
     Socket::new(
         Domain::IPV4,
         Type::STREAM,
-        Some(Protocol::from(IPPROTO_SCTP)),
+        Some(Protocol::from(i32::from(IPPROTO_SCTP))),
     )
 }
 
@@ -109,17 +99,14 @@ impl SctpServer {
                     let _ = socket.accept();
                 }
             } else {
-                let socket = raw_socket().expect("a raw SCTP socket");
+                let socket = RawSocket::open_here(IPPROTO_SCTP).expect("a raw SCTP socket");
                 bound.send(()).expect("ready signal");
-                let mut buffer = [MaybeUninit::<u8>::uninit(); 2048];
                 while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                    let Some((from, header)) = receive(&socket, &mut buffer) else {
+                    let Some((from, header)) = receive(&socket) else {
                         continue;
                     };
                     if header.tag == 0 && header.destination == port {
-                        let answer = header.answer();
-                        let _ =
-                            socket.send_to(&answer, &SockAddr::from(SocketAddrV4::new(from, 0)));
+                        let _ = socket.send_to(from, &header.answer());
                     }
                 }
             }
@@ -129,15 +116,6 @@ impl SctpServer {
             .expect("the SCTP server did not start");
         Self { _worker: worker }
     }
-}
-
-/// A raw IPv4 socket of SCTP: it receives every SCTP packet for the namespace's
-/// addresses (with their IPv4 header), and sends SCTP packets whose IPv4 header the
-/// kernel writes.
-fn raw_socket() -> std::io::Result<Socket> {
-    let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(IPPROTO_SCTP)))?;
-    socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-    Ok(socket)
 }
 
 /// The part of an SCTP common header the probes use.
@@ -170,20 +148,13 @@ impl Header {
     }
 }
 
-/// The next SCTP packet on `socket` within its read timeout: its source address and
-/// common header.
-fn receive(socket: &Socket, buffer: &mut [MaybeUninit<u8>]) -> Option<(Ipv4Addr, Header)> {
-    let n = socket.recv(buffer).ok()?;
-    // SAFETY: the kernel wrote the first `n` bytes.
-    let packet: Vec<u8> = buffer[..n]
-        .iter()
-        .map(|byte| unsafe { byte.assume_init() })
-        .collect();
-    let header_len = usize::from(packet.first()? & 0x0f) * 4;
-    let source: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
-    let sctp = packet.get(header_len..header_len + 12)?;
+/// The next SCTP packet on `socket` within 100 ms: its source address and common
+/// header.
+fn receive(socket: &RawSocket) -> Option<(Ipv4Addr, Header)> {
+    let (from, sctp) = socket.recv(Duration::from_millis(100))?;
+    let sctp = sctp.get(..8)?;
     Some((
-        Ipv4Addr::from(source),
+        from,
         Header {
             source: u16::from_be_bytes([sctp[0], sctp[1]]),
             destination: u16::from_be_bytes([sctp[2], sctp[3]]),
@@ -201,7 +172,7 @@ fn next_port() -> u16 {
 
 /// Sends a packet to `to` and waits up to `timeout` for its echo's answer.
 fn raw_round_trip(to: SocketAddrV4, timeout: Duration) -> bool {
-    let Ok(socket) = raw_socket() else {
+    let Ok(socket) = RawSocket::open_here(IPPROTO_SCTP) else {
         return false;
     };
     let source = next_port();
@@ -210,19 +181,17 @@ fn raw_round_trip(to: SocketAddrV4, timeout: Duration) -> bool {
         destination: to.port(),
         tag: 0,
     };
-    let target = SockAddr::from(SocketAddrV4::new(*to.ip(), 0));
     let deadline = Instant::now() + timeout;
-    let mut buffer = [MaybeUninit::<u8>::uninit(); 2048];
     // Sent again every 200 ms, as a real client would send its INIT again.
     let mut resend = Instant::now();
     while Instant::now() < deadline {
         if Instant::now() >= resend {
-            if socket.send_to(&request.bytes(), &target).is_err() {
+            if socket.send_to(*to.ip(), &request.bytes()).is_err() {
                 return false;
             }
             resend = Instant::now() + Duration::from_millis(200);
         }
-        if let Some((from, header)) = receive(&socket, &mut buffer)
+        if let Some((from, header)) = receive(&socket)
             && from == *to.ip()
             && header.tag == 1
             && header.source == to.port()
