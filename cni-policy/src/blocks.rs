@@ -6,14 +6,12 @@
 //! the whole longest prefix too. Pods' addresses are looked up alone
 //! ([`Blocks::peers_of`]), since upstream's ipBlock selects pods by address as well.
 //!
-//! Cost: each prefix and each address walks the lengths of its family (33 or 129 hash
-//! lookups), whatever the number of blocks.
+//! Cost: each prefix and each address looks up the prefix lengths the blocks use in its
+//! family (at most 33 or 129 hash lookups), whatever the number of blocks.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    net::IpAddr,
-};
+use std::net::IpAddr;
 
+use foldhash::HashMap;
 use ipnet::IpNet;
 
 /// A block's index among the peers of the policies in force.
@@ -22,83 +20,122 @@ pub type PeerId = u32;
 /// The blocks in force, by prefix.
 #[derive(Debug, Default)]
 pub struct Blocks {
-    /// For each CIDR or except: the blocks it is the CIDR of, and those it is an except of.
-    by_prefix: HashMap<IpNet, (BTreeSet<PeerId>, BTreeSet<PeerId>)>,
+    /// For each CIDR or except: the blocks it is the CIDR of, and those it is an except
+    /// of. Hashed by foldhash, seeded per process: a compile looks up 33 lengths for
+    /// each prefix, and SipHash was the largest part of its time.
+    by_prefix: HashMap<IpNet, (Vec<PeerId>, Vec<PeerId>)>,
+    /// The lengths of the prefixes held, by family (IPv4, IPv6), ascending: the only
+    /// ones worth looking up.
+    lengths: [Vec<u8>; 2],
 }
 
 impl Blocks {
     /// The blocks `(peer, cidr, except)`, networks without host bits.
     pub fn new<'a>(blocks: impl IntoIterator<Item = (PeerId, IpNet, &'a [IpNet])>) -> Self {
-        let mut by_prefix: HashMap<IpNet, (BTreeSet<PeerId>, BTreeSet<PeerId>)> = HashMap::new();
+        let mut by_prefix: HashMap<IpNet, (Vec<PeerId>, Vec<PeerId>)> = HashMap::default();
         for (peer, cidr, except) in blocks {
-            by_prefix.entry(cidr.trunc()).or_default().0.insert(peer);
+            by_prefix.entry(cidr.trunc()).or_default().0.push(peer);
             for inner in except {
-                by_prefix.entry(inner.trunc()).or_default().1.insert(peer);
+                by_prefix.entry(inner.trunc()).or_default().1.push(peer);
             }
         }
-        Self { by_prefix }
+        let mut lengths = [Vec::new(), Vec::new()];
+        for (prefix, (cidr_of, except_of)) in &mut by_prefix {
+            for ids in [cidr_of, except_of] {
+                ids.sort_unstable();
+                ids.dedup();
+            }
+            lengths[family(prefix)].push(prefix.prefix_len());
+        }
+        for family in &mut lengths {
+            family.sort_unstable();
+            family.dedup();
+        }
+        Self { by_prefix, lengths }
     }
 
-    /// Every prefix the map holds, with the blocks that hold all of it (empty for an
-    /// except no other block holds: its addresses are in no block).
-    pub fn prefixes(&self) -> Vec<(IpNet, BTreeSet<PeerId>)> {
-        let mut all: Vec<(IpNet, BTreeSet<PeerId>)> = self
+    /// Every prefix the map holds, in order, with the blocks that hold all of it (sorted;
+    /// empty for an except no other block holds: its addresses are in no block).
+    pub fn prefixes(&self) -> Vec<(IpNet, Vec<PeerId>)> {
+        let mut all: Vec<(IpNet, Vec<PeerId>)> = self
             .by_prefix
             .keys()
             .map(|prefix| (*prefix, self.holding(*prefix)))
             .collect();
-        all.sort();
+        all.sort_unstable();
         all
     }
 
-    /// The blocks that hold `addr`.
-    pub fn peers_of(&self, addr: IpAddr) -> BTreeSet<PeerId> {
+    /// The blocks that hold `addr`, sorted.
+    pub fn peers_of(&self, addr: IpAddr) -> Vec<PeerId> {
         self.holding(IpNet::from(addr))
     }
 
     /// The blocks whose CIDR holds all of `prefix` and none of whose excepts holds any
-    /// of it. An except that holds part of `prefix` without holding all of it is longer,
-    /// and a prefix of the map of its own.
-    fn holding(&self, prefix: IpNet) -> BTreeSet<PeerId> {
-        let (mut inside, mut excepted) = (BTreeSet::new(), BTreeSet::new());
-        for len in 0..=prefix.prefix_len() {
-            let Ok(outer) = IpNet::new(prefix.addr(), len) else {
+    /// of it, sorted. An except that holds part of `prefix` without holding all of it is
+    /// longer, and a prefix of the map of its own.
+    fn holding(&self, prefix: IpNet) -> Vec<PeerId> {
+        let (mut inside, mut excepted) = (Vec::new(), Vec::new());
+        let lengths = &self.lengths[family(&prefix)];
+        for len in lengths
+            .iter()
+            .take_while(|len| **len <= prefix.prefix_len())
+        {
+            let Ok(outer) = IpNet::new(prefix.addr(), *len) else {
                 continue;
             };
             if let Some((cidr_of, except_of)) = self.by_prefix.get(&outer.trunc()) {
-                inside.extend(cidr_of);
-                excepted.extend(except_of);
+                inside.extend_from_slice(cidr_of);
+                excepted.extend_from_slice(except_of);
             }
         }
-        inside.difference(&excepted).copied().collect()
+        inside.sort_unstable();
+        inside.dedup();
+        if !excepted.is_empty() {
+            excepted.sort_unstable();
+            inside.retain(|peer| excepted.binary_search(peer).is_err());
+        }
+        inside
+    }
+}
+
+/// The index of `prefix`'s family in [`Blocks::lengths`].
+fn family(prefix: &IpNet) -> usize {
+    match prefix {
+        IpNet::V4(_) => 0,
+        IpNet::V6(_) => 1,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn net(text: &str) -> IpNet {
         text.parse().expect("a CIDR")
     }
 
-    fn ids(list: &[PeerId]) -> BTreeSet<PeerId> {
-        list.iter().copied().collect()
+    fn ids(list: &[PeerId]) -> Vec<PeerId> {
+        list.to_vec()
     }
 
     /// The blocks of an address by brute force: the definition, block by block.
-    fn by_definition(blocks: &[(PeerId, IpNet, Vec<IpNet>)], addr: IpAddr) -> BTreeSet<PeerId> {
+    fn by_definition(blocks: &[(PeerId, IpNet, Vec<IpNet>)], addr: IpAddr) -> Vec<PeerId> {
         blocks
             .iter()
             .filter(|(_, cidr, except)| {
                 cidr.contains(&addr) && !except.iter().any(|e| e.contains(&addr))
             })
             .map(|(peer, ..)| *peer)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect()
     }
 
     /// The longest of `prefixes` holding `addr`, as the map finds it.
-    fn longest(prefixes: &[(IpNet, BTreeSet<PeerId>)], addr: IpAddr) -> BTreeSet<PeerId> {
+    fn longest(prefixes: &[(IpNet, Vec<PeerId>)], addr: IpAddr) -> Vec<PeerId> {
         prefixes
             .iter()
             .filter(|(prefix, _)| prefix.contains(&addr))
