@@ -22,5 +22,5 @@ mod translate;
 pub use cluster::{ClusterAccess, ClusterError, Watched, connect, watch_cluster, watch_events};
 pub use file::{FileError, FileKind, POLL_INTERVAL, Poller, read_nodes_file, watch_file};
 pub use node::{Node, NodeSet};
-pub use parse::{MAX_DOCUMENT_BYTES, ParseError, documents, json_type, parse_nodes};
+pub use parse::{MAX_DOCUMENT_BYTES, ParseError, documents, json_text, json_type, parse_nodes};
 pub use report::Reporter;

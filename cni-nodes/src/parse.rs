@@ -105,6 +105,14 @@ pub fn documents(bytes: &[u8]) -> Result<Vec<Value>, ParseError> {
     Ok(all.into_iter().filter(|d| !d.is_null()).collect())
 }
 
+/// The text of a file of objects when it is one JSON document (its first character is
+/// `{`), for readers that take it apart themselves; `None` for YAML. The bounds are
+/// [`documents`]'s.
+pub fn json_text(bytes: &[u8]) -> Result<Option<&[u8]>, ParseError> {
+    let text = bounded(bytes)?;
+    Ok(is_json(text).then_some(text))
+}
+
 /// `bytes` without a byte order mark, unless they are too many.
 fn bounded(bytes: &[u8]) -> Result<&[u8], ParseError> {
     if bytes.len() > MAX_DOCUMENT_BYTES {
