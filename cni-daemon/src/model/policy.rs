@@ -15,11 +15,7 @@
 //! directions each pod is isolated in: what `ebpf-cnid policy` shows ([`Policies::view`])
 //! and the metrics count.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::IpAddr,
-    sync::Arc,
-};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use aya::maps::MapError;
 use cni_api::{PoliciesView, PolicyInfo, PolicyPodInfo, RefusedObject, values::Protocol};
@@ -28,6 +24,7 @@ use cni_ebpf_common::{
     policy::{FAMILY_IPV6, RULE_ANY_PROTOCOL_BITS, RULE_PROTOCOL_BITS, direction, isolated, mode},
 };
 use cni_policy::{Cluster, Direction, Entry, Identities, Pod, Policy, compile, parse::Objects};
+use foldhash::HashMap;
 use ipnet::IpNet;
 
 use crate::{datapath::policy_maps::PolicyMaps, model::record::EndpointRecord};
@@ -302,7 +299,7 @@ impl Policies {
         endpoints: impl IntoIterator<Item = &'a EndpointRecord>,
     ) -> Written {
         let mut pods: Vec<Pod> = objects.pods.clone();
-        let mut by_name: HashMap<(String, String), usize> = pods
+        let mut by_name: std::collections::HashMap<(String, String), usize> = pods
             .iter()
             .enumerate()
             .map(|(index, pod)| ((pod.namespace.clone(), pod.name.clone()), index))
@@ -336,6 +333,11 @@ impl Policies {
             ifindexes.push(endpoint.host_ifindex);
         }
         self.assign_slots(&objects.policies);
+        let slots: Vec<u32> = objects
+            .policies
+            .iter()
+            .map(|policy| self.slot_of(policy))
+            .collect();
         let cluster = Cluster {
             namespaces: &objects.namespaces,
             pods: &pods,
@@ -356,8 +358,7 @@ impl Policies {
             ] {
                 let Some(entries) = entries else { continue };
                 entry.isolated |= bit;
-                let by = isolating(&objects.policies, pod, way)
-                    .map_or(0, |policy| self.slot_of(&objects.policies[policy]));
+                let by = isolating(&objects.policies, pod, way).map_or(0, |policy| slots[policy]);
                 if way == direction::INGRESS {
                     entry.ingress_policy = by;
                 } else {
@@ -365,7 +366,7 @@ impl Policies {
                 }
                 for rule in entries {
                     let value = RuleValue {
-                        policy: self.slot_of(&objects.policies[rule.policy]),
+                        policy: slots[rule.policy],
                     };
                     desired
                         .rules
