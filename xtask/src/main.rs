@@ -61,8 +61,9 @@ enum Task {
         /// Shorter runs (under three minutes), written under target/bench.
         #[arg(long)]
         quick: bool,
-        /// With --quick: run one section only (add-del, pod-to-pod, pod-to-external,
-        /// hostport, cross-node, services, bandwidth, memory).
+        /// Run one section only (add-del, pod-to-pod, pod-to-external, hostport,
+        /// cross-node, services, policy, bandwidth, memory), its report written under
+        /// target/bench.
         #[arg(long)]
         only: Option<String>,
     },
