@@ -201,6 +201,7 @@ impl<T: PartialEq + Send + Sync + 'static> Poller<T> {
                 _ = ticks.tick() => folder.retry(),
                 () = folder.changed() => {}
             }
+            let started = Instant::now();
             let polled = tokio::task::spawn_blocking(move || {
                 let value = self.poll();
                 (self, value)
@@ -226,6 +227,7 @@ impl<T: PartialEq + Send + Sync + 'static> Poller<T> {
             });
             if changed {
                 tracing::info!(
+                    read_ms = started.elapsed().as_millis(),
                     "{} {}: {}",
                     kind.name,
                     self.path.display(),

@@ -779,6 +779,7 @@ impl LocalNode {
 
     /// The policy maps in step with the endpoints and the source's objects.
     fn sync_policies(&mut self) -> Result<(), NodeError> {
+        let started = std::time::Instant::now();
         let synced = self
             .policies
             .sync(self.endpoints.list())
@@ -787,6 +788,7 @@ impl LocalNode {
             tracing::info!(
                 changes = synced.changes,
                 isolated_pods = synced.isolated,
+                took_ms = started.elapsed().as_millis(),
                 "network policies applied"
             );
         }
