@@ -140,6 +140,9 @@ impl Drop for Instance {
     }
 }
 
+/// How long a daemon may take to exit after SIGTERM.
+const STOP_LIMIT: Duration = Duration::from_secs(30);
+
 /// A running daemon process; killed on drop if still running.
 pub struct Daemon {
     child: Option<Child>,
@@ -227,7 +230,10 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM, then waits for the exit; returns whether it exited cleanly.
+    /// SIGTERM, then waits for the exit; returns whether it exited cleanly. A daemon
+    /// still running after [`STOP_LIMIT`] (stretched in a slow guest) is killed and
+    /// counts as not stopping: a hang fails its test instead of holding the whole
+    /// binary until its time runs out.
     pub fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
@@ -235,7 +241,22 @@ impl Daemon {
         let pid = i32::try_from(child.id()).expect("pid fits i32");
         // SAFETY: kill has no memory-safety preconditions; pid is our own child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        child.wait().is_ok_and(|status| status.success())
+        let deadline = Instant::now() + scaled(STOP_LIMIT);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    eprintln!(
+                        "daemon {pid} still running {:?} after SIGTERM: killed",
+                        scaled(STOP_LIMIT)
+                    );
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return false;
+                }
+            }
+        }
     }
 
     /// The process id, while it runs.
