@@ -311,9 +311,11 @@ impl FolderWatch {
                         EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED,
                     );
                 }
+                // A watch that fails is dropped; the ticks try a new one later
+                // (`retry`), so a failing one cannot wake the poll in a loop.
                 Some(Err(_)) | None => {
-                    gone = true;
-                    break;
+                    self.events = None;
+                    return;
                 }
             }
             match events.next().now_or_never() {
