@@ -174,6 +174,7 @@ impl Datapath {
             .load(OBJECT)?;
         upgrade::after_load(&mut ebpf, &carried)?;
         spawn_log_forwarder(&mut ebpf);
+        let started = std::time::Instant::now();
         for name in [
             program_names::COUNT_BY_SOURCE,
             program_names::FROM_POD,
@@ -185,15 +186,31 @@ impl Datapath {
             program_names::OVERLAY_INGRESS,
             program_names::GATEWAY_GUARD,
         ] {
+            let one = std::time::Instant::now();
             classifier(&mut ebpf, name)?
                 .load()
                 .map_err(|source| refused(name, source))?;
+            tracing::debug!(
+                program = name,
+                took_ms = one.elapsed().as_millis(),
+                "loaded"
+            );
         }
         for name in program_names::SOCKET_PROGRAMS {
+            let one = std::time::Instant::now();
             program::<aya::programs::CgroupSockAddr>(&mut ebpf, name)?
                 .load()
                 .map_err(|source| refused(name, source))?;
+            tracing::debug!(
+                program = name,
+                took_ms = one.elapsed().as_millis(),
+                "loaded"
+            );
         }
+        tracing::info!(
+            took_ms = started.elapsed().as_millis(),
+            "programs loaded (the kernel's verifier)"
+        );
         Ok(Self {
             ebpf,
             bpf_dir: bpf_dir.to_owned(),

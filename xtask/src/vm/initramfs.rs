@@ -32,6 +32,8 @@ pub struct Plan {
     pub binaries: Vec<(String, PathBuf)>,
     /// Given to every binary.
     pub args: Vec<String>,
+    /// Each binary's limit, for the number of its tests that run.
+    pub limits: Vec<std::time::Duration>,
 }
 
 /// Writes the initramfs for `kernel` and `plan` to `output`.
