@@ -61,13 +61,14 @@ impl Accel {
     }
 
     /// How long a test binary of `tests` tests may take in the guest before `timeout`
-    /// stops it: per test, more than the mean here (under TCG a daemon's start alone
+    /// stops it: per test, well over the mean here (under TCG a daemon's start alone
     /// takes about 20 s on 6.1, and CI's guest ran 127 tests of `datapath` in 55 minutes
-    /// on two threads, 26 s each), and never less than [`Self::quiet_limit`].
+    /// on two threads, 26 s each; this project's own machines are slower), and never
+    /// less than [`Self::quiet_limit`].
     pub fn binary_timeout(self, tests: usize) -> Duration {
         let per_test = match self {
             Self::Kvm => Duration::from_secs(5),
-            _ => Duration::from_secs(30),
+            _ => Duration::from_secs(40),
         };
         (per_test * u32::try_from(tests).unwrap_or(u32::MAX)).max(self.quiet_limit())
     }
