@@ -83,8 +83,8 @@ const SCALE: &str = "what it checks is a table's or the daemon's scale, not the 
 const ONE_OF_A_KIND: &str = "a variant of a kept test: another setting, size or address \
     of the same path through the kernel";
 
-/// Tests of [`KERNEL_BINARIES`] that CI's 6.1 guest skips (`--skip`, the start of their
-/// names), and why. Under software emulation a daemon's start takes about 20 s there
+/// Tests of [`KERNEL_BINARIES`] that CI's 6.1 guest skips (`--skip`, each written as the
+/// start of their names; libtest skips any name that holds it), and why. Under software emulation a daemon's start takes about 20 s there
 /// (the verifier spends 11 s on `uplink_egress` alone) and the whole binary needed more
 /// than the guest's 55 minutes. What stays is most of the programs' test runs, and one
 /// or more tests with daemons for each path through the kernel:

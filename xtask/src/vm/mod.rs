@@ -277,7 +277,7 @@ fn test_names(path: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `--skip PREFIX` for each of [`kernel::KERNEL_SKIPS`] (libtest skips every test whose
+/// `--skip NAME` for each of [`kernel::KERNEL_SKIPS`] (libtest skips every test whose
 /// name holds it); an error when one is in the name of none of the tests of `binaries`.
 fn kernel_skips(binaries: &[(String, PathBuf)]) -> anyhow::Result<Vec<String>> {
     let names: Vec<String> = binaries
