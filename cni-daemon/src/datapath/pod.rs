@@ -129,8 +129,9 @@ impl Datapath {
         Ok(())
     }
 
-    /// Binds `host_veth`'s ingress to the pods' block (already bound is fine; a block
-    /// whose anchor was deleted is installed again first). A netkit primary gets this
+    /// Binds `host_veth`'s ingress and egress to the pods' blocks (already bound is fine;
+    /// a block whose anchor was deleted is installed again first; a veth release 0.1.0
+    /// bound gets `to_pod` on its own egress). A netkit primary gets this
     /// daemon's `from_pod` on its pair's hook instead, in place of the program found
     /// there (the previous daemon's).
     pub fn attach_pod(&mut self, host_veth: &str) -> Result<(), DatapathError> {
@@ -139,13 +140,14 @@ impl Datapath {
         {
             return self.attach_netkit(host_veth, facts.index);
         }
-        if !tc_block::bind_interface(host_veth)? {
+        let egress = self.block_program(program_names::TO_POD)?;
+        if !tc_block::bind_interface(host_veth, egress.clone())? {
             tracing::warn!(
                 anchor = tc_block::ANCHOR,
                 "the pods' block anchor is gone: reinstalling"
             );
             self.install_pod_block()?;
-            tc_block::bind_interface(host_veth)?;
+            tc_block::bind_interface(host_veth, egress)?;
         }
         Ok(())
     }

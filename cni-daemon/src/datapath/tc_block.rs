@@ -12,8 +12,10 @@
 //! handle): every pod switches at once, without a gap.
 //!
 //! A veth bound before the egress block existed (by a daemon of release 0.1.0) keeps
-//! its ingress binding, which cannot change without taking the qdisc off (a gap in
-//! `from_pod`); such a pod has no `to_pod` until it is made again.
+//! its ingress binding, which the kernel cannot change without taking the qdisc off (a
+//! gap in `from_pod`). Its clsact's egress, a block of its own, gets `to_pod` as a
+//! filter of its own instead ([`bind_interface`]), replaced in place at every start as
+//! the blocks' filters are: one RCU grace period per such veth and start.
 //!
 //! Block indexes are per network namespace, so every node (and every simulated node of
 //! the tests) uses the same index.
@@ -120,19 +122,12 @@ pub fn install(ingress: BlockProgram, egress: BlockProgram) -> Result<(), TcBloc
             .map_err(netlink(format!("rebinding the block anchor {ANCHOR}")))?;
         }
         bind(&handle, anchor).await?;
-        for (block, program) in [(POD_BLOCK, ingress), (POD_EGRESS_BLOCK, egress)] {
-            let mut filter = TcMessage::with_index(TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32);
-            filter.header.parent = block.into();
-            filter.header.handle = FILTER_HANDLE.into();
-            filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
-            filter.attributes = vec![
-                TcAttribute::Kind("bpf".to_owned()),
-                TcAttribute::Options(vec![
-                    TcOption::Bpf(TcFilterBpfOption::ProgFd(program.fd)),
-                    TcOption::Bpf(TcFilterBpfOption::ProgName(program.name)),
-                    TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-                ]),
-            ];
+        for (block, program) in [(POD_BLOCK, &ingress), (POD_EGRESS_BLOCK, &egress)] {
+            let filter = bpf_filter(
+                TcHeader::TCM_IFINDEX_MAGIC_BLOCK as i32,
+                block.into(),
+                program,
+            );
             request(
                 &handle,
                 RouteNetlinkMessage::NewTrafficFilter(filter),
@@ -143,6 +138,25 @@ pub fn install(ingress: BlockProgram, egress: BlockProgram) -> Result<(), TcBloc
         }
         Ok(())
     })
+}
+
+/// The direct-action BPF filter of `program` at the daemon's preference and handle, for
+/// `parent` of link `index` (a block: [`TcHeader::TCM_IFINDEX_MAGIC_BLOCK`] and the
+/// block's index).
+fn bpf_filter(index: i32, parent: TcHandle, program: &BlockProgram) -> TcMessage {
+    let mut filter = TcMessage::with_index(index);
+    filter.header.parent = parent;
+    filter.header.handle = FILTER_HANDLE.into();
+    filter.header.info = (u32::from(FILTER_PREF) << 16) | u32::from(ETH_P_ALL.to_be());
+    filter.attributes = vec![
+        TcAttribute::Kind("bpf".to_owned()),
+        TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(program.fd)),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(program.name.clone())),
+            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+        ]),
+    ];
+    filter
 }
 
 /// Removes the filters and the anchor (uninstall); what is already gone is not an error.
@@ -172,10 +186,12 @@ pub fn remove() -> Result<(), TcBlockError> {
 /// Binds `interface`'s ingress and egress to the blocks (a `clsact` qdisc with
 /// `ingress_block` and `egress_block`);
 /// already bound is fine, another `clsact` there is refused ([`TcBlockError::ForeignQdisc`]:
-/// it may hold someone else's filters). Returns `false`, binding
+/// it may hold someone else's filters). A veth whose ingress alone is bound (by release
+/// 0.1.0) gets `egress` (`to_pod`) as a filter on its own egress, or its program
+/// replaced there. Returns `false`, binding
 /// nothing, when the anchor pair is gone: deleted by hand with no pod bound, it took the
 /// block and its filter along, and the caller must [`install`] them again first.
-pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
+pub fn bind_interface(interface: &str, egress: BlockProgram) -> Result<bool, TcBlockError> {
     let interface = interface.to_owned();
     with_netlink(move |handle| async move {
         if link_index(&handle, ANCHOR).await?.is_none() {
@@ -183,8 +199,32 @@ pub fn bind_interface(interface: &str) -> Result<bool, TcBlockError> {
         }
         let index = link_index(&handle, &interface)
             .await?
-            .ok_or(TcBlockError::NoInterface(interface))?;
-        bind(&handle, index).await?;
+            .ok_or_else(|| TcBlockError::NoInterface(interface.clone()))?;
+        if bind(&handle, index).await? == Bound::IngressOnly {
+            let egress_hook = TcHandle {
+                major: TcHandle::CLSACT.major,
+                minor: TcHandle::MIN_EGRESS,
+            };
+            request(
+                &handle,
+                RouteNetlinkMessage::NewTrafficFilter(bpf_filter(
+                    index as i32,
+                    egress_hook,
+                    &egress,
+                )),
+                NLM_F_CREATE | NLM_F_REPLACE,
+            )
+            .await
+            .map_err(netlink(format!(
+                "putting {} on the egress of {interface}",
+                egress.name
+            )))?;
+            tracing::info!(
+                veth = interface,
+                program = egress.name,
+                "a veth bound by release 0.1.0 (no egress block): the program is on its own egress"
+            );
+        }
         Ok(true)
     })
 }
@@ -226,12 +266,19 @@ pub fn unbind_interface(interface: &str) -> Result<(), TcBlockError> {
     })
 }
 
-async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
-    match bound_blocks(handle, index)
-        .await?
-        .map(|(ingress, _)| ingress)
-    {
-        Some(POD_BLOCK) => return Ok(()),
+/// How [`bind`] found or left a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// Both sides bound to the blocks.
+    Both,
+    /// The ingress bound, the egress a block of its own (release 0.1.0's binding).
+    IngressOnly,
+}
+
+async fn bind(handle: &Handle, index: u32) -> Result<Bound, TcBlockError> {
+    match bound_blocks(handle, index).await? {
+        Some((POD_BLOCK, 0)) => return Ok(Bound::IngressOnly),
+        Some((POD_BLOCK, _)) => return Ok(Bound::Both),
         // A clsact of someone else's making, or bound elsewhere: never ours to replace.
         Some(_) => return Err(TcBlockError::ForeignQdisc(index)),
         None => {}
@@ -256,7 +303,8 @@ async fn bind(handle: &Handle, index: u32) -> Result<(), TcBlockError> {
     .await
     .map_err(netlink(format!(
         "binding link {index} to block {POD_BLOCK}"
-    )))
+    )))?;
+    Ok(Bound::Both)
 }
 
 /// The blocks `index`'s clsact ingress and egress are bound to (0 for a side of its

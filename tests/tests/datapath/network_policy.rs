@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ebpf_cni_tests::{
-    daemon::eventually,
+    daemon::{Daemon, eventually},
     http,
     kube_proxy::{Endpoint, KubeProxy, Mode, Service},
     netpol::{
@@ -217,28 +217,7 @@ fn policies_from_a_file_decide_who_reaches_whom_on_one_node() {
 /// egress judges the backend the DNAT chose, not the Service's address.
 #[test]
 fn a_policy_judges_service_connections_after_kube_proxys_dnat() {
-    const SERVICE_RANGE: &str = "10.96.0.0/12";
-    const CLUSTER_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 21);
-    let backend_only_from_a = "apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata:
-  namespace: 'y'
-  name: backend-from-x-a
-spec:
-  podSelector:
-    matchLabels:
-      pod: a
-  ingress:
-  - from:
-    - namespaceSelector:
-        matchLabels:
-          kubernetes.io/metadata.name: 'x'
-      podSelector:
-        matchLabels:
-          pod: a
-    ports:
-    - port: 80
-";
+    let backend_only_from_a = BACKEND_ONLY_FROM_X_A;
     let b_only_to_y = "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
@@ -264,26 +243,13 @@ spec:
         add_pod(&node, "x", "b"),
         add_pod(&node, "x", "c"),
     );
-    let y_a = add_pod(&node, "y", "a");
-    KubeProxy::new(Mode::Iptables).install(
-        &node.netns,
-        &[Service::tcp(
-            "y",
-            "backend",
-            CLUSTER_IP,
-            8080,
-            vec![Endpoint::local(y_a.pod.ip, 80)],
-        )],
-    );
-    let service = std::net::SocketAddr::from((CLUSTER_IP, 8080));
-    let through = |client: &ModelPod| {
-        reaches(&client.pod.netns, service, Protocol::Tcp)
-            .join()
-            .expect("a probe")
-    };
-    assert!(through(&x_a), "x/a reaches the backend through its Service");
+    let _y_a = backend_behind_a_service(&node);
     assert!(
-        !through(&x_c),
+        through_the_service(&x_a),
+        "x/a reaches the backend through its Service"
+    );
+    assert!(
+        !through_the_service(&x_c),
         "x/c does not: the backend's ingress judges the client after the DNAT"
     );
 
@@ -300,14 +266,125 @@ spec:
         &expected,
     );
     assert!(
-        !through(&x_b),
+        !through_the_service(&x_b),
         "x/b is let out to the backend but the backend only takes x/a"
     );
     file.replace(&objects(&[b_only_to_y]));
     assert!(
-        eventually(Duration::from_secs(5), || through(&x_b)),
+        eventually(Duration::from_secs(5), || through_the_service(&x_b)),
         "with the backend open, x/b's egress lets it through the Service to y/a"
     );
+}
+
+const SERVICE_RANGE: &str = "10.96.0.0/12";
+const CLUSTER_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 21);
+
+/// y/a takes TCP 80 from x/a alone.
+const BACKEND_ONLY_FROM_X_A: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'y'
+  name: backend-from-x-a
+spec:
+  podSelector:
+    matchLabels:
+      pod: a
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: 'x'
+      podSelector:
+        matchLabels:
+          pod: a
+    ports:
+    - port: 80
+";
+
+/// The pod y/a on `node`, the backend of Service `y/backend` (TCP 8080 at
+/// [`CLUSTER_IP`]) as kube-proxy's iptables rules write it.
+fn backend_behind_a_service(node: &Node) -> ModelPod {
+    let y_a = add_pod(node, "y", "a");
+    KubeProxy::new(Mode::Iptables).install(
+        &node.netns,
+        &[Service::tcp(
+            "y",
+            "backend",
+            CLUSTER_IP,
+            8080,
+            vec![Endpoint::local(y_a.pod.ip, 80)],
+        )],
+    );
+    y_a
+}
+
+/// Whether `client` reaches the backend through its Service.
+fn through_the_service(client: &ModelPod) -> bool {
+    reaches(
+        &client.pod.netns,
+        std::net::SocketAddr::from((CLUSTER_IP, 8080)),
+        Protocol::Tcp,
+    )
+    .join()
+    .expect("a probe")
+}
+
+/// A pod veth as release 0.1.0 bound it: its clsact's ingress bound to the pods' block
+/// and its egress a block of its own, so what the stack delivers to the pod (a
+/// Service's DNATed connections) meets no program. A daemon of this release, started
+/// over it, puts `to_pod` on that egress; the next start replaces the program there
+/// rather than adding a second.
+#[test]
+fn a_pod_bound_by_release_0_1_0_is_judged_after_the_dnat_once_the_daemon_starts() {
+    /// The pods' ingress block (`tc_block::POD_BLOCK`).
+    const POD_BLOCK: &str = "60417";
+    let file = PolicyFile::new(&objects(&[BACKEND_ONLY_FROM_X_A]));
+    let mut flags = vec!["--service-cidr", SERVICE_RANGE];
+    flags.extend(file.flags());
+    let mut node = Node::start_with("10.78.5.0/24", &[], &flags);
+    let (x_a, x_c) = (add_pod(&node, "x", "a"), add_pod(&node, "x", "c"));
+    let y_a = backend_behind_a_service(&node);
+    assert!(!through_the_service(&x_c), "x/c is refused, bound as now");
+
+    let veth = node.host_veth(&y_a.pod);
+    for args in [
+        ["qdisc", "del", "dev", &veth, "clsact"].as_slice(),
+        &[
+            "qdisc",
+            "add",
+            "dev",
+            &veth,
+            "ingress_block",
+            POD_BLOCK,
+            "clsact",
+        ],
+    ] {
+        let out = node.netns.run("tc", args);
+        assert!(out.status.success(), "tc {args:?}: {out:?}");
+    }
+    assert!(
+        through_the_service(&x_c),
+        "bound as 0.1.0 bound it, the backend judges nothing the stack delivers"
+    );
+
+    let egress_filters = |node: &Node| node.netns.bpf_filters(&["dev", &veth, "egress"]);
+    for start in 1..=2 {
+        assert!(node.daemon.stop(), "start {start}: the daemon stops");
+        node.daemon = Daemon::start_with(&node.netns, &node.instance, &[], &flags);
+        assert!(
+            !through_the_service(&x_c),
+            "start {start}: x/c is refused after the DNAT"
+        );
+        assert!(
+            through_the_service(&x_a),
+            "start {start}: x/a reaches the backend"
+        );
+        assert_eq!(
+            egress_filters(&node),
+            [("to_pod".to_owned(), 1)],
+            "start {start}: to_pod, once, on the veth's own egress"
+        );
+    }
 }
 
 /// `--policy-mode audit`: what the policies would drop is counted for the policy that
