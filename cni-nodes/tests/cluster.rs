@@ -3,6 +3,7 @@
 //! connection and a watch the server ends; and over TLS, where the client trusts its
 //! kubeconfig's CA and no other, and sends its bearer token.
 
+#[path = "../../tests/src/fake_api/mod.rs"]
 mod fake_api;
 mod support;
 

@@ -3,7 +3,7 @@
 //! published before the three first lists, then changes follow; a policy that does not
 //! translate is refused alone; an expired watch relists its own kind only.
 
-#[path = "../../cni-nodes/tests/fake_api/mod.rs"]
+#[path = "../../tests/src/fake_api/mod.rs"]
 mod fake_api;
 mod support;
 

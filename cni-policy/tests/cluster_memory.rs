@@ -6,7 +6,7 @@
 //!
 //! One test in this binary, so that nothing else allocates meanwhile.
 
-#[path = "../../cni-nodes/tests/fake_api/mod.rs"]
+#[path = "../../tests/src/fake_api/mod.rs"]
 mod fake_api;
 mod support;
 

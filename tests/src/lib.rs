@@ -21,6 +21,8 @@
 //! `netpol_cases` holds every case of that suite as data: policies, labels, expected reach.
 //! `kube_proxy` writes kube-proxy's own rules for a list of Services into a node's
 //! namespace, in its iptables or its nftables mode.
+//! `fake_api` is a Kubernetes API server scripted by the test, in the real list and
+//! watch wire format (cni-nodes' and cni-policy's tests include it by path).
 
 pub mod big_tcp;
 pub mod bins;
@@ -31,6 +33,7 @@ pub mod cluster;
 pub mod cni;
 pub mod daemon;
 pub mod deploy;
+pub mod fake_api;
 pub mod frames;
 pub mod http;
 pub mod kernel;

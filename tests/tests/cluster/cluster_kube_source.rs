@@ -1,5 +1,5 @@
 //! The daemon's nodes from the Kubernetes API (issue 24, point 1), against a fake API
-//! server that speaks the real list and watch wire format (`cni-nodes/tests/fake_api`,
+//! server that speaks the real list and watch wire format (`ebpf_cni_tests::fake_api`,
 //! shared by path), on the external host, with `--routing native`.
 //!
 //! `ebpf-cnid run --kubeconfig`, over plain HTTP: the first list gives this node its pod

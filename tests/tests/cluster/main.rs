@@ -6,8 +6,7 @@
 //! `cargo test -p ebpf-cni-tests --test cluster <module>::`.
 
 // The fake API server cni-nodes' tests use, shared by path.
-#[path = "../../../cni-nodes/tests/fake_api/mod.rs"]
-mod fake_api;
+use ebpf_cni_tests::fake_api;
 
 mod cluster_kube_source;
 mod cluster_nodes;

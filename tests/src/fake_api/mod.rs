@@ -1,9 +1,8 @@
 //! A fake Kubernetes API server for watches of every object of a kind (Nodes, Namespaces,
 //! Pods, NetworkPolicies: [`KINDS`]), in HTTP/1.1, plain or over TLS with a certificate
 //! from a CA the test makes (`tls`), on 127.0.0.1 or where the caller bound its listener.
-//! Shared by cni-nodes' tests, cni-policy's and the daemon's
-//! (`tests/tests/cluster/cluster_kube_source.rs` and `cni-policy/tests` include this file
-//! by path).
+//! Shared by the daemon's tests (`tests/tests/cluster`), the policy benchmark (`cargo
+//! xtask bench`), and cni-nodes' and cni-policy's tests, which include this file by path.
 //!
 //! It speaks the wire format kube's client reads from a real server: `GET /api/v1/nodes`
 //! answered with a `NodeList` (a `PodList` for `/api/v1/pods`, ...) carrying
@@ -26,7 +25,7 @@
 
 #![allow(
     dead_code,
-    reason = "each test binary that includes it uses a part of it"
+    reason = "each test binary that includes it by path uses a part of it"
 )]
 
 use std::collections::{BTreeMap, VecDeque};
