@@ -357,7 +357,8 @@ pub struct FragmentKey {
     /// The IPv4 identification field, as on the wire.
     pub id: [u8; 2],
     pub proto: u8,
-    /// [`FragmentKey::LEAVING`], [`FragmentKey::ARRIVING`] or [`FragmentKey::TO_STACK`].
+    /// [`FragmentKey::LEAVING`], [`FragmentKey::ARRIVING`], [`FragmentKey::TO_STACK`] or
+    /// [`FragmentKey::POLICY`].
     pub way: u8,
 }
 
@@ -369,6 +370,10 @@ impl FragmentKey {
     /// A pod's datagram for a pod of the node, handed to the node's stack (a Service
     /// backend's reply, whose DNAT the stack undoes); nothing is rewritten.
     pub const TO_STACK: u8 = 2;
+    /// A datagram a NetworkPolicy check admitted at a pod: the record's `addr` holds the
+    /// source and destination ports (or ICMP echo identifiers) of the flow its first
+    /// fragment was judged as, big-endian, by which the fragments after it are judged.
+    pub const POLICY: u8 = 3;
 }
 
 /// The value of `NAT_FRAGMENTS` (see [`FragmentKey`]).

@@ -18,15 +18,16 @@
 //! (`nat_fragment`), never sent with the pod's address; a pod's stack sends a datagram's
 //! fragments in order, so that happens only when its first fragment was itself dropped.
 //! Records expire after [`FRAGMENT_SECS`] or when the LRU needs room.
+//! The policy check keeps its own records in the same table (`primitives::policy`).
 
 use cni_ebpf_common::{FragmentKey, FragmentTarget};
 use network_types::ip::Ipv4Hdr;
 
-use crate::primitives::{clock, maps::NAT_FRAGMENTS};
+use crate::primitives::{
+    clock,
+    maps::{FRAGMENT_SECS, NAT_FRAGMENTS},
+};
 
-/// How long the fragments of a datagram follow its first one: Linux's reassembly
-/// timeout (`net.ipv4.ipfrag_time`), after which the receiver gives the datagram up.
-pub const FRAGMENT_SECS: u64 = 30;
 /// The "more fragments" bit of the IPv4 flags.
 const MORE_FRAGMENTS: u8 = 1;
 

@@ -143,6 +143,14 @@ pub static DEST_PORTS: HashMap<NatKey, u32> = HashMap::pinned(MAX_FLOWS, 0);
 #[map(name = "NAT_STATS")]
 pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::SLOTS, 0);
 
+/// How long the fragments of a datagram follow its first one (a record of
+/// `NAT_FRAGMENTS` holds): Linux's reassembly timeout (`net.ipv4.ipfrag_time`), after
+/// which the receiver gives the datagram up.
+pub const FRAGMENT_SECS: u64 = 30;
+
+/// The first fragments of datagrams, for the fragments after them: what the source NAT
+/// gave them (`features::fragments`) and the flow a policy check judged them as
+/// (`policy`).
 #[map(name = "NAT_FRAGMENTS")]
 pub static NAT_FRAGMENTS: LruHashMap<FragmentKey, FragmentTarget> =
     LruHashMap::pinned(MAX_DATAGRAMS, 0);
@@ -246,6 +254,12 @@ pub struct PolicyScratch {
     pub verdict: FlowVerdict,
     /// A policy's slot and its first counters, as inserted.
     pub counted: (u32, PolicyCounters),
+    /// A fragmented datagram's key in `NAT_FRAGMENTS` (way `FragmentKey::POLICY`), and
+    /// its record, as inserted.
+    pub fragment: FragmentKey,
+    pub fragment_record: FragmentTarget,
+    /// 1 when the packet judged is the first fragment of a datagram, else 0.
+    pub first_fragment: u8,
 }
 
 /// Per CPU, a policy check's [`PolicyScratch`]: kept in a map value, not on the stack

@@ -9,7 +9,11 @@
 //! ways (for that identity, then for any).
 //!
 //! The port a flow is judged by is the responder's. A fragment after its datagram's
-//! first has no ports: it is judged on port 0, so only ways open on every port of its
+//! first has no ports: it is judged as the flow its first fragment was admitted as, whose
+//! ports a record in `NAT_FRAGMENTS` keeps (as the source NAT keeps its translation), so
+//! a large UDP datagram or ping passes a way open on its port, a reply's fragments as
+//! replies. Without a record (its first fragment refused, not yet seen, or over
+//! `FRAGMENT_SECS` ago) it is judged on port 0: only ways open on every port of its
 //! protocol let it through. An ICMP echo is keyed by its identifier on the requester's
 //! side, so its reply matches it. An ICMP error (unreachable, time exceeded, parameter
 //! problem) belongs to the flow it quotes, the way it goes being the way back of the
@@ -20,7 +24,8 @@ use core::ptr::write_volatile;
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, maps::lpm_trie::Key, programs::TcContext};
 use cni_ebpf_common::{
-    AddrKey, DropReason, FlowKey, FlowVerdict, PolicyCounters, PolicyEndpoint, RuleKey, ip_proto,
+    AddrKey, DropReason, FlowKey, FlowVerdict, FragmentKey, PolicyCounters, PolicyEndpoint,
+    RuleKey, ip_proto,
     policy::{
         ANY_IDENTITY, FAMILY_IPV4, RULE_ANY_PROTOCOL_BITS, WORLD_IDENTITY, allowed, direction,
         isolated, mode,
@@ -29,10 +34,10 @@ use cni_ebpf_common::{
 use network_types::eth::{EthHdr, EtherType};
 
 use super::{
-    counters, maps,
+    clock, counters, maps,
     maps::{
-        POLICY_CONFIG, POLICY_ENDPOINTS, POLICY_FLOWS, POLICY_IDS, POLICY_RULES, POLICY_SCRATCH,
-        POLICY_STATS,
+        FRAGMENT_SECS, NAT_FRAGMENTS, POLICY_CONFIG, POLICY_ENDPOINTS, POLICY_FLOWS, POLICY_IDS,
+        POLICY_RULES, POLICY_SCRATCH, POLICY_STATS, PolicyScratch,
     },
     packet::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IP_SRC, is_icmp_error},
 };
@@ -136,13 +141,19 @@ fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> 
     let scratch = unsafe { &mut *scratch };
     let key = &mut scratch.flow;
     let header = &mut scratch.header;
-    let related = flow(ctx, key, header)?;
+    let related = flow(
+        ctx,
+        key,
+        header,
+        &mut scratch.fragment,
+        &mut scratch.first_fragment,
+    )?;
     let config = POLICY_CONFIG.get(0).ok_or(0)?;
     // The flow as it was first seen: this packet goes its way, or is a reply.
     let (mut known, mut forward) = seen(key);
     if related && known.is_none() {
         // An ICMP error quoting no flow known here is judged as ICMP of its own.
-        flow_of_headers(ctx, key, header, false)?;
+        flow_of_headers(ctx, key, header, None, false)?;
         (known, forward) = seen(key);
     }
     let at_opener = (role == Role::Sender) == forward;
@@ -171,6 +182,10 @@ fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> 
         }
     }
     if bits & bit != 0 {
+        // A reply, or a packet of a flow answered here before.
+        if !related && scratch.first_fragment != 0 {
+            remember_first_fragment(scratch, forward);
+        }
         return Ok(true);
     }
     let admitted = if pod.isolated & isolating == 0 {
@@ -203,6 +218,9 @@ fn verdict(ctx: &TcContext, endpoint: u32, pod: &PolicyEndpoint, role: Role) -> 
             }
         }
     };
+    if admitted && !related && scratch.first_fragment != 0 {
+        remember_first_fragment(scratch, forward);
+    }
     if admitted {
         let verdict = FlowVerdict {
             generation: config.generation,
@@ -320,21 +338,30 @@ fn seen(key: &mut FlowKey) -> (Option<*mut FlowVerdict>, bool) {
 
 /// Writes into `key` the flow of the packet in the frame as it goes, sender first; for
 /// an ICMP error, the flow it quotes, turned the way the error goes (it answers the
-/// quoted packet): then `true`. `header` holds what is read of the headers.
+/// quoted packet): then `true`. `header` holds what is read of the headers; `fragment`
+/// and `first` what [`addresses_and_ports`] notes of a fragmented datagram.
 #[inline(always)]
-fn flow(ctx: &TcContext, key: &mut FlowKey, header: &mut [u8; IPV4_HEADER]) -> Result<bool, i64> {
-    flow_of_headers(ctx, key, header, true)
+fn flow(
+    ctx: &TcContext,
+    key: &mut FlowKey,
+    header: &mut [u8; IPV4_HEADER],
+    fragment: &mut FragmentKey,
+    first: &mut u8,
+) -> Result<bool, i64> {
+    flow_of_headers(ctx, key, header, Some((fragment, first)), true)
 }
 
-/// [`flow`]; with `quoted` false an ICMP error is taken as ICMP of its own.
+/// [`flow`]; with `quoted` false an ICMP error is taken as ICMP of its own; without
+/// `fragment`, a later fragment is judged on port 0.
 #[inline(always)]
 fn flow_of_headers(
     ctx: &TcContext,
     key: &mut FlowKey,
     header: &mut [u8; IPV4_HEADER],
+    fragment: Option<(&mut FragmentKey, &mut u8)>,
     quoted: bool,
 ) -> Result<bool, i64> {
-    let Some(l4) = addresses_and_ports(ctx, key, header, EthHdr::LEN)? else {
+    let Some(l4) = addresses_and_ports(ctx, key, header, EthHdr::LEN, fragment)? else {
         return Ok(false);
     };
     if key.protocol != ip_proto::ICMP {
@@ -344,10 +371,10 @@ fn flow_of_headers(
     load::<ICMP_HEADER>(ctx, l4, header)?;
     let icmp_type = header[0];
     if quoted && is_icmp_error(icmp_type) {
-        if addresses_and_ports(ctx, key, header, l4 + ICMP_HEADER)?.is_none() {
+        if addresses_and_ports(ctx, key, header, l4 + ICMP_HEADER, None)?.is_none() {
             // A quoted later fragment has no ports: the error quotes no flow, and is
             // ICMP of its own.
-            addresses_and_ports(ctx, key, header, EthHdr::LEN)?;
+            addresses_and_ports(ctx, key, header, EthHdr::LEN, None)?;
             return Ok(false);
         }
         reverse(key);
@@ -370,12 +397,17 @@ const ICMP_HEADER: usize = 8;
 /// Writes into `key` the addresses and protocol of the IPv4 header at `at` (read into
 /// `header`), and the ports after it for the protocols that have them (else 0). Returns
 /// where its payload starts, or `None` for a fragment after the first (no ports).
+/// With `fragment` (the packet's own header, not one an ICMP error quotes), a
+/// fragmented datagram's key is written there and `first` says whether this is its
+/// first fragment; a later one takes the ports its first was admitted with, if
+/// recorded ([`remember_first_fragment`]).
 #[inline(always)]
 fn addresses_and_ports(
     ctx: &TcContext,
     key: &mut FlowKey,
     header: &mut [u8; IPV4_HEADER],
     at: usize,
+    fragment: Option<(&mut FragmentKey, &mut u8)>,
 ) -> Result<Option<usize>, i64> {
     load::<IPV4_HEADER>(ctx, at, header)?;
     key.family = FAMILY_IPV4;
@@ -384,7 +416,30 @@ fn addresses_and_ports(
     key.responder_port = 0;
     key.opener[..4].copy_from_slice(&header[12..16]);
     key.responder[..4].copy_from_slice(&header[16..20]);
-    if u16::from_be_bytes([header[6], header[7]]) & FRAGMENT_OFFSET != 0 {
+    let flags_and_offset = u16::from_be_bytes([header[6], header[7]]);
+    if let Some((fragment, first)) = fragment {
+        *first = 0;
+        if flags_and_offset & (MORE_FRAGMENTS | FRAGMENT_OFFSET) != 0 {
+            fragment.src_addr.copy_from_slice(&header[12..16]);
+            fragment.dst_addr.copy_from_slice(&header[16..20]);
+            fragment.id = [header[4], header[5]];
+            fragment.proto = header[9];
+            fragment.way = FragmentKey::POLICY;
+            if flags_and_offset & FRAGMENT_OFFSET == 0 {
+                *first = 1;
+            } else if let Some(record) = NAT_FRAGMENTS.get_ptr(&*fragment) {
+                // SAFETY: a valid pointer into the map's value, read at once.
+                let record = unsafe { *record };
+                let age = clock::now_ns().saturating_sub(record.seen_ns);
+                if age <= FRAGMENT_SECS * 1_000_000_000 {
+                    let ports = record.addr;
+                    key.opener_port = u16::from_be_bytes([ports[0], ports[1]]);
+                    key.responder_port = u16::from_be_bytes([ports[2], ports[3]]);
+                }
+            }
+        }
+    }
+    if flags_and_offset & FRAGMENT_OFFSET != 0 {
         return Ok(None);
     }
     let l4 = at + usize::from(header[0] & 0x0f) * 4;
@@ -396,8 +451,30 @@ fn addresses_and_ports(
     Ok(Some(l4))
 }
 
-/// The fragment offset's bits of an IPv4 header's flags and offset.
+/// The fragment offset's bits of an IPv4 header's flags and offset, and the flag that
+/// more fragments follow.
 const FRAGMENT_OFFSET: u16 = 0x1fff;
+const MORE_FRAGMENTS: u16 = 0x2000;
+
+/// Records the ports of the flow the first fragment in `scratch` was admitted as, in
+/// the packet's own order (`forward`: the flow's key is as the packet goes), for the
+/// fragments after it. A full table evicts its oldest record; a failed write leaves the
+/// fragments judged on port 0.
+#[inline(always)]
+fn remember_first_fragment(scratch: &mut PolicyScratch, forward: bool) {
+    let key = &scratch.flow;
+    let (source, destination) = if forward {
+        (key.opener_port, key.responder_port)
+    } else {
+        (key.responder_port, key.opener_port)
+    };
+    let [s0, s1] = source.to_be_bytes();
+    let [d0, d1] = destination.to_be_bytes();
+    // Field by field into a map value whose other bytes stay zero: no `memset`.
+    scratch.fragment_record.seen_ns = clock::now_ns();
+    scratch.fragment_record.addr = [s0, s1, d0, d1];
+    let _ = NAT_FRAGMENTS.insert(&scratch.fragment, &scratch.fragment_record, 0);
+}
 
 /// Reads the `N` bytes at `offset` into the start of `to` (a map value: nothing on the
 /// stack); fewer left in the frame is an error.

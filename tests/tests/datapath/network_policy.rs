@@ -387,6 +387,72 @@ fn a_pod_bound_by_release_0_1_0_is_judged_after_the_dnat_once_the_daemon_starts(
     }
 }
 
+/// A UDP datagram larger than the pods' MTU crosses in fragments, and the fragments
+/// after the first carry no ports: each is judged as the flow its datagram's first
+/// fragment was admitted as. x/a takes UDP 80 from x/b alone and x/b takes nothing, so
+/// x/b's 4,000-byte datagram must pass a way open on one port, and its echo must pass
+/// as a reply; x/c's is refused.
+#[test]
+fn the_fragments_of_a_large_datagram_are_judged_as_its_first() {
+    const A_FROM_B_ON_UDP_80: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: a-from-b-on-udp-80
+spec:
+  podSelector:
+    matchLabels:
+      pod: a
+  ingress:
+  - from:
+    - podSelector:
+        matchLabels:
+          pod: b
+    ports:
+    - port: 80
+      protocol: UDP
+";
+    const B_TAKES_NOTHING: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  namespace: 'x'
+  name: b-takes-nothing
+spec:
+  podSelector:
+    matchLabels:
+      pod: b
+  policyTypes: [Ingress]
+";
+    let file = PolicyFile::new(&objects(&[]));
+    let node = Node::start_with("10.78.6.0/24", &[], &file.flags());
+    let (x_a, x_b, x_c) = (
+        add_pod(&node, "x", "a"),
+        add_pod(&node, "x", "b"),
+        add_pod(&node, "x", "c"),
+    );
+    let to_a = std::net::SocketAddr::from((x_a.pod.ip, 80));
+    let large: Vec<u8> = (0..4000u32).map(|n| (n % 251) as u8).collect();
+    let echoed = |from: &ModelPod, payload: &[u8]| {
+        udp_round_trip(&from.pod.netns, 0, to_a, payload).is_ok_and(|echo| echo == payload)
+    };
+    assert!(
+        echoed(&x_c, &large),
+        "with no policy, a large datagram crosses in fragments"
+    );
+    file.replace(&objects(&[A_FROM_B_ON_UDP_80, B_TAKES_NOTHING]));
+    assert!(
+        eventually(Duration::from_secs(5), || !echoed(&x_c, &large[..100])),
+        "the policies are applied"
+    );
+    for (size, payload) in [("small", &large[..100]), ("large", &large[..])] {
+        assert!(
+            echoed(&x_b, payload),
+            "x/b's {size} datagram reaches x/a's UDP 80 and its echo comes back"
+        );
+        assert!(!echoed(&x_c, payload), "x/c's {size} datagram is refused");
+    }
+}
+
 /// `--policy-mode audit`: what the policies would drop is counted for the policy that
 /// isolates the pod, once per flow, and let through; nothing is dropped.
 #[test]
