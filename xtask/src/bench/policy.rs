@@ -8,7 +8,10 @@
 //!
 //! Then ebpf-cni alone, with 1,000 policies loaded: the time from the file's rename to
 //! the first probe that sees the new verdict (a policy allowing the client taken away
-//! and given back), a bulk load of 1,000 policies (from none to the first probe refused),
+//! and given back), the same from a Kubernetes API watch event (a node of its own whose
+//! daemon watches the fake API server of the tests, `ebpf_cni_tests::fake_api`, which
+//! speaks the real list and watch wire format), a bulk load of 1,000 policies (from none
+//! to the first probe refused),
 //! the ADD of a pod that policies select (which returns once they are in the datapath),
 //! and the daemon's resident memory with 10,000 pods and 1,000 policies in its file.
 
@@ -99,6 +102,7 @@ pub(super) fn policy(plan: Plan) -> anyhow::Result<Vec<Figure>> {
         ));
     }
     figures.extend(setup.latency(plan)?);
+    figures.extend(api_latency(plan)?);
     figures.extend(setup.bulk_load(plan)?);
     figures.extend(setup.selected_add(plan)?);
     figures.extend(setup.memory()?);
@@ -340,27 +344,7 @@ impl Setup {
     /// Probes the server from the client until a connection is `open` (made) or not (its
     /// SYN dropped); returns how long that took.
     fn probe_until(&self, to: SocketAddr, open: bool) -> anyhow::Result<Duration> {
-        let start = Instant::now();
-        spawn_in(&self.client.netns, move || {
-            loop {
-                let made = TcpStream::connect_timeout(&to, PROBE_WAIT).is_ok();
-                if made == open {
-                    return Ok(start.elapsed());
-                }
-                if start.elapsed() > CHANGE_LIMIT {
-                    anyhow::bail!(
-                        "no probe saw the connection {} after {CHANGE_LIMIT:?}",
-                        if open { "made" } else { "refused" }
-                    );
-                }
-                if made {
-                    // Refused connections waited PROBE_WAIT; a made one did not.
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the probe panicked"))?
+        probe_until(&self.client.netns, to, open)
     }
 
     /// A bulk load: from no policy to 1,000 at once (the client not among the allowed),
@@ -474,6 +458,192 @@ impl Drop for Setup {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.rules);
     }
+}
+
+/// The node of the latency through the Kubernetes API: its pods' range, its name.
+const API_NODE_RANGE: &str = "10.245.9.0/24";
+const API_NODE_NAME: &str = "node-1";
+/// The least quiet time before each change through the API: the source publishes a
+/// change that follows a quiet `cni_policy::cluster::DEBOUNCE` (100 ms) at once, and
+/// coalesces the ones that follow closer.
+const API_QUIET: Duration = Duration::from_millis(200);
+
+/// Enforcement latency through the Kubernetes source, with 1,000 policies loaded: a
+/// node of its own, whose daemon lists and watches Nodes, Namespaces, Pods and
+/// NetworkPolicies on the tests' fake API server (no policy file), the client and the
+/// server pods on it. The policy allowing the client is DELETED and ADDED again by watch
+/// events, each timed from the event's write to the first probe that sees its verdict.
+fn api_latency(plan: Plan) -> anyhow::Result<Vec<Figure>> {
+    use ebpf_cni_tests::{
+        daemon::Daemon,
+        fake_api::{self, FakeApi, NAMESPACES, NETWORK_POLICIES, PODS},
+        node::{EXTERNAL_ADDR, NODE_ADDR},
+        traffic::run_in,
+    };
+    eprintln!("bench: NetworkPolicy enforcement latency through the Kubernetes API");
+    let runtime = tokio::runtime::Runtime::new().context("a tokio runtime")?;
+    let mut node = Node::start(API_NODE_RANGE);
+    let listener = run_in(&node.external, || {
+        std::net::TcpListener::bind((EXTERNAL_ADDR, 6443))
+    })
+    .context("binding the API server's port")?;
+    let mut api = {
+        let _entered = runtime.enter();
+        FakeApi::start_on(listener)
+    };
+    let kubeconfig = node.instance.state_dir.with_file_name("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig())?;
+    node.daemon.kill();
+    node.daemon = Daemon::start_with(
+        &node.netns,
+        &node.instance,
+        &[],
+        &[
+            "--node-name",
+            API_NODE_NAME,
+            "--kubeconfig",
+            kubeconfig.to_str().context("a UTF-8 path")?,
+            "--routing",
+            "native",
+        ],
+    );
+    let count = COUNTS[COUNTS.len() - 1];
+    // The namespace and the policies as the file's; the pods without addresses, as the
+    // API has them before their sandboxes exist (the daemon knows them by their ADD).
+    let listed = objects(&[], &[], count, true);
+    let of_kind = |kind: &str| -> Vec<Value> {
+        listed["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|item| item["kind"] == kind)
+            .cloned()
+            .enumerate()
+            .map(|(n, mut item)| {
+                item["metadata"]["resourceVersion"] = json!(format!("{}", n + 1));
+                item
+            })
+            .collect()
+    };
+    let pod = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"namespace": NAMESPACE, "name": name, "resourceVersion": "1",
+                            "labels": {"app": name, "tier": "bench"}},
+               "spec": {"nodeName": API_NODE_NAME,
+                        "containers": [{"name": "main", "image": "bench"}]}})
+    };
+    let allow_client = of_kind("NetworkPolicy")
+        .into_iter()
+        .find(|policy| policy["metadata"]["name"] == "client")
+        .context("the policy allowing the client")?;
+    let streams = runtime.block_on(async {
+        api.expect_list().await.reply_list(
+            "10",
+            &[fake_api::node(
+                API_NODE_NAME,
+                "9",
+                NODE_ADDR,
+                &[API_NODE_RANGE],
+            )],
+        );
+        let nodes = api.expect_watch("10").await;
+        api.expect_list_of(NAMESPACES)
+            .await
+            .reply_list("20", &of_kind("Namespace"));
+        let namespaces = api.expect_watch_of(NAMESPACES, "20").await;
+        api.expect_list_of(PODS)
+            .await
+            .reply_list("30", &[pod("client"), pod("server")]);
+        let pods = api.expect_watch_of(PODS, "30").await;
+        api.expect_list_of(NETWORK_POLICIES)
+            .await
+            .reply_list("40", &of_kind("NetworkPolicy"));
+        let policies = api.expect_watch_of(NETWORK_POLICIES, "40").await;
+        (nodes, namespaces, pods, policies)
+    });
+    let policies = &streams.3;
+    let client = node.add_kubernetes_pod(&unique_name("aclient"), NAMESPACE, "client");
+    let server = node.add_kubernetes_pod(&unique_name("aserver"), NAMESPACE, "server");
+    let _probe_server = EchoServer::start_for(&server.netns, PROBE_PORT, SERVING);
+    let to = SocketAddr::from((server.ip, PROBE_PORT));
+    let deadline = Instant::now() + CHANGE_LIMIT;
+    loop {
+        let view = node.instance.cli_json(&["policy"]);
+        if view["policies"].as_array().map_or(0, Vec::len) == count + 1 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the node lists {} policies, not {}, after {CHANGE_LIMIT:?}",
+            view["policies"].as_array().map_or(0, Vec::len),
+            count + 1
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ensure!(
+        probe_until(&client.netns, to, true)? < CHANGE_LIMIT,
+        "the client is let in"
+    );
+    let trials = if plan.quick { 5 } else { 20 };
+    let mut samples = Vec::new();
+    let mut version = 100u32;
+    for _ in 0..trials {
+        for (event, open) in [("DELETED", false), ("ADDED", true)] {
+            std::thread::sleep(API_QUIET);
+            version += 1;
+            let mut object = allow_client.clone();
+            object["metadata"]["resourceVersion"] = json!(version.to_string());
+            let start = Instant::now();
+            policies.event(event, object);
+            probe_until(&client.netns, to, open)?;
+            samples.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    drop(streams);
+    let p99 = percentile(&samples, 0.99);
+    Ok(vec![
+        single_figure(
+            &format!(
+                "NetworkPolicy enforcement latency, p50 (min-max), Kubernetes API watch event to the first probe seeing the change, {count} policies loaded"
+            ),
+            "ms",
+            Stats::from_samples(&samples).context("samples")?,
+        ),
+        single_figure(
+            &format!(
+                "NetworkPolicy enforcement latency, p99 of {} watch events, {count} policies loaded",
+                samples.len()
+            ),
+            "ms",
+            Stats::from_samples(&[p99]).context("a sample")?,
+        ),
+    ])
+}
+
+/// Probes `to` from `client` until a connection is `open` (made) or not (its SYN
+/// dropped); returns how long that took.
+fn probe_until(client: &Netns, to: SocketAddr, open: bool) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    spawn_in(client, move || {
+        loop {
+            let made = TcpStream::connect_timeout(&to, PROBE_WAIT).is_ok();
+            if made == open {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > CHANGE_LIMIT {
+                anyhow::bail!(
+                    "no probe saw the connection {} after {CHANGE_LIMIT:?}",
+                    if open { "made" } else { "refused" }
+                );
+            }
+            if made {
+                // Refused connections waited PROBE_WAIT; a made one did not.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the probe panicked"))?
 }
 
 /// Loads `rules` (iptables-restore input, without flushing the table) in `node`,
