@@ -19,6 +19,13 @@ pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
+impl Default for Ca {
+    /// A new CA, with a key of its own.
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Ca {
     pub fn new() -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");

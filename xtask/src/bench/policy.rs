@@ -52,6 +52,9 @@ const PROBE_PORT: u16 = 7010;
 /// between two nodes on one machine (well under a millisecond), so a wait this long is
 /// a dropped SYN.
 const PROBE_WAIT: Duration = Duration::from_millis(20);
+/// How long the first probe of a new pod waits for its connection: a dropped SYN, not
+/// a slow answer, when it runs out.
+const FIRST_PROBE_WAIT: Duration = Duration::from_millis(200);
 /// How long a policy change may take before the bench gives up.
 const CHANGE_LIMIT: Duration = Duration::from_secs(30);
 /// How long the latency probes' server listens: the whole section, with room.
@@ -377,23 +380,49 @@ impl Setup {
 
     /// The ADD of a pod the 1,000 policies select, which returns once its policies are
     /// in the datapath, against the ADD of the same pod with no policy loaded, in turns.
+    /// After each ADD the pod listens and the client probes it once: with no policy the
+    /// first probe connects, with the 1,000 (the client not among those they allow) it
+    /// is dropped, the pod isolated from its first packet.
     fn selected_add(&self, plan: Plan) -> anyhow::Result<Vec<Figure>> {
         eprintln!("bench: ADD of a pod under NetworkPolicy");
         let count = COUNTS[COUNTS.len() - 1];
         let node = self.server_node();
         let (mut none, mut selected) = (Vec::new(), Vec::new());
-        for n in 0..if plan.quick { 3 } else { 10 } {
+        let mut isolated = 0;
+        let adds = if plan.quick { 3 } else { 10 };
+        for n in 0..adds {
             for (policies, samples) in [(0, &mut none), (count, &mut selected)] {
-                self.file.replace(&self.objects(policies, true).to_string());
-                self.wait_policies(if policies == 0 { 0 } else { policies + 1 })?;
+                self.file
+                    .replace(&self.objects(policies, false).to_string());
+                self.wait_policies(policies)?;
                 // Named as the file's server pod is: the policies select it.
                 let id = unique_name(&format!("padd{n}"));
                 let start = Instant::now();
                 let pod = node.add_kubernetes_pod(&id, NAMESPACE, "server");
                 samples.push(start.elapsed().as_secs_f64() * 1000.0);
+                let _server = EchoServer::start_for(&pod.netns, PROBE_PORT, SERVING);
+                let to = SocketAddr::from((pod.ip, PROBE_PORT));
+                let first_made = spawn_in(&self.client.netns, move || {
+                    TcpStream::connect_timeout(&to, FIRST_PROBE_WAIT).is_ok()
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("the probe panicked"))?;
                 node.del_pod(&pod);
+                if policies == 0 {
+                    ensure!(
+                        first_made,
+                        "with no policy, the new pod's first probe connects"
+                    );
+                } else if !first_made {
+                    isolated += 1;
+                }
             }
         }
+        ensure!(
+            isolated == adds,
+            "a new pod {count} policies select let the client's first probe in ({} of {adds} times)",
+            adds - isolated
+        );
         Ok(vec![
             single_figure(
                 "ADD of a Kubernetes pod, no NetworkPolicy loaded",
@@ -406,6 +435,14 @@ impl Setup {
                 ),
                 "ms",
                 Stats::from_samples(&selected).context("samples")?,
+            ),
+            single_figure(
+                &format!(
+                    "new pod {count} NetworkPolicies select: first probe after ADD dropped, share of {adds} ADDs"
+                ),
+                "%",
+                Stats::from_samples(&[100.0 * isolated as f64 / adds as f64])
+                    .context("a sample")?,
             ),
         ])
     }
