@@ -1,6 +1,6 @@
 //! The pod program on every pod's host-side veth, through the shared TC block of
-//! [`tc_block`](super::tc_block): the daemon puts `from_pod` into the block once at
-//! start, and a pod's veth only has its ingress bound to the block. The filter and the
+//! [`tc_block`](super::tc_block): the daemon puts `from_pod` and `to_pod` into the
+//! blocks once at start, and a pod's veth only has its ingress and egress bound to them. The filter and the
 //! bindings live in the kernel, so forwarding goes on while the daemon is stopped or
 //! killed, and a restarted daemon swaps its program into the filter in one step.
 //!
@@ -8,9 +8,8 @@
 //! has `from_pod` on the pair's own hook instead ([`netkit`](super::netkit)); everything
 //! here that says "veth" means either.
 //!
-//! Daemons before 0.2 attached the program to each veth through a TCX link pinned at
-//! `<bpf dir>/links/<veth>_ingress` (plus a counting program at `<veth>_egress`); a
-//! restart binds those veths to the block first, then removes the old links.
+//! A veth whose ingress alone is bound (release 0.1.0's binding) gets `to_pod` on its
+//! own egress instead of the egress block ([`tc_block::bind_interface`]).
 
 use std::{
     os::fd::{AsFd, AsRawFd},

@@ -432,6 +432,21 @@ spec:
     );
     let to_a = std::net::SocketAddr::from((x_a.pod.ip, 80));
     let large: Vec<u8> = (0..4000u32).map(|n| (n % 251) as u8).collect();
+    // The large datagram must leave x/b in fragments, or this test checks nothing.
+    let link = x_b
+        .pod
+        .netns
+        .run("ip", &["-o", "link", "show", "dev", "eth0"]);
+    let mtu: usize = String::from_utf8_lossy(&link.stdout)
+        .split_whitespace()
+        .skip_while(|word| *word != "mtu")
+        .nth(1)
+        .and_then(|mtu| mtu.parse().ok())
+        .expect("x/b's eth0 has an MTU");
+    assert!(
+        mtu < large.len(),
+        "x/b's MTU ({mtu}) fragments the datagram"
+    );
     let echoed = |from: &ModelPod, payload: &[u8]| {
         udp_round_trip(&from.pod.netns, 0, to_a, payload).is_ok_and(|echo| echo == payload)
     };

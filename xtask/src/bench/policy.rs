@@ -284,19 +284,7 @@ impl Setup {
 
     /// Waits until the server's node lists `expected` policies.
     fn wait_policies(&self, expected: usize) -> anyhow::Result<()> {
-        let deadline = Instant::now() + CHANGE_LIMIT;
-        loop {
-            let view = self.server_node().instance.cli_json(&["policy"]);
-            let listed = view["policies"].as_array().map_or(0, Vec::len);
-            if listed == expected {
-                return Ok(());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the server's node lists {listed} policies, not {expected}, after {CHANGE_LIMIT:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_policies(self.server_node(), expected)
     }
 
     /// Enforcement latency with 1,000 policies: the client's allowance taken away and
@@ -603,20 +591,7 @@ fn api_latency(plan: Plan) -> anyhow::Result<Vec<Figure>> {
     let server = node.add_kubernetes_pod(&unique_name("aserver"), NAMESPACE, "server");
     let _probe_server = EchoServer::start_for(&server.netns, PROBE_PORT, SERVING);
     let to = SocketAddr::from((server.ip, PROBE_PORT));
-    let deadline = Instant::now() + CHANGE_LIMIT;
-    loop {
-        let view = node.instance.cli_json(&["policy"]);
-        if view["policies"].as_array().map_or(0, Vec::len) == count + 1 {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the node lists {} policies, not {}, after {CHANGE_LIMIT:?}",
-            view["policies"].as_array().map_or(0, Vec::len),
-            count + 1
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_policies(&node, count + 1)?;
     ensure!(
         probe_until(&client.netns, to, true)? < CHANGE_LIMIT,
         "the client is let in"
@@ -655,6 +630,23 @@ fn api_latency(plan: Plan) -> anyhow::Result<Vec<Figure>> {
             Stats::from_samples(&[p99]).context("a sample")?,
         ),
     ])
+}
+
+/// Waits until `node` lists `expected` policies.
+fn wait_policies(node: &Node, expected: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + CHANGE_LIMIT;
+    loop {
+        let view = node.instance.cli_json(&["policy"]);
+        let listed = view["policies"].as_array().map_or(0, Vec::len);
+        if listed == expected {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the node lists {listed} policies, not {expected}, after {CHANGE_LIMIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Probes `to` from `client` until a connection is `open` (made) or not (its SYN
